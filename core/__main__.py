@@ -1,0 +1,44 @@
+"""`trellis-core` / `python -m core`: serve one model over the gRPC Generate API until SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from core.config import CoreConfig, load
+from core.server import start_core
+
+log = logging.getLogger("core")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status (2: bad configuration or missing dependency)."""
+    config = load(argv)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.info("effective configuration: %s", json.dumps(config.redacted(), sort_keys=True))
+    try:
+        return asyncio.run(_serve(config))
+    except (RuntimeError, OSError, ValueError) as e:
+        log.error("trellis-core cannot start: %s", e)
+        return 2
+
+
+async def _serve(config: CoreConfig) -> int:
+    core = await start_core(config)
+    print(f"trellis-core serving '{config.served_model_name}' ({config.engine}) on {core.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining for up to %.0f s", config.drain_seconds)
+    await core.stop()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Core configuration: command-line flags, each with an environment fallback.
+
+Every flag `--some-flag` can also be given as `TRELLIS_CORE_SOME_FLAG`; the command line wins.
+`load()` is the only place that reads the environment. `EnvArgumentParser` is shared with the
+gateways (prefix `TRELLIS_GATEWAY_`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_PREFIX = "TRELLIS_CORE_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class EnvArgumentParser(argparse.ArgumentParser):
+    """ArgumentParser whose options fall back to `<prefix><DEST>` environment variables.
+
+    Boolean options are declared with `argparse.BooleanOptionalAction` and accept
+    1/true/yes/on and 0/false/no/off in the environment. A malformed environment value is a
+    usage error naming the variable.
+    """
+
+    def __init__(self, *args, env_prefix: str, environ: Mapping[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.env_prefix = env_prefix
+        self.environ = environ
+
+    def env_name(self, dest: str) -> str:
+        """The environment variable that backs option `dest`."""
+        return self.env_prefix + dest.upper()
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        for action in self._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            name = self.env_name(action.dest)
+            if action.help and name not in action.help:
+                action.help = f"{action.help} [env {name}]"
+            if name not in self.environ:
+                continue
+            raw = self.environ[name]
+            try:
+                action.default = _convert(action, raw)
+            except (TypeError, ValueError) as e:
+                self.error(f"environment variable {name}={raw!r}: {e}")
+            action.required = False
+        return super().parse_args(args, namespace)
+
+
+def _convert(action: argparse.Action, raw: str):
+    if isinstance(action, argparse.BooleanOptionalAction):
+        v = raw.strip().lower()
+        if v in _TRUE:
+            return True
+        if v in _FALSE:
+            return False
+        raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
+    value = action.type(raw) if callable(action.type) else raw
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"expected one of {', '.join(map(str, action.choices))}")
+    return value
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Effective configuration of one core process (see `build_parser` for each field's meaning)."""
+
+    model: str
+    engine: str = "hf"
+    model_name: str = ""
+    model_version: str = "1"
+    tokenizer: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_batch_size: int = 32
+    max_queue_size: int = 256
+    max_total_tokens: int = 131072
+    max_prefill_tokens: int = 4096
+    default_max_new_tokens: int = 30
+    max_new_tokens: int = 0
+    max_stop_sequences: int = 16
+    max_n: int = 16
+    dtype: str = "auto"
+    device: str = "cpu"
+    threads: int = 0
+    drain_seconds: float = 30.0
+    session_max_tokens: int = 1_000_000
+    session_ttl_seconds: float = 3600.0
+    max_message_bytes: int = 16 * 1024 * 1024
+    log_level: str = "INFO"
+    # TensorRT-LLM executor options (ignored by other engines).
+    trt_max_num_tokens: int = 0
+    trt_kv_cache_free_gpu_memory_fraction: float = 0.9
+    trt_enable_block_reuse: bool = True
+    trt_scheduler_policy: str = "guaranteed_no_evict"
+    trt_enable_chunked_context: bool = False
+    trt_iter_stats_max_iterations: int = 1000
+    trt_request_stats_max_iterations: int = 0
+    trt_await_timeout_ms: int = 5
+
+    @property
+    def served_model_name(self) -> str:
+        """The name clients must use: --model-name, else the model directory's name."""
+        return self.model_name or Path(self.model.rstrip("/")).name
+
+    def redacted(self) -> dict[str, object]:
+        """The configuration as a dict for the start-up log (nothing here is secret)."""
+        return dataclasses.asdict(self)
+
+
+def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
+    """The core's command-line parser (flags documented in README.md)."""
+    p = EnvArgumentParser(
+        prog="trellis-core",
+        description="Trellis core: serve one model over the gRPC Generate API.",
+        env_prefix=ENV_PREFIX,
+        environ=environ,
+    )
+    d = CoreConfig(model="")
+    p.add_argument("--model", required=True, help="HF checkpoint directory, or TensorRT-LLM engine directory")
+    p.add_argument("--engine", default=d.engine, choices=["hf", "trtllm", "trtllm-llm"], help="engine kind")
+    p.add_argument("--model-name", default=d.model_name, help="served model name (default: directory name)")
+    p.add_argument("--model-version", default=d.model_version, help="version label reported by GetModelInfo")
+    p.add_argument("--tokenizer", default=d.tokenizer, help="tokenizer directory (default: from the model)")
+    p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for all interfaces)")
+    p.add_argument("--port", type=int, default=d.port, help="gRPC port (0: pick a free one)")
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size, help="sequences in the running batch")
+    p.add_argument(
+        "--max-queue-size", type=int, default=d.max_queue_size, help="waiting requests before RESOURCE_EXHAUSTED"
+    )
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=d.max_total_tokens,
+        help="token budget of the running batch (sum of prompt + max_new_tokens over sequences)",
+    )
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=d.max_prefill_tokens,
+        help="prompt tokens prefilled together in one step",
+    )
+    p.add_argument(
+        "--default-max-new-tokens",
+        type=int,
+        default=d.default_max_new_tokens,
+        help="max_new_tokens of a request that leaves it unset",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=d.max_new_tokens,
+        help="upper bound of max_new_tokens (0: the context length)",
+    )
+    p.add_argument("--max-stop-sequences", type=int, default=d.max_stop_sequences, help="stop strings per request")
+    p.add_argument("--max-n", type=int, default=d.max_n, help="largest n / best_of per request")
+    p.add_argument(
+        "--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"], help="HF engine dtype"
+    )
+    p.add_argument("--device", default=d.device, help="HF engine device (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch intra-op threads (0: all cores)")
+    p.add_argument(
+        "--drain-seconds", type=float, default=d.drain_seconds, help="on SIGTERM, how long in-flight streams may finish"
+    )
+    p.add_argument(
+        "--session-max-tokens",
+        type=int,
+        default=d.session_max_tokens,
+        help="tokens held by all continue-generation sessions together (LRU eviction)",
+    )
+    p.add_argument(
+        "--session-ttl-seconds",
+        type=float,
+        default=d.session_ttl_seconds,
+        help="idle time after which a session expires",
+    )
+    p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--trt-max-num-tokens",
+        type=int,
+        default=d.trt_max_num_tokens,
+        help="TensorRT-LLM: batched tokens per step (0: engine value)",
+    )
+    p.add_argument(
+        "--trt-kv-cache-free-gpu-memory-fraction",
+        type=float,
+        default=d.trt_kv_cache_free_gpu_memory_fraction,
+        help="TensorRT-LLM: KV-cache share of free memory",
+    )
+    p.add_argument(
+        "--trt-enable-block-reuse",
+        action=argparse.BooleanOptionalAction,
+        default=d.trt_enable_block_reuse,
+        help="TensorRT-LLM: KV-cache block reuse across requests",
+    )
+    p.add_argument(
+        "--trt-scheduler-policy",
+        default=d.trt_scheduler_policy,
+        choices=["guaranteed_no_evict", "max_utilization", "static_batch"],
+        help="TensorRT-LLM: capacity scheduler policy",
+    )
+    p.add_argument(
+        "--trt-enable-chunked-context",
+        action=argparse.BooleanOptionalAction,
+        default=d.trt_enable_chunked_context,
+        help="TensorRT-LLM: chunked prefill",
+    )
+    p.add_argument(
+        "--trt-iter-stats-max-iterations",
+        type=int,
+        default=d.trt_iter_stats_max_iterations,
+        help="TensorRT-LLM: iteration stats kept",
+    )
+    p.add_argument(
+        "--trt-request-stats-max-iterations",
+        type=int,
+        default=d.trt_request_stats_max_iterations,
+        help="TensorRT-LLM: request stats kept (> 0 gives exact SCHEDULED/PREFILLED markers)",
+    )
+    p.add_argument(
+        "--trt-await-timeout-ms",
+        type=int,
+        default=d.trt_await_timeout_ms,
+        help="TensorRT-LLM: await_responses timeout of the awaiter thread",
+    )
+    return p
+
+
+def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> CoreConfig:
+    """Parse flags (argv) with environment fallbacks (environ, default os.environ).
+
+    Raises:
+        SystemExit: on a usage error (argparse prints the message).
+    """
+    environ = os.environ if environ is None else environ
+    ns = build_parser(environ).parse_args(argv)
+    return CoreConfig(**vars(ns))

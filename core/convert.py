@@ -1,0 +1,153 @@
+"""Pure conversions between protobuf messages and core.types.
+
+This module, the service and the server are the only places that import the generated
+contract; everything else in the core works on dataclasses. Unset proto3 `optional` fields
+become None.
+"""
+
+from __future__ import annotations
+
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from core.types import (
+    ChatMessage,
+    ContentPart,
+    FinishReason,
+    GenerationRequest,
+    OutputOptions,
+    RequestState,
+    ResolvedSampling,
+    ResponseDelta,
+    SamplingOptions,
+    StoppingOptions,
+    TokenInfo,
+)
+
+FINISH_REASONS = {
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.EOS: pb.FINISH_REASON_EOS,
+    FinishReason.STOP_SEQUENCE: pb.FINISH_REASON_STOP_SEQUENCE,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+    FinishReason.TIME_LIMIT: pb.FINISH_REASON_TIME_LIMIT,
+    FinishReason.ERROR: pb.FINISH_REASON_ERROR,
+}
+STATES = {
+    RequestState.QUEUED: pb.GENERATE_STATE_QUEUED,
+    RequestState.SCHEDULED: pb.GENERATE_STATE_SCHEDULED,
+    RequestState.PREFILLED: pb.GENERATE_STATE_PREFILLED,
+    RequestState.GENERATING: pb.GENERATE_STATE_GENERATING,
+}
+_SAMPLING_FIELDS = [f.name for f in pb.SamplingParams.DESCRIPTOR.fields if f.has_presence and f.name != "logit_bias"]
+
+
+def _opt(msg, name: str):
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def to_generation_request(req: spb.GenerateRequest, request_id: str) -> GenerationRequest:
+    """A GenerateRequest as core types; `request_id` replaces an empty req.request_id."""
+    s, st, o = req.sampling, req.stopping, req.output
+    which = req.WhichOneof("input")
+    messages = None
+    if which == "messages":
+        messages = tuple(
+            ChatMessage(
+                role=m.role,
+                content=tuple(
+                    ContentPart(text=p.text) if p.WhichOneof("part") == "text" else ContentPart(image_url=p.image_url.url)
+                    for p in m.content
+                    if p.WhichOneof("part") is not None
+                ),
+                name=_opt(m, "name"),
+            )
+            for m in req.messages.messages
+        )
+    return GenerationRequest(
+        request_id=request_id,
+        model=_opt(req, "model") or None,
+        text=req.text if which == "text" else None,
+        token_ids=tuple(req.token_ids.ids) if which == "token_ids" else None,
+        messages=messages,
+        sampling=SamplingOptions(**{name: _opt(s, name) for name in _SAMPLING_FIELDS}),
+        logit_bias=dict(s.logit_bias),
+        bad_words=tuple(s.bad_words),
+        stopping=StoppingOptions(
+            max_new_tokens=_opt(st, "max_new_tokens"),
+            min_new_tokens=_opt(st, "min_new_tokens"),
+            stop=tuple(st.stop),
+            stop_token_ids=tuple(st.stop_token_ids),
+            ignore_eos=_opt(st, "ignore_eos"),
+            include_stop_str_in_output=_opt(st, "include_stop_str_in_output"),
+            time_limit_ms=_opt(st, "time_limit_ms"),
+            truncate_input_tokens=_opt(st, "truncate_input_tokens"),
+        ),
+        output=OutputOptions(
+            logprobs=o.logprobs,
+            top_logprobs=_opt(o, "top_logprobs"),
+            prompt_logprobs=_opt(o, "prompt_logprobs"),
+            echo=_opt(o, "echo"),
+            skip_special_tokens=_opt(o, "skip_special_tokens"),
+            spaces_between_special_tokens=_opt(o, "spaces_between_special_tokens"),
+        ),
+        session_id=_opt(req, "session_id"),
+    )
+
+
+def to_sampling_params(r: ResolvedSampling) -> pb.SamplingParams:
+    """Resolved sampling as SamplingParams (fields left None stay unset)."""
+    msg = pb.SamplingParams(do_sample=r.do_sample, seed=r.seed, num_beams=r.num_beams)
+    for name in (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "typical_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "length_penalty",
+        "early_stopping",
+    ):
+        value = getattr(r, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def _token(t: TokenInfo) -> pb.Token:
+    msg = pb.Token(id=t.id, text=t.text, bytes=t.bytes, special=t.special)
+    if t.logprob is not None:
+        msg.logprob = t.logprob
+    if t.top:
+        msg.top_logprobs.extend(pb.TopLogprob(id=a.id, text=a.text, bytes=a.bytes, logprob=a.logprob) for a in t.top)
+    return msg
+
+
+def to_response(delta: ResponseDelta, request_id: str) -> spb.GenerateResponse:
+    """Render one pipeline delta as a GenerateResponse."""
+    msg = spb.GenerateResponse(request_id=request_id, session_continued=delta.session_continued)
+    if delta.state is not None:
+        msg.state = STATES[delta.state]
+    if delta.prompt_text is not None:
+        msg.prompt_text = delta.prompt_text
+    if delta.prompt_tokens:
+        msg.prompt_tokens.extend(_token(t) for t in delta.prompt_tokens)
+    for s in delta.sequences:
+        out = msg.outputs.add(index=s.index, text=s.text, stop_sequence=s.stop_sequence)
+        out.tokens.extend(_token(t) for t in s.tokens)
+        if s.finish_reason is not None:
+            out.finish_reason = FINISH_REASONS[s.finish_reason]
+        if s.stop_token_id is not None:
+            out.stop_token_id = s.stop_token_id
+        if s.cumulative_logprob is not None:
+            out.cumulative_logprob = s.cumulative_logprob
+    if delta.final is not None:
+        f = delta.final
+        msg.usage.CopyFrom(pb.Usage(prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens,
+                                    cached_tokens=f.usage.cached_tokens))
+        msg.seed = f.seed
+        msg.effective_sampling.CopyFrom(to_sampling_params(f.effective))
+        msg.timing.CopyFrom(pb.Timing(queue_ms=f.timing.queue_ms, prefill_ms=f.timing.prefill_ms,
+                                      total_ms=f.timing.total_ms))
+    return msg

@@ -1,0 +1,117 @@
+"""Core error types and their gRPC status rendering.
+
+Every failure the core reports to a client is a CoreError subclass. `to_status()` turns it
+into a gRPC status with machine-readable details: `google.rpc.ErrorInfo` (reason, domain
+"trellis", metadata "param") and, for field errors, `google.rpc.BadRequest` naming the field by
+its GenerateRequest path (e.g. "sampling.top_p"). Gateways decode these details to fill their
+schema's error shape (OpenAI `param`, LMI/Triton messages).
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+ERROR_DOMAIN = "trellis"
+
+
+class CoreError(Exception):
+    """Base of client-visible core errors.
+
+    Attributes:
+        code: gRPC status code.
+        reason: UPPER_SNAKE machine-readable reason (ErrorInfo.reason).
+        field: GenerateRequest field path the error is about, or None.
+    """
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    reason: str = "INTERNAL"
+
+    def __init__(self, message: str, *, field: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if reason is not None:
+            self.reason = reason
+
+    def to_status(self) -> grpc.Status:
+        """The gRPC status with ErrorInfo (and BadRequest when a field is named) details."""
+        details = []
+        info = error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN)
+        if self.field:
+            info.metadata["param"] = self.field
+        details.append(_pack(info))
+        if self.field:
+            bad = error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(field=self.field, description=self.message)
+                ]
+            )
+            details.append(_pack(bad))
+        status = status_pb2.Status(code=_CODE_NUMBERS[self.code], message=self.message, details=details)
+        return rpc_status.to_status(status)
+
+
+class InvalidArgument(CoreError):
+    """A field value is out of range, contradicts another, or cannot be honoured (INVALID_ARGUMENT)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    reason = "INVALID_ARGUMENT"
+
+
+class ContextLengthExceeded(InvalidArgument):
+    """Prompt plus max_new_tokens does not fit the model's context (INVALID_ARGUMENT)."""
+
+    reason = "CONTEXT_LENGTH_EXCEEDED"
+
+
+class ModelNotFound(CoreError):
+    """The request names a model the core does not serve (NOT_FOUND)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "MODEL_NOT_FOUND"
+
+
+class SessionBusy(CoreError):
+    """Another running request holds the same session_id (FAILED_PRECONDITION)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "SESSION_BUSY"
+
+
+class Overloaded(CoreError):
+    """The engine's queue is full (RESOURCE_EXHAUSTED); retry later or elsewhere."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    reason = "QUEUE_FULL"
+
+
+class NotReady(CoreError):
+    """The core is starting or draining (UNAVAILABLE)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    reason = "NOT_READY"
+
+
+class EngineFailure(CoreError):
+    """The engine failed this request (INTERNAL)."""
+
+    code = grpc.StatusCode.INTERNAL
+    reason = "ENGINE_FAILURE"
+
+
+class EngineDead(EngineFailure):
+    """The engine can serve no more requests; health flips to NOT_SERVING (INTERNAL)."""
+
+    reason = "ENGINE_DEAD"
+
+
+_CODE_NUMBERS = {c: getattr(code_pb2, c.name) for c in grpc.StatusCode}
+
+
+def _pack(msg) -> any_pb2.Any:
+    a = any_pb2.Any()
+    a.Pack(msg)
+    return a

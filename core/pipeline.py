@@ -1,0 +1,429 @@
+"""The request pipeline shared by every engine: everything between a validated request and
+token-level engine I/O.
+
+`prepare()` turns a GenerationRequest into an EngineRequest: chat templating with the model's
+own template, tokenization, continue-generation sessions, truncation, length checks, default
+resolution (the engine's) and the engine-support check. `run()` drives the engine and turns its
+token outputs into ResponseDeltas: lifecycle states in order (QUEUED, SCHEDULED, PREFILLED,
+GENERATING, filling in what an engine cannot observe), incremental UTF-8-safe detokenization,
+stop strings with hold-back, stop tokens, min_new_tokens, time limits, logprobs with text and
+bytes, echo, prompt logprobs, best_of selection, usage and timing. The pipeline never sees
+protobuf; core.convert renders its deltas.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from core.detokenize import IncrementalDetokenizer
+from core.engine.base import Engine
+from core.errors import CoreError, EngineFailure, InvalidArgument, SessionBusy
+from core.sessions import SessionStore
+from core.stops import StopMatcher
+from core.tokenizer import Tokenizer
+from core.types import (
+    ChatMessage,
+    EngineOutput,
+    EngineRequest,
+    FinalInfo,
+    FinishReason,
+    GenerationRequest,
+    PromptTokenInfo,
+    RequestState,
+    ResolvedSampling,
+    ResponseDelta,
+    SequenceDelta,
+    SequenceStep,
+    Timing,
+    TokenInfo,
+    TopToken,
+    Usage,
+)
+from core.validation import Limits, resolve_max_new_tokens, validate_engine_support, validate_request
+
+log = logging.getLogger(__name__)
+
+_STATE_ORDER = (RequestState.QUEUED, RequestState.SCHEDULED, RequestState.PREFILLED, RequestState.GENERATING)
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    """A request ready to run: its engine request plus what the pipeline needs for output."""
+
+    request: GenerationRequest
+    engine_request: EngineRequest
+    sampling: ResolvedSampling
+    n: int
+    stops: tuple[str, ...]
+    include_stop: bool
+    skip_special: bool
+    spaces_between: bool
+    echo: bool
+    deadline: float | None
+    session_key: str | None = None
+    session_previous: list[int] | None = None
+    session_continued: bool = False
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """Per-sequence output state while streaming."""
+
+    index: int
+    detok: IncrementalDetokenizer
+    matcher: StopMatcher
+    token_ids: list[int] = field(default_factory=list)
+    generated: int = 0
+    cumulative_logprob: float = 0.0
+    finished: FinishReason | None = None
+    text_parts: list[str] = field(default_factory=list)  # kept only when best_of buffers output
+    tokens: list[TokenInfo] = field(default_factory=list)  # likewise
+    stop_sequence: str = ""
+    stop_token_id: int | None = None
+
+
+class RequestPipeline:
+    """Prepares and runs requests against one engine.
+
+    Args:
+        engine: the started engine.
+        tokenizer: the served model's tokenizer.
+        sessions: the continue-generation store.
+        limits: configured and engine limits.
+        default_max_new_tokens: used when a request leaves max_new_tokens unset.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        sessions: SessionStore,
+        limits: Limits,
+        default_max_new_tokens: int,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.sessions = sessions
+        self.limits = limits
+        self.default_max_new_tokens = default_max_new_tokens
+
+    # ------------------------------------------------------------------ prepare
+
+    def tokenize(self, text: str | None, messages: Sequence[ChatMessage] | None) -> tuple[list[int], str]:
+        """Token ids of a text prompt or a chat (and the rendered chat text)."""
+        if messages is not None:
+            rendered, ids = self.tokenizer.render_chat(messages)
+            return ids, rendered
+        return self.tokenizer.encode(text or ""), ""
+
+    def prepare(self, req: GenerationRequest) -> PreparedRequest:
+        """Validate and tokenize; the caller must then `run()` the result (which releases the
+        session it may hold) or call `discard()`.
+
+        Raises:
+            CoreError: any validation failure, or a busy session.
+        """
+        validate_request(req, self.limits)
+        previous = None
+        if req.session_id:
+            try:
+                previous = self.sessions.acquire(req.session_id)
+            except KeyError:
+                raise SessionBusy(
+                    f"Session '{req.session_id}' is in use by another running request.", field="session_id"
+                ) from None
+        try:
+            prepared = self._prepare(req, previous)
+        except BaseException:
+            if req.session_id:
+                self.sessions.release(req.session_id, previous)
+            raise
+        prepared.session_key = req.session_id or None
+        prepared.session_previous = previous
+        return prepared
+
+    def discard(self, prep: PreparedRequest) -> None:
+        """Give up a prepared request without running it (restores its session)."""
+        if prep.session_key:
+            self.sessions.release(prep.session_key, prep.session_previous)
+
+    def _prepare(self, req: GenerationRequest, previous: list[int] | None) -> PreparedRequest:
+        if previous is not None:
+            prompt_ids = previous
+        elif req.token_ids is not None:
+            prompt_ids = list(req.token_ids)
+        elif req.text is not None or req.messages is not None:
+            prompt_ids, _ = self.tokenize(req.text, req.messages)
+        else:
+            raise InvalidArgument(
+                f"There is no live session '{req.session_id}' to continue and the request has no input; "
+                "send text, token_ids or messages.",
+                field="text",
+            )
+        if not prompt_ids:
+            raise InvalidArgument("The prompt is empty after tokenization.", field="text")
+        truncate = req.stopping.truncate_input_tokens
+        if truncate is not None and len(prompt_ids) > truncate:
+            prompt_ids = prompt_ids[-truncate:]
+        max_new = resolve_max_new_tokens(req, len(prompt_ids), self.limits, self.default_max_new_tokens)
+        sampling = self.engine.resolve_sampling(req.sampling, random_seed=secrets.randbits(63))
+        validate_engine_support(sampling, req, self.engine.info)
+        n = req.sampling.n or 1
+        best_of = max(req.sampling.best_of or n, n)
+        out = req.output
+        st = req.stopping
+        encode_plain = self.tokenizer.encode
+        engine_request = EngineRequest(
+            request_id=req.request_id,
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            max_new_tokens=max_new,
+            num_sequences=best_of,
+            min_new_tokens=st.min_new_tokens or 0,
+            stop_token_ids=frozenset(st.stop_token_ids),
+            ignore_eos=bool(st.ignore_eos),
+            stop_words_ids=[encode_plain(s, add_special_tokens=False) for s in st.stop],
+            bad_words_ids=[ids for ids in (encode_plain(w, add_special_tokens=False) for w in req.bad_words) if ids],
+            logit_bias=dict(req.logit_bias),
+            logprobs=out.logprobs or best_of > n,
+            top_logprobs=out.top_logprobs or 0,
+            prompt_logprobs=out.prompt_logprobs,
+            arrival_time=time.monotonic(),
+        )
+        return PreparedRequest(
+            request=req,
+            engine_request=engine_request,
+            sampling=sampling,
+            n=n,
+            stops=st.stop,
+            include_stop=bool(st.include_stop_str_in_output),
+            skip_special=out.skip_special_tokens is not False,
+            spaces_between=out.spaces_between_special_tokens is not False,
+            echo=bool(out.echo),
+            deadline=(engine_request.arrival_time + st.time_limit_ms / 1000.0) if st.time_limit_ms else None,
+            session_continued=previous is not None,
+        )
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, prep: PreparedRequest) -> AsyncIterator[ResponseDelta]:
+        """Stream the request's ResponseDeltas; the last one has `final` set.
+
+        Raises:
+            CoreError: admission (Overloaded, NotReady) before the first delta; EngineFailure
+                after it. Cancellation (the consumer closing) aborts the engine request.
+        """
+        return _Run(self, prep).stream()
+
+    def _decode_fn(self, prep: PreparedRequest):
+        tok, skip, spaces = self.tokenizer, prep.skip_special, prep.spaces_between
+        return lambda ids: tok.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+
+    def token_info(self, token_id: int, logprob: float | None, top: Sequence[tuple[int, float]] | None) -> TokenInfo:
+        """A TokenInfo with text, raw bytes, special flag, logprob and alternatives."""
+        tok = self.tokenizer
+        alts = [TopToken(i, tok.token_text(i), tok.token_bytes(i), lp) for i, lp in top] if top else []
+        return TokenInfo(token_id, tok.token_text(token_id), tok.token_bytes(token_id), tok.is_special(token_id), logprob,
+                         alts)
+
+
+class _Run:
+    """The state of one running request (see RequestPipeline.run)."""
+
+    def __init__(self, pipeline: RequestPipeline, prep: PreparedRequest):
+        self.p = pipeline
+        self.prep = prep
+        req = prep.engine_request
+        decode = pipeline._decode_fn(prep)
+        self.seqs = [
+            _Sequence(i, IncrementalDetokenizer(decode, req.prompt_ids), StopMatcher(prep.stops, prep.include_stop))
+            for i in range(req.num_sequences)
+        ]
+        self.buffered = req.num_sequences > prep.n  # best_of: output only at the end
+        self.returned = self.seqs
+        self.sent_states = 0
+        self.times: dict[RequestState, float] = {}
+        self.cached_tokens = 0
+        self.failed = False
+
+    async def stream(self) -> AsyncIterator[ResponseDelta]:
+        prep = self.prep
+        gen = self.p.engine.generate(prep.engine_request)
+        try:
+            async for out in gen:
+                if out.error is not None:
+                    self.failed = True
+                    raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
+                for delta in self._on_output(out):
+                    yield delta
+                if all(s.finished for s in self.seqs):
+                    break
+            else:
+                self.failed = True
+                raise EngineFailure("The engine ended the request without finishing it.")
+        except CoreError:
+            self.failed = True
+            raise
+        finally:
+            await gen.aclose()
+            self._release_session()
+
+    def _release_session(self) -> None:
+        """Store the new sequence under the session key: deleted after EOS, unchanged after a
+        failure, and the partial sequence after a cancel."""
+        prep = self.prep
+        if not prep.session_key:
+            return
+        seq = self.seqs[0]
+        if seq.finished is FinishReason.EOS:
+            tokens = None
+        elif self.failed or not seq.token_ids:
+            tokens = prep.session_previous
+        else:
+            tokens = prep.engine_request.prompt_ids + seq.token_ids
+        self.p.sessions.release(prep.session_key, tokens)
+
+    def _states_up_to(self, state: RequestState, now: float) -> list[ResponseDelta]:
+        """Deltas for every state not yet sent, up to and including `state` (once each, in order)."""
+        deltas = []
+        target = _STATE_ORDER.index(state) + 1
+        while self.sent_states < target:
+            s = _STATE_ORDER[self.sent_states]
+            self.sent_states += 1
+            self.times.setdefault(s, now)
+            d = ResponseDelta(state=s)
+            if s is RequestState.QUEUED:
+                d.session_continued = self.prep.session_continued
+                if self.prep.echo:
+                    d.prompt_text = self.p._decode_fn(self.prep)(self.prep.engine_request.prompt_ids)
+            deltas.append(d)
+        return deltas
+
+    def _on_output(self, out: EngineOutput) -> list[ResponseDelta]:
+        now = out.time or time.monotonic()
+        self.cached_tokens = max(self.cached_tokens, out.cached_tokens)
+        deltas: list[ResponseDelta] = []
+        if out.state is not None and out.state is not RequestState.GENERATING:
+            deltas += self._states_up_to(out.state, now)
+            if out.state is RequestState.PREFILLED and out.prompt_logprobs is not None:
+                deltas[-1].prompt_tokens = self._prompt_tokens(out.prompt_logprobs)
+        if not out.sequences and not out.finished:
+            return deltas
+        seq_deltas = []
+        for step in out.sequences:
+            seq = self.seqs[step.index]
+            if seq.finished is None:
+                seq_deltas.append(self._on_step(seq, step))
+        if out.finished:  # e.g. a cancel without news for some sequences
+            for seq in self.seqs:
+                if seq.finished is None:
+                    seq_deltas.append(self._finish(seq, FinishReason.CANCELLED, SequenceDelta(seq.index)))
+        if self.prep.deadline is not None and now >= self.prep.deadline:
+            for seq in self.seqs:
+                if seq.finished is None:
+                    seq_deltas.append(self._finish(seq, FinishReason.TIME_LIMIT, SequenceDelta(seq.index)))
+        if any(d.tokens for d in seq_deltas):
+            deltas += self._states_up_to(RequestState.GENERATING, now)
+        elif not seq_deltas:
+            return deltas
+        done = all(s.finished for s in self.seqs)
+        if self.buffered:
+            if not done:
+                return deltas
+            seq_deltas = self._best_of()
+        body = deltas.pop() if deltas and deltas[-1].state is RequestState.GENERATING else ResponseDelta()
+        body.sequences = [d for d in seq_deltas if d.text or d.tokens or d.finish_reason is not None]
+        if done:
+            body.final = self._final(now)
+        deltas.append(body)
+        return deltas
+
+    def _on_step(self, seq: _Sequence, step: SequenceStep) -> SequenceDelta:
+        prep = self.prep
+        delta = SequenceDelta(seq.index)
+        for i, tok in enumerate(step.token_ids):
+            lp = step.logprobs[i] if step.logprobs is not None else None
+            top = step.top_logprobs[i] if step.top_logprobs is not None else None
+            if lp is not None:
+                seq.cumulative_logprob += lp
+            if not prep.request.output.logprobs:
+                lp, top = None, None
+            delta.tokens.append(self.p.token_info(tok, lp, top))
+        seq.token_ids += step.token_ids
+        seq.generated += len(step.token_ids)
+        reason = step.finish_reason
+        text_ids = step.token_ids
+        ends_on_token = reason is FinishReason.EOS or step.stop_token_id is not None
+        if ends_on_token and text_ids and not prep.include_stop:
+            text_ids = text_ids[:-1]
+        text = seq.detok.push(text_ids)
+        if reason is not None:
+            text += seq.detok.flush()
+        if seq.generated > prep.engine_request.min_new_tokens or reason is not None:
+            match = seq.matcher.push(text)
+            text = match.text
+            if match.stop is not None:
+                delta.text = text
+                delta.stop_sequence = match.stop
+                return self._finish(seq, FinishReason.STOP_SEQUENCE, delta)
+        delta.text = text
+        if reason is not None:
+            delta.stop_token_id = step.stop_token_id
+            return self._finish(seq, reason, delta)
+        self._keep(seq, delta)
+        return delta
+
+    def _finish(self, seq: _Sequence, reason: FinishReason, delta: SequenceDelta) -> SequenceDelta:
+        if reason is not FinishReason.STOP_SEQUENCE or delta.stop_token_id is not None:
+            delta.text += seq.matcher.flush()
+        seq.finished = reason
+        delta.finish_reason = reason
+        seq.stop_sequence, seq.stop_token_id = delta.stop_sequence, delta.stop_token_id
+        if self.prep.request.output.logprobs:
+            delta.cumulative_logprob = seq.cumulative_logprob
+        self._keep(seq, delta)
+        return delta
+
+    def _keep(self, seq: _Sequence, delta: SequenceDelta) -> None:
+        if self.buffered:
+            seq.text_parts.append(delta.text)
+            seq.tokens += delta.tokens
+
+    def _best_of(self) -> list[SequenceDelta]:
+        """Pick the n sequences with the highest cumulative logprob; re-index them 0..n-1."""
+        ranked = sorted(self.seqs, key=lambda s: (-s.cumulative_logprob, s.index))[: self.prep.n]
+        out = []
+        for new_index, seq in enumerate(ranked):
+            out.append(
+                SequenceDelta(
+                    index=new_index,
+                    text="".join(seq.text_parts),
+                    tokens=seq.tokens,
+                    finish_reason=seq.finished,
+                    stop_sequence=seq.stop_sequence,
+                    stop_token_id=seq.stop_token_id,
+                    cumulative_logprob=seq.cumulative_logprob if self.prep.request.output.logprobs else None,
+                )
+            )
+        self.returned = ranked
+        return out
+
+    def _final(self, now: float) -> FinalInfo:
+        req = self.prep.engine_request
+        returned = self.returned
+        queued = self.times.get(RequestState.SCHEDULED, now)
+        prefilled = self.times.get(RequestState.PREFILLED, queued)
+        timing = Timing(
+            queue_ms=(queued - req.arrival_time) * 1000.0,
+            prefill_ms=(prefilled - queued) * 1000.0,
+            total_ms=(time.monotonic() - req.arrival_time) * 1000.0,
+        )
+        usage = Usage(len(req.prompt_ids), sum(s.generated for s in returned), self.cached_tokens)
+        return FinalInfo(usage=usage, seed=self.prep.sampling.seed, effective=self.prep.sampling, timing=timing)
+
+    def _prompt_tokens(self, infos: list[PromptTokenInfo]) -> list[TokenInfo]:
+        return [self.p.token_info(i.token_id, i.logprob, i.top) for i in infos]

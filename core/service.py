@@ -1,0 +1,100 @@
+"""GenerateService servicer: thin glue between gRPC and the request pipeline.
+
+Generate: convert -> prepare (validation, tokenization) -> stream pipeline deltas as
+GenerateResponses. Errors become gRPC statuses with google.rpc details (CoreError.to_status);
+an unexpected exception is logged with the request id and reported as INTERNAL. A cancelled
+call propagates CancelledError through the pipeline, which aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import grpc
+from trellis.generate.v1 import generate_service_pb2 as spb
+from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
+
+from core import convert
+from core.config import CoreConfig
+from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
+from core.pipeline import RequestPipeline
+from core.types import SamplingOptions
+
+log = logging.getLogger(__name__)
+
+
+class GenerateServicer(spb_grpc.GenerateServiceServicer):
+    """Serves Generate, GetModelInfo and Tokenize for one pipeline.
+
+    `draining` is set on graceful shutdown: new Generate calls then fail with UNAVAILABLE.
+    """
+
+    def __init__(self, pipeline: RequestPipeline, config: CoreConfig):
+        self.pipeline = pipeline
+        self.config = config
+        self.draining = False
+
+    async def Generate(self, request: spb.GenerateRequest, context: grpc.aio.ServicerContext):
+        request_id = request.request_id or uuid.uuid4().hex
+        error: CoreError | None = None
+        try:
+            if self.draining:
+                raise NotReady("The server is shutting down; retry on another replica.")
+            req = convert.to_generation_request(request, request_id)
+            prepared = self.pipeline.prepare(req)
+            async for delta in self.pipeline.run(prepared):
+                yield convert.to_response(delta, request_id)
+        except CoreError as e:
+            error = e
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("request %s failed", request_id)
+            error = EngineFailure(f"Internal error while serving request {request_id}; see the server log.")
+        if error is not None:
+            log.info("request %s: %s %s", request_id, error.code.name, error.message)
+            await context.abort_with_status(error.to_status())
+
+    async def GetModelInfo(self, request: spb.GetModelInfoRequest, context) -> spb.GetModelInfoResponse:
+        p, cfg = self.pipeline, self.config
+        info = p.engine.info
+        greedy = p.engine.resolve_sampling(SamplingOptions(do_sample=False), random_seed=0)
+        sampling = p.engine.resolve_sampling(SamplingOptions(do_sample=True), random_seed=0)
+        greedy_pb, sampling_pb = convert.to_sampling_params(greedy), convert.to_sampling_params(sampling)
+        greedy_pb.ClearField("seed")
+        sampling_pb.ClearField("seed")
+        return spb.GetModelInfoResponse(
+            model_name=cfg.served_model_name,
+            model_version=cfg.model_version,
+            engine=info.engine,
+            max_context_length=info.max_context_length,
+            max_new_tokens=p.limits.max_new_tokens,
+            default_max_new_tokens=cfg.default_max_new_tokens,
+            vocab_size=info.vocab_size,
+            has_chat_template=p.tokenizer.has_chat_template,
+            accepts_images=False,
+            max_num_beams=info.max_num_beams,
+            max_top_logprobs=20,
+            max_stop_sequences=p.limits.max_stop_sequences,
+            greedy_defaults=greedy_pb,
+            sampling_defaults=sampling_pb,
+            unsupported_sampling_fields=sorted(info.unsupported_sampling_fields),
+            max_n=p.limits.max_n,
+        )
+
+    async def Tokenize(self, request: spb.TokenizeRequest, context: grpc.aio.ServicerContext) -> spb.TokenizeResponse:
+        which = request.WhichOneof("input")
+        try:
+            if which is None:
+                raise InvalidArgument("Set text or messages.", field="text")
+            if which == "messages":
+                gen = convert.to_generation_request(spb.GenerateRequest(messages=request.messages), "tokenize")
+                ids, rendered = self.pipeline.tokenize(None, gen.messages)
+            else:
+                ids, rendered = self.pipeline.tokenize(request.text, None)
+        except CoreError as e:
+            await context.abort_with_status(e.to_status())
+        return spb.TokenizeResponse(token_ids=ids, rendered_prompt=rendered)
+

@@ -1,0 +1,170 @@
+"""The served model's tokenizer, wrapped for the request pipeline.
+
+Wraps a transformers tokenizer (any backend) and adds what serving needs on top: chat
+rendering with the model's own template, per-token text and raw bytes (cached), special-token
+detection, the model's EOS set, and decoding with `spaces_between_special_tokens`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from core.errors import InvalidArgument
+from core.types import ChatMessage
+
+_HEX_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@functools.cache
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table, inverted (ByteLevel pre-tokenizer alphabet -> byte)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+class Tokenizer:
+    """Serving-side tokenizer.
+
+    Args:
+        hf_tokenizer: a loaded transformers tokenizer.
+        eos_token_ids: the model's EOS ids (generation config and tokenizer together).
+    """
+
+    def __init__(self, hf_tokenizer, eos_token_ids: Iterable[int]):
+        self.hf = hf_tokenizer
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids if i is not None)
+        self.special_ids = frozenset(int(i) for i in hf_tokenizer.all_special_ids)
+        added = getattr(hf_tokenizer, "added_tokens_decoder", {}) or {}
+        self.special_ids |= {int(i) for i, t in added.items() if getattr(t, "special", False)}
+        self.vocab_size = len(hf_tokenizer)
+        self.pad_token_id = hf_tokenizer.pad_token_id
+        self._byte_level = _is_byte_level(hf_tokenizer)
+        self._bytes_cache: dict[int, bytes] = {}
+        self._text_cache: dict[int, str] = {}
+
+    @classmethod
+    def load(cls, path: str | Path, extra_eos: Iterable[int] = ()) -> Tokenizer:
+        """Load the tokenizer in `path`; EOS ids come from the tokenizer, `generation_config.json`
+        and `config.json` there, plus `extra_eos`."""
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path))
+        eos: set[int] = set(extra_eos)
+        if hf.eos_token_id is not None:
+            eos.add(hf.eos_token_id)
+        for name in ("generation_config.json", "config.json"):
+            f = Path(path) / name
+            if f.is_file():
+                value = json.loads(f.read_text()).get("eos_token_id")
+                eos.update(value if isinstance(value, list) else [value] if value is not None else [])
+        return cls(hf, eos)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the model ships a chat template."""
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; special tokens (such as BOS) are added unless told otherwise."""
+        return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def render_chat(self, messages: Sequence[ChatMessage]) -> tuple[str, list[int]]:
+        """Render a chat with the model's template and a generation prompt.
+
+        Returns the rendered text and its token ids (the template supplies any special
+        tokens, so none are added).
+
+        Raises:
+            InvalidArgument: the model has no chat template, or the template rejects the
+                conversation (e.g. roles out of order).
+        """
+        if not self.has_chat_template:
+            raise InvalidArgument(
+                "This model has no chat template, so chat messages cannot be used; send a text prompt instead.",
+                field="messages",
+            )
+        convo = []
+        for m in messages:
+            entry: dict[str, str] = {"role": m.role, "content": "\n".join(p.text or "" for p in m.content)}
+            if m.name is not None:
+                entry["name"] = m.name
+            convo.append(entry)
+        try:
+            text = self.hf.apply_chat_template(convo, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja raises TemplateError (or anything raise_exception() throws)
+            raise InvalidArgument(f"The model's chat template rejected the messages: {e}", field="messages") from e
+        return text, self.encode(text, add_special_tokens=False)
+
+    def decode(
+        self, ids: Sequence[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
+    ) -> str:
+        """Text of `ids`. When special tokens are kept and `spaces_between_special_tokens` is
+        true, two adjacent special tokens are separated by a space."""
+        if skip_special_tokens or not spaces_between_special_tokens or len(ids) < 2:
+            return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+        cuts = [i for i in range(1, len(ids)) if ids[i - 1] in self.special_ids and ids[i] in self.special_ids]
+        if not cuts:
+            return self.hf.decode(ids, skip_special_tokens=False)
+        bounds = [0, *cuts, len(ids)]
+        return " ".join(self.hf.decode(ids[a:b], skip_special_tokens=False) for a, b in itertools.pairwise(bounds))
+
+    def is_special(self, token_id: int) -> bool:
+        """Whether `token_id` is a special token (EOS, BOS, chat markers, ...)."""
+        return token_id in self.special_ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token stands for (a UTF-8 fragment for byte tokens)."""
+        b = self._bytes_cache.get(token_id)
+        if b is None:
+            b = self._compute_bytes(token_id)
+            self._bytes_cache[token_id] = b
+        return b
+
+    def token_text(self, token_id: int) -> str:
+        """A token's text on its own; a partial UTF-8 sequence shows as U+FFFD."""
+        t = self._text_cache.get(token_id)
+        if t is None:
+            t = self.token_bytes(token_id).decode("utf-8", errors="replace")
+            self._text_cache[token_id] = t
+        return t
+
+    def _compute_bytes(self, token_id: int) -> bytes:
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        if piece is None:
+            return b""
+        if token_id in self.special_ids:
+            return piece.encode("utf-8")
+        if self._byte_level:
+            table = _byte_level_decoder()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        m = _HEX_BYTE.match(piece)
+        if m:
+            return bytes([int(m.group(1), 16)])
+        if "▁" in piece:  # SentencePiece marks a leading space with U+2581
+            return piece.replace("▁", " ").encode("utf-8")
+        return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+
+def _is_byte_level(hf_tokenizer) -> bool:
+    backend = getattr(hf_tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+    except Exception:
+        return False
+    kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", []) or []]
+    return "ByteLevel" in kinds

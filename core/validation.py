@@ -1,0 +1,244 @@
+"""Every range and cross-field rule of a Generate request, in one place.
+
+Gateways check only their schema's JSON shapes and types; the values are checked here, once,
+so every interface gives the same answer (TGI's two diverging frequency_penalty rules are the
+cautionary tale). Each failure raises InvalidArgument naming the GenerateRequest field path
+(e.g. "sampling.top_p") with a sentence a user understands; an unknown model raises
+ModelNotFound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
+from core.types import EngineInfo, GenerationRequest, ResolvedSampling
+
+MAX_TOP_LOGPROBS = 20
+MAX_BAD_WORDS = 64
+PENALTY_RANGE = (-2.0, 2.0)
+LOGIT_BIAS_RANGE = (-100.0, 100.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Configured bounds (CoreConfig) together with the engine's (EngineInfo)."""
+
+    served_model: str
+    engine: EngineInfo
+    max_new_tokens: int
+    max_stop_sequences: int
+    max_n: int
+
+
+def validate_request(req: GenerationRequest, limits: Limits) -> None:
+    """Check everything that does not need the tokenized prompt.
+
+    Raises:
+        ModelNotFound: req.model names another model.
+        InvalidArgument: any value out of range or contradicting another field.
+    """
+    if req.model and req.model != limits.served_model:
+        raise ModelNotFound(
+            f"The model '{req.model}' is not served here; this server serves '{limits.served_model}'.",
+            field="model",
+        )
+    _check_input(req, limits)
+    _check_sampling(req, limits)
+    _check_stopping(req, limits)
+    _check_output(req)
+    if req.session_id is not None:
+        if not req.session_id:
+            raise InvalidArgument("session_id must not be empty when set.", field="session_id")
+        n = req.sampling.n or 1
+        if n > 1 or (req.sampling.best_of or 1) > 1:
+            raise InvalidArgument(
+                "A continued session generates one sequence; n and best_of must be 1.", field="session_id"
+            )
+
+
+def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, info: EngineInfo) -> None:
+    """Refuse sampling features the engine cannot honour (never silently ignore them).
+
+    Raises:
+        InvalidArgument: naming the field (e.g. num_beams > 1 on an engine without beam search).
+    """
+    s = req.sampling
+    if resolved.num_beams > info.max_num_beams:
+        if info.max_num_beams == 1:
+            msg = f"num_beams={resolved.num_beams} asks for beam search, which the {info.engine} engine does not support; use num_beams=1."
+        else:
+            msg = f"num_beams must be at most {info.max_num_beams} on this engine, got {resolved.num_beams}."
+        raise InvalidArgument(msg, field="sampling.num_beams")
+    if resolved.num_beams == 1:
+        if s.length_penalty is not None and s.length_penalty != 1.0:
+            raise InvalidArgument(
+                "length_penalty only applies to beam search (num_beams > 1); leave it unset or 1.",
+                field="sampling.length_penalty",
+            )
+        if s.early_stopping:
+            raise InvalidArgument(
+                "early_stopping only applies to beam search (num_beams > 1); leave it unset or false.",
+                field="sampling.early_stopping",
+            )
+    neutral = {
+        "typical_p": 1.0,
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+    }
+    for name in sorted(info.unsupported_sampling_fields):
+        value = getattr(s, name, None)
+        if value is not None and value != neutral.get(name):
+            raise InvalidArgument(f"{name} is not supported by the {info.engine} engine.", field=f"sampling.{name}")
+
+
+def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limits, default: int) -> int:
+    """The max_new_tokens to use for a prompt of prompt_len tokens.
+
+    An unset value takes `default`, lowered to fit the context. A set value must fit.
+
+    Raises:
+        ContextLengthExceeded: the prompt leaves no room, or prompt + max_new_tokens is too long.
+    """
+    ctx = limits.engine.max_context_length
+    field = _input_field(req)
+    if prompt_len >= ctx:
+        raise ContextLengthExceeded(
+            f"The prompt has {prompt_len} tokens, but the model's context is {ctx} tokens and at least one "
+            "must be left for generation; shorten the prompt or set truncate_input_tokens.",
+            field=field,
+        )
+    asked = req.stopping.max_new_tokens
+    if asked is None:
+        return max(1, min(default, limits.max_new_tokens, ctx - prompt_len))
+    if prompt_len + asked > ctx:
+        raise ContextLengthExceeded(
+            f"The prompt has {prompt_len} tokens and max_new_tokens is {asked}, which exceeds the model's "
+            f"context of {ctx} tokens; ask for at most {ctx - prompt_len} new tokens.",
+            field="stopping.max_new_tokens",
+        )
+    min_new = req.stopping.min_new_tokens
+    if min_new is not None and min_new > asked:
+        raise InvalidArgument(
+            f"min_new_tokens ({min_new}) must not exceed max_new_tokens ({asked}).", field="stopping.min_new_tokens"
+        )
+    return asked
+
+
+def _input_field(req: GenerationRequest) -> str:
+    if req.messages is not None:
+        return "messages"
+    if req.token_ids is not None:
+        return "token_ids"
+    return "text"
+
+
+def _check_input(req: GenerationRequest, limits: Limits) -> None:
+    given = [x for x in (req.text, req.token_ids, req.messages) if x is not None]
+    if not given:
+        if req.session_id:
+            return  # a live session supplies the input; checked again once the store is consulted
+        raise InvalidArgument("The request has no input; set text, token_ids or messages.", field="text")
+    if req.text is not None and req.text == "":
+        raise InvalidArgument("The prompt text is empty.", field="text")
+    if req.token_ids is not None:
+        if not req.token_ids:
+            raise InvalidArgument("token_ids is empty.", field="token_ids")
+        vocab = limits.engine.vocab_size
+        bad = next((t for t in req.token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidArgument(f"token id {bad} is outside the vocabulary [0, {vocab}).", field="token_ids")
+    if req.messages is not None:
+        if not req.messages:
+            raise InvalidArgument("messages is empty; send at least one message.", field="messages")
+        for i, m in enumerate(req.messages):
+            if not m.role:
+                raise InvalidArgument(f"messages[{i}] has no role.", field=f"messages[{i}].role")
+            for p in m.content:
+                if p.image_url is not None:
+                    raise InvalidArgument(
+                        "This model accepts text only; image_url content parts are not supported.",
+                        field=f"messages[{i}].content",
+                    )
+
+
+def _check_range(value, lo, hi, field: str, *, lo_open: bool = False, hi_open: bool = False, what: str = "") -> None:
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(f"{field.split('.')[-1]} must be a finite number, got {value}.", field=field)
+    low_bad = lo is not None and (value <= lo if lo_open else value < lo)
+    high_bad = hi is not None and (value >= hi if hi_open else value > hi)
+    if low_bad or high_bad:
+        left = "(" if lo_open else "["
+        right = ")" if hi_open else "]"
+        rng = f"{left}{'-inf' if lo is None else _fmt(lo)}, {'inf' if hi is None else _fmt(hi)}{right}"
+        name = field.split(".")[-1]
+        raise InvalidArgument(f"{name} must be in {rng}{what}, got {_fmt(value)}.", field=field)
+
+
+def _fmt(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _check_sampling(req: GenerationRequest, limits: Limits) -> None:
+    s = req.sampling
+    _check_range(s.temperature, 0.0, None, "sampling.temperature")
+    _check_range(s.top_k, 0, None, "sampling.top_k", what=" (0 disables top-k)")
+    _check_range(s.top_p, 0.0, 1.0, "sampling.top_p", lo_open=True)
+    _check_range(s.min_p, 0.0, 1.0, "sampling.min_p")
+    _check_range(s.typical_p, 0.0, 1.0, "sampling.typical_p", lo_open=True)
+    _check_range(s.repetition_penalty, 0.0, None, "sampling.repetition_penalty", lo_open=True)
+    _check_range(s.presence_penalty, *PENALTY_RANGE, "sampling.presence_penalty")
+    _check_range(s.frequency_penalty, *PENALTY_RANGE, "sampling.frequency_penalty")
+    _check_range(s.length_penalty, None, None, "sampling.length_penalty")
+    _check_range(s.n, 1, limits.max_n, "sampling.n")
+    _check_range(s.best_of, 1, limits.max_n, "sampling.best_of")
+    if s.best_of is not None and s.best_of < (s.n or 1):
+        raise InvalidArgument(f"best_of ({s.best_of}) must be at least n ({s.n or 1}).", field="sampling.best_of")
+    _check_range(s.num_beams, 1, None, "sampling.num_beams")
+    vocab = limits.engine.vocab_size
+    for tok, bias in req.logit_bias.items():
+        if not 0 <= tok < vocab:
+            raise InvalidArgument(
+                f"logit_bias names token id {tok}, outside the vocabulary [0, {vocab}).", field="sampling.logit_bias"
+            )
+        _check_range(bias, *LOGIT_BIAS_RANGE, "sampling.logit_bias")
+    if len(req.bad_words) > MAX_BAD_WORDS:
+        raise InvalidArgument(
+            f"At most {MAX_BAD_WORDS} bad_words are allowed, got {len(req.bad_words)}.", field="sampling.bad_words"
+        )
+    if any(not w for w in req.bad_words):
+        raise InvalidArgument("bad_words must not contain an empty string.", field="sampling.bad_words")
+
+
+def _check_stopping(req: GenerationRequest, limits: Limits) -> None:
+    st = req.stopping
+    _check_range(st.max_new_tokens, 1, limits.max_new_tokens, "stopping.max_new_tokens")
+    _check_range(st.min_new_tokens, 0, None, "stopping.min_new_tokens")
+    if len(st.stop) > limits.max_stop_sequences:
+        raise InvalidArgument(
+            f"At most {limits.max_stop_sequences} stop sequences are allowed, got {len(st.stop)}.",
+            field="stopping.stop",
+        )
+    if any(not s for s in st.stop):
+        raise InvalidArgument("Stop sequences must not be empty strings.", field="stopping.stop")
+    vocab = limits.engine.vocab_size
+    bad = next((t for t in st.stop_token_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidArgument(
+            f"stop token id {bad} is outside the vocabulary [0, {vocab}).", field="stopping.stop_token_ids"
+        )
+    _check_range(st.time_limit_ms, 0, None, "stopping.time_limit_ms", lo_open=True)
+    _check_range(st.truncate_input_tokens, 1, None, "stopping.truncate_input_tokens")
+
+
+def _check_output(req: GenerationRequest) -> None:
+    o = req.output
+    _check_range(o.top_logprobs, 0, MAX_TOP_LOGPROBS, "output.top_logprobs")
+    if o.top_logprobs and not o.logprobs:
+        raise InvalidArgument("top_logprobs requires logprobs to be true.", field="output.top_logprobs")
+    _check_range(o.prompt_logprobs, 0, MAX_TOP_LOGPROBS, "output.prompt_logprobs")

@@ -1,0 +1,56 @@
+"""`trellis-gateway <lmi|openai|triton|ws> [flags]`: run one gateway process until SIGTERM.
+
+Each gateway package exports DEFAULT_PORT, add_arguments(parser) and make_app(config).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import signal
+import sys
+
+from gateways.common.app import start_app
+from gateways.common.config import GatewayConfig, load
+
+GATEWAYS = ("lmi", "openai", "triton", "ws")
+log = logging.getLogger("gateways")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in GATEWAYS:
+        print(
+            f"usage: trellis-gateway {{{','.join(GATEWAYS)}}} [flags]  (--help after the name for flags)",
+            file=sys.stderr,
+        )
+        return 2
+    name = argv[0]
+    module = importlib.import_module(f"gateways.{name}")
+    config = load(name, module.DEFAULT_PORT, module.add_arguments, argv[1:])
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log.info(
+        "effective configuration: %s",
+        json.dumps({**config.__dict__, "options": dict(config.options)}, sort_keys=True, default=str),
+    )
+    return asyncio.run(_serve(config, module))
+
+
+async def _serve(config: GatewayConfig, module) -> int:
+    app = module.make_app(config)
+    runner, port = await start_app(app, config.host, config.port)
+    print(f"trellis-gateway {config.name} on http://{config.host}:{port} -> core {config.core}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Gateway configuration: common flags plus each gateway's own, all with environment fallbacks.
+
+Every flag `--some-flag` can also be set as `TRELLIS_GATEWAY_SOME_FLAG`; the command line wins.
+A gateway module adds its own flags in `add_arguments(parser)` and reads them back from
+`GatewayConfig.options`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.config import EnvArgumentParser
+
+ENV_PREFIX = "TRELLIS_GATEWAY_"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Effective configuration of one gateway process.
+
+    Attributes:
+        name: gateway kind ("lmi", "openai", "triton", "ws").
+        core: address of the core's gRPC server (host:port).
+        host, port: where the gateway listens.
+        request_timeout: seconds a whole request may take end to end (0: no limit).
+        max_body_bytes: largest request body accepted (larger bodies get 413).
+        max_message_bytes: gRPC message size limit towards the core.
+        log_level: logging level name.
+        options: the gateway's own flags (by argparse dest).
+    """
+
+    name: str
+    core: str = "127.0.0.1:50051"
+    host: str = "127.0.0.1"
+    port: int = 0
+    request_timeout: float = 0.0
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_message_bytes: int = 16 * 1024 * 1024
+    log_level: str = "INFO"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A gateway-specific option by argparse dest."""
+        return self.options.get(name, default)
+
+
+_COMMON = {"core", "host", "port", "request_timeout", "max_body_bytes", "max_message_bytes", "log_level"}
+
+
+def load(
+    name: str,
+    default_port: int,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> GatewayConfig:
+    """Parse the flags of gateway `name` (argv without the gateway name).
+
+    Raises:
+        SystemExit: on a usage error (argparse prints the message).
+    """
+    environ = os.environ if environ is None else environ
+    p = EnvArgumentParser(
+        prog=f"trellis-gateway {name}",
+        description=f"Trellis {name} gateway: translate its public schema into gRPC Generate calls.",
+        env_prefix=ENV_PREFIX,
+        environ=environ,
+    )
+    d = GatewayConfig(name=name)
+    p.add_argument("--core", default=d.core, help="core gRPC address host:port")
+    p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for all interfaces)")
+    p.add_argument("--port", type=int, default=default_port, help="port to listen on (0: pick a free one)")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout, help="seconds per request (0: none)")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
+    p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_arguments(p)
+    ns = vars(p.parse_args(argv))
+    common = {k: ns.pop(k) for k in list(ns) if k in _COMMON}
+    return GatewayConfig(name=name, options=ns, **common)

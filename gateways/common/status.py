@@ -1,0 +1,94 @@
+"""gRPC status -> HTTP status, and the gateway-side error type.
+
+The table is grpc-gateway's `HTTPStatusFromCode` (DESIGN.md "Errors, per schema"); a schema that
+needs other numbers (LMI answers RESOURCE_EXHAUSTED with 503, as DJL does) passes overrides to
+`GatewayError.http_status`. `GatewayError.from_rpc_error` decodes the core's google.rpc details:
+the field named by BadRequest / ErrorInfo metadata "param", and the ErrorInfo reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+
+
+class GatewayError(Exception):
+    """An error to render in a schema's own error shape.
+
+    Attributes:
+        code: gRPC status code (the source of the HTTP status).
+        message: sentence for the client.
+        param: the offending field as the core names it (e.g. "sampling.top_p"), or a schema
+            field name when the gateway itself found the problem.
+        reason: machine-readable reason (google.rpc.ErrorInfo.reason), if any.
+    """
+
+    def __init__(self, code: grpc.StatusCode, message: str, *, param: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.reason = reason
+
+    def http_status(self, overrides: Mapping[grpc.StatusCode, int] | None = None) -> int:
+        """The HTTP status for this error (schema overrides first, then GRPC_TO_HTTP)."""
+        if overrides and self.code in overrides:
+            return overrides[self.code]
+        return GRPC_TO_HTTP.get(self.code, 500)
+
+    @classmethod
+    def invalid(cls, message: str, param: str | None = None) -> GatewayError:
+        """A bad request found by the gateway itself (JSON shape or type)."""
+        return cls(grpc.StatusCode.INVALID_ARGUMENT, message, param=param, reason="INVALID_ARGUMENT")
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> GatewayError:
+        """Decode a failed call's status, message and google.rpc details."""
+        code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
+        message = error.details() if callable(getattr(error, "details", None)) else str(error)
+        if code is grpc.StatusCode.UNAVAILABLE and not message:
+            message = "The model server is unavailable."
+        param = reason = None
+        status = None
+        try:
+            status = rpc_status.from_call(error)
+        except Exception:  # malformed or missing details: keep code and message
+            status = None
+        if status is not None:
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    reason = info.reason or reason
+                    param = info.metadata.get("param") or param
+                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                    bad = error_details_pb2.BadRequest()
+                    detail.Unpack(bad)
+                    if bad.field_violations:
+                        param = bad.field_violations[0].field
+        if code is grpc.StatusCode.UNAVAILABLE and "connect" in (message or "").lower():
+            message = "The model server cannot be reached."
+        return cls(code, message or code.name, param=param, reason=reason)

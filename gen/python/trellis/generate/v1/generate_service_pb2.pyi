@@ -1,0 +1,110 @@
+from trellis.generate.v1 import generate_pb2 as _generate_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "model", "text", "token_ids", "messages", "sampling", "stopping", "output", "session_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    text: str
+    token_ids: _generate_pb2.TokenIds
+    messages: _generate_pb2.ChatMessages
+    sampling: _generate_pb2.SamplingParams
+    stopping: _generate_pb2.StoppingParams
+    output: _generate_pb2.OutputOptions
+    session_id: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    EFFECTIVE_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    SESSION_CONTINUED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    state: _generate_pb2.GenerateState
+    outputs: _containers.RepeatedCompositeFieldContainer[_generate_pb2.SequenceOutput]
+    prompt_text: str
+    prompt_tokens: _containers.RepeatedCompositeFieldContainer[_generate_pb2.Token]
+    usage: _generate_pb2.Usage
+    seed: int
+    effective_sampling: _generate_pb2.SamplingParams
+    timing: _generate_pb2.Timing
+    session_continued: bool
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[_generate_pb2.GenerateState, str]] = ..., outputs: _Optional[_Iterable[_Union[_generate_pb2.SequenceOutput, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[_Union[_generate_pb2.Token, _Mapping]]] = ..., usage: _Optional[_Union[_generate_pb2.Usage, _Mapping]] = ..., seed: _Optional[int] = ..., effective_sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., timing: _Optional[_Union[_generate_pb2.Timing, _Mapping]] = ..., session_continued: _Optional[bool] = ...) -> None: ...
+
+class GetModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetModelInfoResponse(_message.Message):
+    __slots__ = ("model_name", "model_version", "engine", "max_context_length", "max_new_tokens", "default_max_new_tokens", "vocab_size", "has_chat_template", "accepts_images", "max_num_beams", "max_top_logprobs", "max_stop_sequences", "greedy_defaults", "sampling_defaults", "unsupported_sampling_fields", "max_n")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTS_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BEAMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STOP_SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
+    UNSUPPORTED_SAMPLING_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_N_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    model_version: str
+    engine: str
+    max_context_length: int
+    max_new_tokens: int
+    default_max_new_tokens: int
+    vocab_size: int
+    has_chat_template: bool
+    accepts_images: bool
+    max_num_beams: int
+    max_top_logprobs: int
+    max_stop_sequences: int
+    greedy_defaults: _generate_pb2.SamplingParams
+    sampling_defaults: _generate_pb2.SamplingParams
+    unsupported_sampling_fields: _containers.RepeatedScalarFieldContainer[str]
+    max_n: int
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., engine: _Optional[str] = ..., max_context_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., accepts_images: _Optional[bool] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., greedy_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., sampling_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., unsupported_sampling_fields: _Optional[_Iterable[str]] = ..., max_n: _Optional[int] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("text", "messages")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    messages: _generate_pb2.ChatMessages
+    def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("token_ids", "rendered_prompt")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RENDERED_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    rendered_prompt: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., rendered_prompt: _Optional[str] = ...) -> None: ...

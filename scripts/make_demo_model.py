@@ -1,0 +1,199 @@
+"""Build the demo model: a small Llama-architecture causal LM with a byte-level BPE tokenizer.
+
+Nothing is downloaded. The tokenizer is trained with `tokenizers` on local text (the licence
+texts under /usr/share/common-licenses and the Python standard library's top-level modules),
+gets bos/eos/pad and chat special tokens and a chat template, and the model is trained
+deterministically on the same text for a bounded time so its output looks like text.
+
+Usage:
+    python scripts/make_demo_model.py --output models/demo [--train-seconds 100] [--steps N]
+
+`--train-seconds 0` builds an untrained model in a few seconds (what the tests use). The
+result loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
+and is served with `trellis-core --model models/demo`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def corpus_files() -> list[str]:
+    """Local text files the tokenizer and model learn from, in a fixed order."""
+    files = sorted(glob.glob("/usr/share/common-licenses/*"))
+    files += sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))
+    return [f for f in files if os.path.isfile(f)]
+
+
+def read_corpus(files: list[str], max_bytes: int) -> str:
+    """Concatenate the files (decoded as UTF-8, errors replaced) up to max_bytes characters."""
+    parts, size = [], 0
+    for f in files:
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        parts.append(text)
+        size += len(text)
+        if size >= max_bytes:
+            break
+    return "\n".join(parts)[:max_bytes]
+
+
+def build_tokenizer(text: str, vocab_size: int):
+    """Train a byte-level BPE tokenizer; returns a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    chunks = text.split("\n\n")
+    tok.train_from_iterator(chunks, trainer=trainer)
+    bos = tok.token_to_id("<|bos|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", bos)]
+    )
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        pad_token="<|pad|>",
+        unk_token="<|unk|>",
+        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"],
+        model_max_length=1024,
+        padding_side="left",
+    )
+    hf_tok.chat_template = CHAT_TEMPLATE
+    return hf_tok
+
+
+def build_model(hf_tok, hidden: int, layers: int, context: int):
+    """A Llama config sized for CPU; EOS is both <|eos|> and <|end|> (end of a chat turn)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    end_id = hf_tok.convert_tokens_to_ids("<|end|>")
+    cfg = LlamaConfig(
+        vocab_size=len(hf_tok),
+        hidden_size=hidden,
+        intermediate_size=int(hidden * 2.6875),
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        bos_token_id=hf_tok.bos_token_id,
+        pad_token_id=hf_tok.pad_token_id,
+        eos_token_id=[hf_tok.eos_token_id, end_id],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config.pad_token_id = hf_tok.pad_token_id
+    model.generation_config.eos_token_id = cfg.eos_token_id
+    model.generation_config.bos_token_id = hf_tok.bos_token_id
+    return model
+
+
+def train(model, hf_tok, text: str, seconds: float, max_steps: int | None, batch: int, seq: int) -> list[float]:
+    """Deterministic next-token training on random windows of the corpus, bounded by time and steps.
+
+    Returns the loss of every step. Progress is printed every 10 steps.
+    """
+    import torch
+
+    ids = torch.tensor(hf_tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    print(f"training on {ids.numel():,} tokens for at most {seconds:.0f} s", flush=True)
+    gen = torch.Generator().manual_seed(1234)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    model.train()
+    losses: list[float] = []
+    start = time.monotonic()
+    step = 0
+    while time.monotonic() - start < seconds and (max_steps is None or step < max_steps):
+        starts = torch.randint(0, ids.numel() - seq - 1, (batch,), generator=gen)
+        x = torch.stack([ids[s : s + seq] for s in starts.tolist()])
+        out = model(input_ids=x, labels=x)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(out.loss))
+        step += 1
+        if step % 10 == 0:
+            elapsed = time.monotonic() - start
+            print(f"  step {step:4d}  loss {losses[-1]:.3f}  {elapsed:5.1f}/{seconds:.0f} s", flush=True)
+    model.eval()
+    return losses
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", default="models/demo", help="output directory (created)")
+    p.add_argument("--train-seconds", type=float, default=115.0, help="wall-clock cap on training (0: untrained)")
+    p.add_argument("--steps", type=int, default=200, help="training steps (fixed, so the result is deterministic)")
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--hidden-size", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--corpus-bytes", type=int, default=5_000_000)
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t0 = time.monotonic()
+    files = corpus_files()
+    if not files:
+        print("no local corpus found under /usr/share/common-licenses or the stdlib", file=sys.stderr)
+        return 1
+    text = read_corpus(files, args.corpus_bytes)
+    print(f"[1/4] corpus: {len(files)} files, {len(text):,} characters", flush=True)
+    hf_tok = build_tokenizer(text, args.vocab_size)
+    print(f"[2/4] tokenizer: {len(hf_tok)} tokens ({time.monotonic() - t0:.1f} s)", flush=True)
+    model = build_model(hf_tok, args.hidden_size, args.layers, args.context)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[3/4] model: {n_params:,} parameters", flush=True)
+    losses: list[float] = []
+    if args.train_seconds > 0 and (args.steps is None or args.steps > 0):
+        losses = train(model, hf_tok, text, args.train_seconds, args.steps, batch=16, seq=128)
+    out = Path(args.output)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    hf_tok.save_pretrained(tmp)
+    (tmp / "trellis_demo.json").write_text(
+        json.dumps({"steps": len(losses), "final_loss": losses[-1] if losses else None}, indent=2) + "\n"
+    )
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    tmp.rename(out)
+    summary = f"{len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}" if losses else "untrained"
+    print(f"[4/4] saved to {out} ({summary}, {time.monotonic() - t0:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

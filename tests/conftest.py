@@ -1,0 +1,102 @@
+"""Shared fixtures: a tiny model built locally, an in-process core on 127.0.0.1:0, gRPC stubs,
+and a factory that starts any gateway in-process against that core."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
+
+from core.config import CoreConfig
+from core.server import CoreServer, start_core
+from gateways.common.app import start_app
+from gateways.common.config import GatewayConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """An untrained demo-architecture model (same tokenizer and chat template), built once per session."""
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    rc = _load_script("make_demo_model").main(["--output", str(out), "--train-seconds", "0"])
+    assert rc == 0
+    return out
+
+
+def core_config(model_dir: Path, **overrides: Any) -> CoreConfig:
+    """A CoreConfig for tests: loopback, port 0, small limits, short drain."""
+    values: dict[str, Any] = dict(
+        model=str(model_dir), host="127.0.0.1", port=0, max_batch_size=16, max_queue_size=64, threads=2,
+        drain_seconds=1.0, model_name="tiny",
+    )
+    values.update(overrides)
+    return CoreConfig(**values)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def core(tiny_model_dir) -> AsyncIterator[CoreServer]:
+    """The shared in-process core (HF engine on the tiny model), served as model 'tiny'."""
+    server = await start_core(core_config(tiny_model_dir))
+    yield server
+    await server.stop(0)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def stub(core) -> AsyncIterator[spb_grpc.GenerateServiceStub]:
+    """A GenerateService stub connected to the shared core."""
+    channel = grpc.aio.insecure_channel(core.address)
+    yield spb_grpc.GenerateServiceStub(channel)
+    await channel.close()
+
+
+GatewayFactory = Callable[..., Awaitable[str]]
+
+
+@pytest_asyncio.fixture(scope="session")
+async def start_gateway(core) -> AsyncIterator[GatewayFactory]:
+    """Factory: `await start_gateway("openai", some_option=value, core=addr)` starts that gateway
+    in-process on 127.0.0.1:0 and returns its base URL ("http://127.0.0.1:PORT"). Options are
+    the gateway's own flags by argparse dest; common fields (core, request_timeout,
+    max_body_bytes, ...) may be overridden too. Everything started is stopped at session end."""
+    runners = []
+
+    async def factory(name: str, **options: Any) -> str:
+        module = importlib.import_module(f"gateways.{name}")
+        common = {k: options.pop(k) for k in list(options) if k in GatewayConfig.__dataclass_fields__}
+        defaults = _default_options(module)
+        defaults.update(options)
+        config = GatewayConfig(name=name, core=common.pop("core", core.address), host="127.0.0.1", port=0,
+                               options=defaults, **common)
+        runner, port = await start_app(module.make_app(config), "127.0.0.1", 0)
+        runners.append(runner)
+        return f"http://127.0.0.1:{port}"
+
+    yield factory
+    for runner in runners:
+        await runner.cleanup()
+
+
+def _default_options(module) -> dict[str, Any]:
+    import argparse
+
+    p = argparse.ArgumentParser()
+    module.add_arguments(p)
+    return vars(p.parse_args([]))
