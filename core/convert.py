@@ -55,7 +55,9 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
             ChatMessage(
                 role=m.role,
                 content=tuple(
-                    ContentPart(text=p.text) if p.WhichOneof("part") == "text" else ContentPart(image_url=p.image_url.url)
+                    ContentPart(text=p.text)
+                    if p.WhichOneof("part") == "text"
+                    else ContentPart(image_url=p.image_url.url)
                     for p in m.content
                     if p.WhichOneof("part") is not None
                 ),
@@ -144,10 +146,16 @@ def to_response(delta: ResponseDelta, request_id: str) -> spb.GenerateResponse:
             out.cumulative_logprob = s.cumulative_logprob
     if delta.final is not None:
         f = delta.final
-        msg.usage.CopyFrom(pb.Usage(prompt_tokens=f.usage.prompt_tokens, completion_tokens=f.usage.completion_tokens,
-                                    cached_tokens=f.usage.cached_tokens))
+        msg.usage.CopyFrom(
+            pb.Usage(
+                prompt_tokens=f.usage.prompt_tokens,
+                completion_tokens=f.usage.completion_tokens,
+                cached_tokens=f.usage.cached_tokens,
+            )
+        )
         msg.seed = f.seed
         msg.effective_sampling.CopyFrom(to_sampling_params(f.effective))
-        msg.timing.CopyFrom(pb.Timing(queue_ms=f.timing.queue_ms, prefill_ms=f.timing.prefill_ms,
-                                      total_ms=f.timing.total_ms))
+        msg.timing.CopyFrom(
+            pb.Timing(queue_ms=f.timing.queue_ms, prefill_ms=f.timing.prefill_ms, total_ms=f.timing.total_ms)
+        )
     return msg

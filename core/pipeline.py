@@ -227,8 +227,9 @@ class RequestPipeline:
         """A TokenInfo with text, raw bytes, special flag, logprob and alternatives."""
         tok = self.tokenizer
         alts = [TopToken(i, tok.token_text(i), tok.token_bytes(i), lp) for i, lp in top] if top else []
-        return TokenInfo(token_id, tok.token_text(token_id), tok.token_bytes(token_id), tok.is_special(token_id), logprob,
-                         alts)
+        return TokenInfo(
+            token_id, tok.token_text(token_id), tok.token_bytes(token_id), tok.is_special(token_id), logprob, alts
+        )
 
 
 class _Run:

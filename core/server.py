@@ -59,7 +59,9 @@ class CoreServer:
         await self.engine.shutdown()
 
 
-async def start_core(config: CoreConfig, engine: Engine | None = None, tokenizer: Tokenizer | None = None) -> CoreServer:
+async def start_core(
+    config: CoreConfig, engine: Engine | None = None, tokenizer: Tokenizer | None = None
+) -> CoreServer:
     """Load, wire and start a core.
 
     Args:
@@ -104,10 +106,14 @@ async def start_core(config: CoreConfig, engine: Engine | None = None, tokenizer
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    pending: set[asyncio.Task] = set()
+
     def on_dead(error: Exception) -> None:
         log.error("engine is dead (%s); health is now NOT_SERVING", error)
         for name in ("", SERVICE_NAME):
-            asyncio.ensure_future(health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING))
+            task = asyncio.ensure_future(health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
 
     engine.set_on_dead(on_dead)
     return CoreServer(config, server, port, engine, servicer, health)

@@ -97,4 +97,3 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         except CoreError as e:
             await context.abort_with_status(e.to_status())
         return spb.TokenizeResponse(token_ids=ids, rendered_prompt=rendered)
-

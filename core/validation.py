@@ -67,7 +67,10 @@ def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, 
     s = req.sampling
     if resolved.num_beams > info.max_num_beams:
         if info.max_num_beams == 1:
-            msg = f"num_beams={resolved.num_beams} asks for beam search, which the {info.engine} engine does not support; use num_beams=1."
+            msg = (
+                f"num_beams={resolved.num_beams} asks for beam search, which the {info.engine} engine "
+                "does not support; use num_beams=1."
+            )
         else:
             msg = f"num_beams must be at most {info.max_num_beams} on this engine, got {resolved.num_beams}."
         raise InvalidArgument(msg, field="sampling.num_beams")
@@ -146,7 +149,7 @@ def _check_input(req: GenerationRequest, limits: Limits) -> None:
         raise InvalidArgument("The prompt text is empty.", field="text")
     if req.token_ids is not None:
         if not req.token_ids:
-            raise InvalidArgument("token_ids is empty.", field="token_ids")
+            raise InvalidArgument("token_ids is empty; send at least one token id.", field="token_ids")
         vocab = limits.engine.vocab_size
         bad = next((t for t in req.token_ids if not 0 <= t < vocab), None)
         if bad is not None:

@@ -44,8 +44,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def core_config(model_dir: Path, **overrides: Any) -> CoreConfig:
     """A CoreConfig for tests: loopback, port 0, small limits, short drain."""
     values: dict[str, Any] = dict(
-        model=str(model_dir), host="127.0.0.1", port=0, max_batch_size=16, max_queue_size=64, threads=2,
-        drain_seconds=1.0, model_name="tiny",
+        model=str(model_dir),
+        host="127.0.0.1",
+        port=0,
+        max_batch_size=16,
+        max_queue_size=256,
+        threads=2,
+        drain_seconds=1.0,
+        model_name="tiny",
     )
     values.update(overrides)
     return CoreConfig(**values)
@@ -83,8 +89,9 @@ async def start_gateway(core) -> AsyncIterator[GatewayFactory]:
         common = {k: options.pop(k) for k in list(options) if k in GatewayConfig.__dataclass_fields__}
         defaults = _default_options(module)
         defaults.update(options)
-        config = GatewayConfig(name=name, core=common.pop("core", core.address), host="127.0.0.1", port=0,
-                               options=defaults, **common)
+        config = GatewayConfig(
+            name=name, core=common.pop("core", core.address), host="127.0.0.1", port=0, options=defaults, **common
+        )
         runner, port = await start_app(module.make_app(config), "127.0.0.1", 0)
         runners.append(runner)
         return f"http://127.0.0.1:{port}"

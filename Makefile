@@ -1,0 +1,61 @@
+# Trellis: `make run` starts the whole stack on the demo model; `make test` runs every check.
+# Both create what they need: the virtualenv (.venv), the demo model (models/demo), the stubs.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODEL ?= models/demo
+PROTOS := $(wildcard proto/trellis/generate/v1/*.proto)
+GEN := gen/python/trellis/generate/v1/generate_pb2.py gen/python/trellis/generate/v1/generate_service_pb2.py
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test lint proto proto-check bench venv model clean
+
+venv: $(STAMP)
+
+# torch comes first, from the local CPU wheel: installing it as a dependency would pull the
+# newest CUDA build (several GB). text-generation pins huggingface-hub<1.0, which transformers 5
+# cannot use, so it goes in without its dependencies (its real imports are all present).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q --no-deps text-generation==0.7.0
+	touch $(STAMP)
+
+model: $(MODEL)/config.json
+
+$(MODEL)/config.json: | $(STAMP)
+	$(PY) scripts/make_demo_model.py --output $(MODEL)
+
+# Regenerates the committed stubs only when a .proto changed.
+$(GEN): $(PROTOS) | $(STAMP)
+	PYTHON=$(PY) scripts/gen_proto.sh
+	touch $(GEN)
+
+proto: $(STAMP)
+	PYTHON=$(PY) scripts/gen_proto.sh
+
+proto-check: $(STAMP)
+	PYTHON=$(PY) scripts/gen_proto.sh --check
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+run: $(STAMP) $(GEN) model
+	$(PY) scripts/run_stack.py --model $(MODEL)
+
+test: proto-check lint
+	$(PY) -m pytest -q
+
+bench: $(STAMP) $(GEN) model
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) scripts/bench/run_all.py --model $(MODEL)
+
+clean:
+	rm -rf $(VENV) models bench-results .pytest_cache .ruff_cache

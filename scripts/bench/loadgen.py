@@ -1,0 +1,311 @@
+"""Closed-loop load generator for Trellis and OpenAI-compatible servers.
+
+`concurrency` workers each send one streaming request at a time, from a fixed prompt set, with a
+fixed max_new_tokens and EOS ignored where the protocol allows, until `requests` have finished
+(after `warmup` unmeasured ones). Per request it records TTFT (request sent -> first token),
+ITL (gaps between token-carrying messages), TPOT ((E2E - TTFT) / (tokens - 1)) and E2E latency;
+overall, output tokens/s and requests/s over the measured window. Every client runs in this
+process on asyncio, so the client's own cost is the same for every target.
+
+Targets:
+  grpc        trellis core, GenerateService/Generate (text prompt, or chat messages with --chat)
+  openai      POST /v1/chat/completions with stream=true (Trellis gateway or any OpenAI server)
+  lmi         POST /invocations, jsonlines streaming (Trellis LMI gateway)
+  triton      POST /v2/models/<model>/generate_stream (Trellis Triton gateway)
+
+Usage:
+  python scripts/bench/loadgen.py grpc --address 127.0.0.1:50051 --concurrency 16 --requests 64
+  python scripts/bench/loadgen.py openai --url http://127.0.0.1:8000 --model demo --concurrency 16
+Writes a JSON result with --output and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+PROMPTS = [
+    "def __init__(self, config):",
+    "The GNU General Public License is a free, copyleft license for",
+    "import os\nimport sys\n\n",
+    "Permission is hereby granted, free of charge, to any person obtaining a copy",
+    "class Parser:\n    def parse(self, text):",
+    'THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND',
+    "for line in open(path):",
+    "This program is distributed in the hope that it will be useful,",
+]
+
+
+@dataclass
+class Sample:
+    """Timings of one request, in seconds."""
+
+    ttft: float
+    e2e: float
+    tokens: int
+    itl: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    """Aggregate figures of one run."""
+
+    target: str
+    concurrency: int
+    requests: int
+    max_new_tokens: int
+    wall_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    ttft_ms: dict[str, float]
+    itl_ms: dict[str, float]
+    tpot_ms: dict[str, float]
+    e2e_ms: dict[str, float]
+    errors: int
+
+    def row(self) -> str:
+        return (
+            f"{self.target:<22} c={self.concurrency:<3} {self.output_tokens_per_s:8.0f} tok/s "
+            f"{self.requests_per_s:6.2f} req/s  TTFT p50 {self.ttft_ms['p50']:7.1f} p99 {self.ttft_ms['p99']:7.1f}  "
+            f"ITL p50 {self.itl_ms['p50']:6.2f} p99 {self.itl_ms['p99']:6.2f}  "
+            f"TPOT p50 {self.tpot_ms['p50']:6.2f}  E2E p50 {self.e2e_ms['p50']:7.1f} ms  errors {self.errors}"
+        )
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p99": float("nan"), "mean": float("nan")}
+    s = sorted(values)
+    return {
+        "p50": 1000 * s[len(s) // 2],
+        "p99": 1000 * s[min(len(s) - 1, round(0.99 * (len(s) - 1)))],
+        "mean": 1000 * statistics.fmean(s),
+    }
+
+
+class Client:
+    """One protocol's streaming call; `run(prompt)` returns a Sample."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def run(self, prompt: str) -> Sample:
+        raise NotImplementedError
+
+
+class GrpcClient(Client):
+    def __init__(self, address: str, max_new_tokens: int, chat: bool):
+        self.address, self.max_new_tokens, self.chat = address, max_new_tokens, chat
+
+    async def start(self) -> None:
+        import grpc
+        from trellis.generate.v1 import generate_pb2 as pb
+        from trellis.generate.v1 import generate_service_pb2 as spb
+        from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
+
+        self.pb, self.spb = pb, spb
+        self.channel = grpc.aio.insecure_channel(self.address)
+        self.stub = spb_grpc.GenerateServiceStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def run(self, prompt: str) -> Sample:
+        pb, spb = self.pb, self.spb
+        stopping = pb.StoppingParams(max_new_tokens=self.max_new_tokens, ignore_eos=True)
+        if self.chat:
+            msgs = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=[pb.ContentPart(text=prompt)])])
+            req = spb.GenerateRequest(messages=msgs, stopping=stopping)
+        else:
+            req = spb.GenerateRequest(text=prompt, stopping=stopping)
+        t0 = time.perf_counter()
+        first = last = None
+        tokens = 0
+        itl = []
+        async for msg in self.stub.Generate(req):
+            n = sum(len(o.tokens) for o in msg.outputs)
+            if n:
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    itl.append(now - last)
+                last = now
+                tokens += n
+        end = time.perf_counter()
+        return Sample(ttft=(first or end) - t0, e2e=end - t0, tokens=tokens, itl=itl)
+
+
+class HttpClient(Client):
+    def __init__(self, url: str, max_new_tokens: int, model: str):
+        self.url, self.max_new_tokens, self.model = url.rstrip("/"), max_new_tokens, model
+
+    async def start(self) -> None:
+        import aiohttp
+
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=600), connector=aiohttp.TCPConnector(limit=0)
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    def request(self, prompt: str) -> tuple[str, dict]:
+        raise NotImplementedError
+
+    def tokens_in(self, line: bytes) -> int:
+        """Tokens carried by one stream line (0 for framing and non-token records)."""
+        raise NotImplementedError
+
+    async def run(self, prompt: str) -> Sample:
+        url, body = self.request(prompt)
+        t0 = time.perf_counter()
+        first = last = None
+        tokens = 0
+        itl = []
+        async with self.session.post(url, json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+            async for line in resp.content:
+                n = self.tokens_in(line.strip())
+                if n:
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    else:
+                        itl.append(now - last)
+                    last = now
+                    tokens += n
+        end = time.perf_counter()
+        return Sample(ttft=(first or end) - t0, e2e=end - t0, tokens=tokens, itl=itl)
+
+
+class OpenAIClient(HttpClient):
+    def request(self, prompt: str) -> tuple[str, dict]:
+        return f"{self.url}/v1/chat/completions", {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+            "max_tokens": self.max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+
+    def tokens_in(self, line: bytes) -> int:
+        if not line.startswith(b"data:") or line.endswith(b"[DONE]"):
+            return 0
+        chunk = json.loads(line[5:])
+        return sum(1 for c in chunk.get("choices", []) if (c.get("delta") or {}).get("content"))
+
+
+class LmiClient(HttpClient):
+    def request(self, prompt: str) -> tuple[str, dict]:
+        return f"{self.url}/invocations", {
+            "inputs": prompt,
+            "stream": True,
+            "parameters": {"max_new_tokens": self.max_new_tokens, "ignore_eos_token": True},
+        }
+
+    def tokens_in(self, line: bytes) -> int:
+        return 1 if line.startswith(b"{") and b'"token"' in line else 0
+
+
+class TritonClient(HttpClient):
+    def request(self, prompt: str) -> tuple[str, dict]:
+        return f"{self.url}/v2/models/{self.model}/generate_stream", {
+            "text_input": prompt,
+            "parameters": {"max_tokens": self.max_new_tokens, "ignore_eos": True},
+        }
+
+    def tokens_in(self, line: bytes) -> int:
+        return 1 if line.startswith(b"data:") and b'"text_output"' in line else 0
+
+
+def make_client(args) -> Client:
+    if args.target == "grpc":
+        return GrpcClient(args.address, args.max_new_tokens, args.chat)
+    cls = {"openai": OpenAIClient, "lmi": LmiClient, "triton": TritonClient}[args.target]
+    return cls(args.url, args.max_new_tokens, args.model)
+
+
+async def run_load(
+    client: Client, concurrency: int, requests: int, warmup: int, label: str, max_new_tokens: int, progress: bool = True
+) -> Result:
+    """Run the closed loop and aggregate (see the module docstring)."""
+    await client.start()
+    try:
+        await asyncio.gather(*(client.run(PROMPTS[i % len(PROMPTS)]) for i in range(warmup)))
+        samples: list[Sample] = []
+        errors = 0
+        issued = 0
+
+        async def worker(w: int) -> None:
+            nonlocal issued, errors
+            while issued < requests:
+                i = issued
+                issued += 1
+                try:
+                    samples.append(await client.run(PROMPTS[(i + w) % len(PROMPTS)]))
+                except Exception as e:  # counted, reported, and the loop goes on
+                    errors += 1
+                    print(f"  request failed: {e}", file=sys.stderr)
+                if progress and (len(samples) + errors) % max(1, requests // 4) == 0:
+                    print(f"  {label}: {len(samples) + errors}/{requests}", flush=True)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        wall = time.perf_counter() - t0
+    finally:
+        await client.close()
+    tokens = sum(s.tokens for s in samples)
+    tpot = [(s.e2e - s.ttft) / (s.tokens - 1) for s in samples if s.tokens > 1]
+    return Result(
+        target=label,
+        concurrency=concurrency,
+        requests=len(samples),
+        max_new_tokens=max_new_tokens,
+        wall_s=wall,
+        output_tokens=tokens,
+        output_tokens_per_s=tokens / wall,
+        requests_per_s=len(samples) / wall,
+        ttft_ms=_pct([s.ttft for s in samples]),
+        itl_ms=_pct([x for s in samples for x in s.itl]),
+        tpot_ms=_pct(tpot),
+        e2e_ms=_pct([s.e2e for s in samples]),
+        errors=errors,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("target", choices=["grpc", "openai", "lmi", "triton"])
+    p.add_argument("--address", default="127.0.0.1:50051", help="core address (grpc)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (HTTP targets)")
+    p.add_argument("--model", default="demo", help="model name (openai, triton)")
+    p.add_argument("--chat", action="store_true", help="grpc: send chat messages (like the openai target)")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--output", help="write the result as JSON here")
+    args = p.parse_args(argv)
+    result = asyncio.run(
+        run_load(make_client(args), args.concurrency, args.requests, args.warmup, args.target, args.max_new_tokens)
+    )
+    print(result.row())
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(asdict(result), f, indent=2)
+    return 0 if result.errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""Helpers for tests that talk to the core over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+
+def request(body: dict[str, Any]) -> spb.GenerateRequest:
+    """A GenerateRequest from its proto-JSON form."""
+    return json_format.ParseDict(body, spb.GenerateRequest())
+
+
+async def generate(stub, body: dict[str, Any]) -> list[spb.GenerateResponse]:
+    """All messages of one Generate call."""
+    return [m async for m in stub.Generate(request(body))]
+
+
+def sequences(msgs: list[spb.GenerateResponse]) -> dict[int, dict[str, Any]]:
+    """Per sequence index: concatenated text, token ids, finish reason, stop info."""
+    out: dict[int, dict[str, Any]] = {}
+    for m in msgs:
+        for o in m.outputs:
+            s = out.setdefault(o.index, {"text": "", "ids": [], "tokens": [], "finish": 0, "stop": "", "stop_id": None})
+            s["text"] += o.text
+            s["ids"] += [t.id for t in o.tokens]
+            s["tokens"] += list(o.tokens)
+            if o.finish_reason:
+                s["finish"] = o.finish_reason
+                s["stop"] = o.stop_sequence
+                s["stop_id"] = o.stop_token_id if o.HasField("stop_token_id") else None
+                s["cumulative"] = o.cumulative_logprob if o.HasField("cumulative_logprob") else None
+    return out
+
+
+def bad_request_field(error: grpc.aio.AioRpcError) -> str | None:
+    """The field named by the status's google.rpc.BadRequest detail."""
+    status = rpc_status.from_call(error)
+    for d in status.details if status else []:
+        if d.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            d.Unpack(bad)
+            return bad.field_violations[0].field
+    return None
+
+
+async def wait_idle(engine, limit_s: float = 10.0) -> None:
+    """Wait until the engine reports no active and no queued request."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while True:
+        stats = engine.stats()
+        if stats.active == 0 and stats.queued == 0:
+            return
+        assert loop.time() < deadline, f"engine still busy: {stats}"
+        await asyncio.sleep(0.02)
+
+
+FINISH = pb.FinishReason

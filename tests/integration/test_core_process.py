@@ -1,0 +1,79 @@
+"""The `trellis-core` process: start-up output, graceful SIGTERM drain, start-up failures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+
+import grpc
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
+
+from tests.integration.core_helpers import request
+
+
+async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "core",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "TRELLIS_CORE_HOST": "127.0.0.1"},
+    )
+    lines = []
+    while True:
+        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()
+        lines.append(line)
+        assert line, "".join(lines)
+        m = re.search(r"serving .* on (127\.0\.0\.1:\d+)", line)
+        if m:
+            return proc, m.group(1)
+
+
+async def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(tiny_model_dir):
+    proc, addr = await _start("--model", str(tiny_model_dir), "--port", "0", "--drain-seconds", "30")
+    try:
+        async with grpc.aio.insecure_channel(addr) as channel:
+            stub = spb_grpc.GenerateServiceStub(channel)
+            call = stub.Generate(request({"text": "x", "stopping": {"maxNewTokens": 150, "ignoreEos": True}}))
+            while (await call.read()).state != pb.GENERATE_STATE_GENERATING:
+                pass
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            refused = stub.Generate(request({"text": "y", "stopping": {"maxNewTokens": 2}}))
+            try:
+                await refused.read()
+                raise AssertionError("a new call was accepted while draining")
+            except grpc.aio.AioRpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE
+            last = None
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                last = msg
+            assert last.HasField("usage") and last.usage.completion_tokens == 150
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_unusable_model_directory_fails_at_start(tmp_path):
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "core",
+        "--model",
+        str(tmp_path / "missing"),
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode != 0
+    assert b"missing" in out

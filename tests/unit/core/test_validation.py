@@ -1,0 +1,166 @@
+"""Every range and cross-field rule of core.validation: the error type, the field path, a sentence."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from core.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
+from core.sampling import resolve_generic
+from core.types import (
+    ChatMessage,
+    ContentPart,
+    EngineInfo,
+    GenerationRequest,
+    OutputOptions,
+    SamplingOptions,
+    StoppingOptions,
+)
+from core.validation import Limits, resolve_max_new_tokens, validate_engine_support, validate_request
+
+INFO = EngineInfo(engine="hf", max_context_length=100, vocab_size=50, max_num_beams=1, max_n=8)
+LIMITS = Limits(served_model="tiny", engine=INFO, max_new_tokens=100, max_stop_sequences=4, max_n=8)
+
+
+def req(**kw) -> GenerationRequest:
+    base = dict(request_id="r", text="hello")
+    base.update(kw)
+    return GenerationRequest(**base)
+
+
+S = SamplingOptions
+T = StoppingOptions
+O = OutputOptions  # noqa: E741
+
+BAD = [
+    (req(model="other"), ModelNotFound, "model"),
+    (req(text=None), InvalidArgument, "text"),
+    (req(text=""), InvalidArgument, "text"),
+    (req(text=None, token_ids=()), InvalidArgument, "token_ids"),
+    (req(text=None, token_ids=(1, 50)), InvalidArgument, "token_ids"),
+    (req(text=None, token_ids=(-1,)), InvalidArgument, "token_ids"),
+    (req(text=None, messages=()), InvalidArgument, "messages"),
+    (
+        req(text=None, messages=(ChatMessage(role="", content=(ContentPart(text="x"),)),)),
+        InvalidArgument,
+        "messages[0].role",
+    ),
+    (
+        req(text=None, messages=(ChatMessage(role="user", content=(ContentPart(image_url="http://x/y.png"),)),)),
+        InvalidArgument,
+        "messages[0].content",
+    ),
+    (req(sampling=S(temperature=-0.1)), InvalidArgument, "sampling.temperature"),
+    (req(sampling=S(temperature=float("nan"))), InvalidArgument, "sampling.temperature"),
+    (req(sampling=S(top_k=-1)), InvalidArgument, "sampling.top_k"),
+    (req(sampling=S(top_p=0.0)), InvalidArgument, "sampling.top_p"),
+    (req(sampling=S(top_p=1.01)), InvalidArgument, "sampling.top_p"),
+    (req(sampling=S(min_p=1.5)), InvalidArgument, "sampling.min_p"),
+    (req(sampling=S(typical_p=0.0)), InvalidArgument, "sampling.typical_p"),
+    (req(sampling=S(repetition_penalty=0.0)), InvalidArgument, "sampling.repetition_penalty"),
+    (req(sampling=S(presence_penalty=2.5)), InvalidArgument, "sampling.presence_penalty"),
+    (req(sampling=S(frequency_penalty=-2.5)), InvalidArgument, "sampling.frequency_penalty"),
+    (req(sampling=S(n=0)), InvalidArgument, "sampling.n"),
+    (req(sampling=S(n=9)), InvalidArgument, "sampling.n"),
+    (req(sampling=S(n=3, best_of=2)), InvalidArgument, "sampling.best_of"),
+    (req(sampling=S(num_beams=0)), InvalidArgument, "sampling.num_beams"),
+    (req(logit_bias={99: 1.0}), InvalidArgument, "sampling.logit_bias"),
+    (req(logit_bias={3: 101.0}), InvalidArgument, "sampling.logit_bias"),
+    (req(bad_words=("",)), InvalidArgument, "sampling.bad_words"),
+    (req(bad_words=("x",) * 65), InvalidArgument, "sampling.bad_words"),
+    (req(stopping=T(max_new_tokens=0)), InvalidArgument, "stopping.max_new_tokens"),
+    (req(stopping=T(max_new_tokens=101)), InvalidArgument, "stopping.max_new_tokens"),
+    (req(stopping=T(min_new_tokens=-1)), InvalidArgument, "stopping.min_new_tokens"),
+    (req(stopping=T(stop=("a", "b", "c", "d", "e"))), InvalidArgument, "stopping.stop"),
+    (req(stopping=T(stop=("",))), InvalidArgument, "stopping.stop"),
+    (req(stopping=T(stop_token_ids=(50,))), InvalidArgument, "stopping.stop_token_ids"),
+    (req(stopping=T(time_limit_ms=0)), InvalidArgument, "stopping.time_limit_ms"),
+    (req(stopping=T(truncate_input_tokens=0)), InvalidArgument, "stopping.truncate_input_tokens"),
+    (req(output=O(logprobs=True, top_logprobs=21)), InvalidArgument, "output.top_logprobs"),
+    (req(output=O(logprobs=False, top_logprobs=2)), InvalidArgument, "output.top_logprobs"),
+    (req(output=O(prompt_logprobs=-1)), InvalidArgument, "output.prompt_logprobs"),
+    (req(session_id=""), InvalidArgument, "session_id"),
+    (req(session_id="s", sampling=S(n=2)), InvalidArgument, "session_id"),
+]
+
+
+@pytest.mark.parametrize("request_, error, field", BAD, ids=[f"{i}-{b[2]}" for i, b in enumerate(BAD)])
+def test_invalid_requests_name_the_field(request_, error, field):
+    with pytest.raises(error) as info:
+        validate_request(request_, LIMITS)
+    assert info.value.field == field
+    assert info.value.message.endswith(".")
+    assert len(info.value.message.split()) >= 4
+
+
+GOOD = [
+    req(),
+    req(model="tiny"),
+    req(text=None, token_ids=(1, 2, 49)),
+    req(text=None, session_id="continue-me"),
+    req(sampling=S(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, n=8, best_of=8)),
+    req(sampling=S(presence_penalty=-2.0, frequency_penalty=2.0, repetition_penalty=1.3), logit_bias={0: -100.0}),
+    req(stopping=T(max_new_tokens=100, min_new_tokens=0, stop=("a", "b", "c", "d"), stop_token_ids=(49,))),
+    req(output=O(logprobs=True, top_logprobs=20, prompt_logprobs=20)),
+]
+
+
+@pytest.mark.parametrize("request_", GOOD)
+def test_valid_requests_pass(request_):
+    validate_request(request_, LIMITS)
+
+
+def test_max_new_tokens_default_is_lowered_to_fit_the_context():
+    assert resolve_max_new_tokens(req(), 10, LIMITS, default=30) == 30
+    assert resolve_max_new_tokens(req(), 90, LIMITS, default=30) == 10
+
+
+@pytest.mark.parametrize(
+    "stopping, prompt_len, field",
+    [(T(), 100, "text"), (T(max_new_tokens=50), 60, "stopping.max_new_tokens")],
+)
+def test_prompt_plus_max_new_tokens_must_fit_the_context(stopping, prompt_len, field):
+    with pytest.raises(ContextLengthExceeded) as info:
+        resolve_max_new_tokens(req(stopping=stopping), prompt_len, LIMITS, default=30)
+    assert info.value.field == field
+    assert "context" in info.value.message
+
+
+def test_min_new_tokens_must_not_exceed_max_new_tokens():
+    with pytest.raises(InvalidArgument) as info:
+        resolve_max_new_tokens(req(stopping=T(max_new_tokens=5, min_new_tokens=6)), 3, LIMITS, default=30)
+    assert info.value.field == "stopping.min_new_tokens"
+
+
+@pytest.mark.parametrize(
+    "sampling, info, field",
+    [
+        (S(num_beams=2), INFO, "sampling.num_beams"),
+        (S(num_beams=8), dataclasses.replace(INFO, max_num_beams=4), "sampling.num_beams"),
+        (S(length_penalty=0.5), INFO, "sampling.length_penalty"),
+        (S(early_stopping=True), INFO, "sampling.early_stopping"),
+        (
+            S(typical_p=0.5),
+            dataclasses.replace(INFO, unsupported_sampling_fields=frozenset({"typical_p"})),
+            "sampling.typical_p",
+        ),
+    ],
+)
+def test_features_the_engine_cannot_honour_are_refused(sampling, info, field):
+    r = req(sampling=sampling)
+    with pytest.raises(InvalidArgument) as e:
+        validate_engine_support(resolve_generic(sampling, random_seed=1), r, info)
+    assert e.value.field == field
+
+
+def test_neutral_values_of_unsupported_features_are_accepted():
+    info = dataclasses.replace(INFO, unsupported_sampling_fields=frozenset({"typical_p"}))
+    for sampling in (S(length_penalty=1.0, early_stopping=False, num_beams=1), S(typical_p=1.0)):
+        validate_engine_support(resolve_generic(sampling, random_seed=1), req(sampling=sampling), info)
+
+
+def test_beam_search_message_names_the_engine():
+    with pytest.raises(InvalidArgument) as e:
+        validate_engine_support(resolve_generic(S(num_beams=4), random_seed=1), req(sampling=S(num_beams=4)), INFO)
+    assert "hf engine" in e.value.message and "num_beams=4" in e.value.message
