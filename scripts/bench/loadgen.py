@@ -232,7 +232,10 @@ def make_client(args) -> Client:
     if args.target == "grpc":
         return GrpcClient(args.address, args.max_new_tokens, args.chat)
     cls = {"openai": OpenAIClient, "lmi": LmiClient, "triton": TritonClient}[args.target]
-    return cls(args.url, args.max_new_tokens, args.model)
+    client = cls(args.url, args.max_new_tokens, args.model)
+    if args.no_ignore_eos:
+        client.ignore_eos = False
+    return client
 
 
 async def run_load(
@@ -291,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (HTTP targets)")
     p.add_argument("--model", default="demo", help="model name (openai, triton)")
     p.add_argument("--chat", action="store_true", help="grpc: send chat messages (like the openai target)")
+    p.add_argument("--no-ignore-eos", action="store_true", help="openai: leave out ignore_eos (servers without it)")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--warmup", type=int, default=4)

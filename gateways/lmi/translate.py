@@ -1,0 +1,576 @@
+"""LMI <-> gRPC translation: pure functions, no I/O, no clocks, no random ids (DESIGN.md
+"Translation is data in, data out").
+
+Request side: `render_options` decides what the response will show, `to_generate_request` maps
+`inputs` + GenerationParameters (seed "GenerationParameters") onto one `GenerateRequest`.
+Response side: `StreamRenderer` turns Generate messages into jsonlines/SSE records as they
+arrive (seed "Response Schema", streaming), `collect_messages` + `render_response` build the
+non-streaming body, and the `dynamic_*` helpers render the dynamic-batch schema.
+
+Token texts. A record's `text` is the part of the sequence's text that arrived with that token:
+the core sends UTF-8-safe text deltas per message (holding back partial characters and possible
+stop-string starts), so the delta of a message goes on its last token and earlier tokens of the
+same message get "". Concatenating the `text` of all token records therefore gives exactly
+`generated_text` (what the `text-generation` client's users do), which per-token decoding would
+not (SentencePiece spaces, split UTF-8 characters, stop strings left out of the output).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.status import GatewayError
+from gateways.lmi.schema import GenerationParameters
+
+#: The schema's max_new_tokens default (seed "GenerationParameters": default = 30), set
+#: explicitly so the answer does not depend on the core's configured default.
+DEFAULT_MAX_NEW_TOKENS = 30
+
+#: Core finish reasons -> LMI/TGI `finish_reason` (seed "Details"). TIME_LIMIT cannot happen
+#: through this gateway (it never sets a time limit); it reads as a length limit if it does.
+FINISH_REASONS = {
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_EOS: "eos_token",
+    pb.FINISH_REASON_STOP_SEQUENCE: "stop_sequence",
+    pb.FINISH_REASON_TIME_LIMIT: "length",
+}
+
+_SAMPLING_PASS_THROUGH = (
+    "do_sample",
+    "temperature",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "length_penalty",
+    "early_stopping",
+    "seed",
+    "num_beams",
+)
+# Parameters whose output the dynamic-batch schema ({generated_text} only) cannot carry.
+_ROLLING_ONLY = ("details", "decoder_input_details", "prompt_logprobs", "logprobs", "top_n_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOptions:
+    """What a response shows, decided from the request once.
+
+    Attributes:
+        inputs: the prompt as the client sent it (`details.inputs`).
+        stream: token-by-token response.
+        tgi_compat: TGI shapes (token `logprob`/`special`, `details.seed`, `prefill` always
+            present, non-streaming body wrapped in an array).
+        details: `details` is rendered (asked for, implied by prefill or best-of output, or
+            TGI compatibility's default).
+        prefill: `details.prefill` carries the prompt tokens (decoder_input_details or
+            prompt_logprobs).
+        prefill_top: alternatives per prompt token (prompt_logprobs > 0).
+        top_tokens: alternatives per generated token (logprobs or top_n_tokens > 0).
+        num_sequences: sequences asked from the core (max of n and best_of); above 1 the best
+            one is `generated_text` and the others go to `details.best_of_sequences`.
+        full_text: `generated_text` starts with the prompt (return_full_text).
+    """
+
+    inputs: str
+    stream: bool = False
+    tgi_compat: bool = False
+    details: bool = False
+    prefill: bool = False
+    prefill_top: bool = False
+    top_tokens: bool = False
+    num_sequences: int = 1
+    full_text: bool = False
+
+
+def render_options(inputs: str, p: GenerationParameters, *, stream: bool, tgi_compat: bool) -> RenderOptions:
+    """Decide what the response shows (see RenderOptions)."""
+    num_sequences = max(p.n or 1, p.best_of or 1)
+    prefill = bool(p.decoder_input_details) or p.prompt_logprobs is not None
+    details = (p.details if p.details is not None else tgi_compat) or prefill or num_sequences > 1
+    top = [v for v in (p.logprobs, p.top_n_tokens) if v is not None]
+    return RenderOptions(
+        inputs=inputs,
+        stream=stream,
+        tgi_compat=tgi_compat,
+        details=details,
+        prefill=prefill,
+        prefill_top=bool(p.prompt_logprobs),
+        top_tokens=bool(top) and max(top) > 0,
+        num_sequences=num_sequences,
+        full_text=bool(p.return_full_text),
+    )
+
+
+def refuse_unsupported(p: GenerationParameters, *, stream: bool, dynamic: bool = False) -> None:
+    """Refuse schema features this server cannot honour (never drop them silently).
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT naming the LMI parameter:
+            - `stop: true` (TensorRT-LLM's flag, without a defined meaning on other engines);
+            - `watermark: true`, a `grammar` (TGI features the core does not implement);
+            - n or best_of > 1 with streaming (seed: "only works with non-streaming case");
+            - with dynamic batching, parameters whose output that schema cannot carry
+              (details, decoder_input_details, prompt_logprobs, logprobs, top_n_tokens,
+              n/best_of > 1).
+    """
+    if p.stop is True:
+        raise _refuse(
+            "stop",
+            "the TensorRT-LLM 'stop' flag has no defined meaning on this server; use stop_sequences "
+            "or stop_token_ids to end generation.",
+        )
+    if p.watermark:
+        raise _refuse("watermark", "watermarking is not supported by this server.")
+    if p.grammar is not None:
+        raise _refuse("grammar", "grammar-constrained generation is not supported by this server.")
+    many = max(p.n or 1, p.best_of or 1) > 1
+    name = "n" if (p.n or 1) > 1 else "best_of"
+    if dynamic:
+        for field_name in _ROLLING_ONLY:
+            value = getattr(p, field_name)
+            if value is not None and value is not False:
+                raise _refuse(field_name, "this parameter is only available with rolling batching.")
+        if many:
+            raise _refuse(name, "values above 1 are only available with rolling batching.")
+    elif many and stream:
+        raise _refuse(name, "values above 1 only work without streaming; set stream to false.")
+
+
+def _refuse(name: str, why: str) -> GatewayError:
+    return GatewayError.invalid(f"parameters.{name}: {why}", param=f"parameters.{name}")
+
+
+def to_generate_request(
+    inputs: str,
+    p: GenerationParameters,
+    opts: RenderOptions,
+    *,
+    request_id: str,
+    model: str | None = None,
+    dynamic: bool = False,
+) -> spb.GenerateRequest:
+    """One GenerateRequest for `inputs` with LMI parameters `p`.
+
+    Mapping (seed "GenerationParameters"; DESIGN.md "Sampling defaults are the engine's"):
+    sampling fields pass through when given (unset ones take the core engine's defaults, so
+    TensorRT-LLM's distinct defaults apply on that engine); `do_sample` only when given (the
+    core infers it), except that TGI compatibility reads `do_sample: false` as "not forced",
+    as TGI does; `top_k: -1` (vLLM/LMI-Dist "disabled") -> unset; n/best_of -> `sampling.n` =
+    max of both (the gateway ranks the sequences); max_new_tokens defaults to 30; min_length ->
+    min_new_tokens; stop_sequences (and TGI's list-valued `stop`) -> stopping.stop;
+    ignore_eos_token -> ignore_eos; truncate -> truncate_input_tokens; bad_sequences ->
+    bad_words; return_full_text -> echo; logprobs/top_n_tokens -> top_logprobs;
+    decoder_input_details -> prompt_logprobs 0, prompt_logprobs k -> k. Logprobs are asked
+    whenever token records show `log_prob` (streaming, details) or sequences are ranked.
+
+    Args:
+        inputs: the prompt text.
+        p: the request's parameters.
+        opts: from `render_options` (decides which logprobs are asked).
+        request_id: the id for the core and its logs.
+        model: the model named by `/predictions/{model}` (None: the served one).
+        dynamic: the request is one input of a dynamic batch (stricter refusals).
+
+    Raises:
+        GatewayError: see `refuse_unsupported`.
+    """
+    refuse_unsupported(p, stream=opts.stream, dynamic=dynamic)
+    req = spb.GenerateRequest(request_id=request_id, text=inputs)
+    if model:
+        req.model = model
+    s, st, o = req.sampling, req.stopping, req.output
+    for name in _SAMPLING_PASS_THROUGH:
+        value = getattr(p, name)
+        if value is not None:
+            setattr(s, name, value)
+    if opts.tgi_compat and p.do_sample is False:
+        s.ClearField("do_sample")
+    if p.top_k is not None and p.top_k != -1:
+        s.top_k = p.top_k
+    if (p.n is not None and p.n < 1) or (p.best_of is not None and p.best_of < 1):
+        # Out of range: pass both as given so the core's check names the offending one.
+        if p.n is not None:
+            s.n = p.n
+        if p.best_of is not None:
+            s.best_of = p.best_of
+    elif p.n is not None or p.best_of is not None:
+        s.n = opts.num_sequences
+    if p.bad_sequences:
+        s.bad_words.extend(p.bad_sequences)
+
+    st.max_new_tokens = DEFAULT_MAX_NEW_TOKENS if p.max_new_tokens is None else p.max_new_tokens
+    if p.min_length is not None:
+        st.min_new_tokens = p.min_length
+    st.stop.extend(stop_sequences(p))
+    if p.stop_token_ids:
+        st.stop_token_ids.extend(p.stop_token_ids)
+    if p.ignore_eos_token is not None:
+        st.ignore_eos = p.ignore_eos_token
+    if p.include_stop_str_in_output is not None:
+        st.include_stop_str_in_output = p.include_stop_str_in_output
+    if p.truncate is not None:
+        st.truncate_input_tokens = p.truncate
+
+    top = [v for v in (p.logprobs, p.top_n_tokens) if v is not None]
+    o.logprobs = opts.stream or opts.details or opts.num_sequences > 1 or bool(top)
+    if top:
+        o.top_logprobs = _merge(top)
+    prompt = [v for v in (0 if p.decoder_input_details else None, p.prompt_logprobs) if v is not None]
+    if prompt:
+        o.prompt_logprobs = _merge(prompt)
+    if p.return_full_text:
+        o.echo = True
+    if p.skip_special_tokens is not None:
+        o.skip_special_tokens = p.skip_special_tokens
+    if p.spaces_between_special_tokens is not None:
+        o.spaces_between_special_tokens = p.spaces_between_special_tokens
+    return req
+
+
+def _merge(values: list[int]) -> int:
+    """The largest of two counts that ask for the same output, or a negative one as given, so
+    the core's range check still sees (and names) it."""
+    return min(values) if min(values) < 0 else max(values)
+
+
+def stop_sequences(p: GenerationParameters) -> list[str]:
+    """stop_sequences (a list, or one string) followed by TGI's list-valued `stop`, without
+    duplicates, in order."""
+    given = p.stop_sequences
+    seqs = [given] if isinstance(given, str) else list(given or [])
+    if isinstance(p.stop, list):
+        seqs += p.stop
+    return list(dict.fromkeys(seqs))
+
+
+def given_parameters(p: GenerationParameters) -> set[str]:
+    """Names of the parameters the client set (for error messages, errors.lmi_param)."""
+    return {name for name in type(p).model_fields if getattr(p, name) is not None}
+
+
+# ---------------------------------------------------------------------------------- tokens
+
+
+def _logprob(tok: pb.Token | pb.TopLogprob) -> float | None:
+    if isinstance(tok, pb.TopLogprob):
+        return tok.logprob
+    return tok.logprob if tok.HasField("logprob") else None
+
+
+def token_record(tok: pb.Token, text: str, *, tgi_compat: bool) -> dict[str, Any]:
+    """A generated token: LMI `{id, text, log_prob[, special_token: true]}` (seed "Token";
+    DJL adds `special_token` only for special tokens) or TGI `{id, text, logprob, special}`."""
+    if tgi_compat:
+        return {"id": tok.id, "text": text, "logprob": _logprob(tok), "special": tok.special}
+    rec: dict[str, Any] = {"id": tok.id, "text": text, "log_prob": _logprob(tok)}
+    if tok.special:
+        rec["special_token"] = True
+    return rec
+
+
+def alternative_records(tok: pb.Token, *, tgi_compat: bool) -> list[dict[str, Any]]:
+    """The alternatives of one position (`top_tokens`), most likely first. The core does not
+    flag special alternatives, so `special` is false for them in the TGI shape."""
+    if tgi_compat:
+        return [{"id": a.id, "text": a.text, "logprob": a.logprob, "special": False} for a in tok.top_logprobs]
+    return [{"id": a.id, "text": a.text, "log_prob": a.logprob} for a in tok.top_logprobs]
+
+
+def prefill_records(tokens: Iterable[pb.Token], opts: RenderOptions) -> list[dict[str, Any]]:
+    """Prompt tokens for `details.prefill` (TGI's InputToken: the first has no logprob, null);
+    with prompt_logprobs > 0 each also carries its `top_tokens`."""
+    key = "logprob" if opts.tgi_compat else "log_prob"
+    out = []
+    for tok in tokens:
+        rec: dict[str, Any] = {"id": tok.id, "text": tok.text, key: _logprob(tok)}
+        if opts.prefill_top:
+            rec["top_tokens"] = alternative_records(tok, tgi_compat=opts.tgi_compat)
+        out.append(rec)
+    return out
+
+
+def aligned(out: pb.SequenceOutput, carry: str = "") -> list[tuple[pb.Token, str]]:
+    """The tokens of one message with their share of the text (module docstring): all of
+    `carry + out.text` on the last token, "" on the others. Empty when the message has no
+    tokens (the caller carries the text to the next token)."""
+    if not out.tokens:
+        return []
+    last = len(out.tokens) - 1
+    return [(tok, carry + out.text if i == last else "") for i, tok in enumerate(out.tokens)]
+
+
+def check_finish(out: pb.SequenceOutput) -> None:
+    """Raise for a sequence the core ended without a result.
+
+    Raises:
+        GatewayError: FINISH_REASON_CANCELLED (the core cancelled the request, e.g. while
+            draining: UNAVAILABLE) or FINISH_REASON_ERROR (INTERNAL).
+    """
+    if out.finish_reason == pb.FINISH_REASON_CANCELLED:
+        raise GatewayError(
+            grpc.StatusCode.UNAVAILABLE, "The model server cancelled the request before it finished; retry it."
+        )
+    if out.finish_reason == pb.FINISH_REASON_ERROR:
+        raise GatewayError(grpc.StatusCode.INTERNAL, "The model server failed while generating.")
+
+
+def _seed(msg: spb.GenerateResponse) -> int | None:
+    """TGI reports the seed only when the request sampled."""
+    if msg.HasField("seed") and msg.effective_sampling.do_sample:
+        return msg.seed
+    return None
+
+
+# ---------------------------------------------------------------------------------- streaming
+
+
+class StreamRenderer:
+    """Turns the Generate messages of one streaming rolling-batch request into records.
+
+    Each generated token becomes one `{"token": {...}}` record (plus `top_tokens` when asked);
+    the record of the last token also carries `generated_text` and, when details are on,
+    `details` without `tokens` (seed "Response Schema", streaming). The caller frames each
+    record as a jsonlines line or an SSE event and writes it at once.
+    """
+
+    def __init__(self, opts: RenderOptions):
+        self.opts = opts
+        self._parts: list[str] = []
+        self._carry = ""
+        self._generated = 0
+        self._finish = 0
+        self._prompt_text = ""
+        self._prefill: list[dict[str, Any]] = []
+        self.finished = False
+
+    def feed(self, msg: spb.GenerateResponse) -> list[dict[str, Any]]:
+        """Records for one message (often none: lifecycle-only messages).
+
+        Raises:
+            GatewayError: the sequence was cancelled by the core or failed (check_finish).
+        """
+        opts = self.opts
+        if msg.HasField("prompt_text"):
+            self._prompt_text = msg.prompt_text
+        if msg.prompt_tokens:
+            self._prefill = prefill_records(msg.prompt_tokens, opts)
+        records: list[dict[str, Any]] = []
+        for out in msg.outputs:
+            if out.index != 0:
+                continue
+            check_finish(out)
+            self._parts.append(out.text)
+            pairs = aligned(out, self._carry)
+            self._carry = "" if pairs else self._carry + out.text
+            for tok, text in pairs:
+                rec: dict[str, Any] = {"token": token_record(tok, text, tgi_compat=opts.tgi_compat)}
+                if opts.top_tokens:
+                    rec["top_tokens"] = alternative_records(tok, tgi_compat=opts.tgi_compat)
+                records.append(rec)
+            self._generated += len(out.tokens)
+            if out.finish_reason:
+                self._finish = out.finish_reason
+        if msg.HasField("usage"):
+            self.finished = True
+            if not records:
+                # A sequence that ends without a token of its own (not produced by length, EOS or
+                # stop endings) still needs a last record to carry generated_text and details.
+                records.append({"token": _terminal_token(self._carry, opts.tgi_compat)})
+            last = records[-1]
+            last["generated_text"] = self.generated_text
+            if opts.details:
+                last["details"] = self._details(msg)
+        return records
+
+    def close(self) -> None:
+        """Check that the stream ended with its final message.
+
+        Raises:
+            GatewayError: INTERNAL, the core's stream ended early.
+        """
+        if not self.finished:
+            raise ended_early()
+
+    @property
+    def generated_text(self) -> str:
+        """The text so far (with the prompt first under return_full_text)."""
+        return (self._prompt_text if self.opts.full_text else "") + "".join(self._parts)
+
+    def _details(self, msg: spb.GenerateResponse) -> dict[str, Any]:
+        opts = self.opts
+        details: dict[str, Any] = {
+            "finish_reason": FINISH_REASONS.get(self._finish, "length"),
+            "generated_tokens": self._generated,
+            "inputs": opts.inputs,
+        }
+        if opts.tgi_compat:
+            details["seed"] = _seed(msg)
+        if opts.prefill:
+            details["prefill"] = self._prefill
+        return details
+
+
+def _terminal_token(text: str, tgi_compat: bool) -> dict[str, Any]:
+    if tgi_compat:
+        return {"id": -1, "text": text, "logprob": None, "special": True}
+    return {"id": -1, "text": text, "log_prob": None, "special_token": True}
+
+
+# ---------------------------------------------------------------------------------- non-streaming
+
+
+@dataclass(slots=True)
+class SequenceResult:
+    """Everything one sequence produced."""
+
+    index: int
+    text: str = ""
+    tokens: list[tuple[pb.Token, str]] = field(default_factory=list)
+    finish_reason: int = 0
+    cumulative_logprob: float | None = None
+
+
+@dataclass(slots=True)
+class Collected:
+    """A whole Generate stream folded together (see `collect_messages`)."""
+
+    sequences: dict[int, SequenceResult] = field(default_factory=dict)
+    prompt_text: str = ""
+    prompt_tokens: list[pb.Token] = field(default_factory=list)
+    seed: int | None = None
+
+
+def collect_messages(messages: Iterable[spb.GenerateResponse]) -> Collected:
+    """Fold a finished Generate stream per sequence: text, tokens with their text share,
+    finish reason, cumulative logprob; plus prompt text/tokens and the (TGI-reported) seed.
+
+    Raises:
+        GatewayError: a sequence was cancelled by the core or failed (check_finish); the stream
+            has no final message (INTERNAL).
+    """
+    c = Collected()
+    carry: dict[int, str] = {}
+    finished = False
+    for msg in messages:
+        if msg.HasField("prompt_text"):
+            c.prompt_text = msg.prompt_text
+        if msg.prompt_tokens:
+            c.prompt_tokens = list(msg.prompt_tokens)
+        for out in msg.outputs:
+            check_finish(out)
+            seq = c.sequences.setdefault(out.index, SequenceResult(out.index))
+            seq.text += out.text
+            pairs = aligned(out, carry.pop(out.index, ""))
+            if pairs:
+                seq.tokens += pairs
+            elif out.text and seq.tokens:
+                tok, text = seq.tokens[-1]
+                seq.tokens[-1] = (tok, text + out.text)
+            elif out.text:
+                carry[out.index] = carry.get(out.index, "") + out.text
+            if out.finish_reason:
+                seq.finish_reason = out.finish_reason
+            if out.HasField("cumulative_logprob"):
+                seq.cumulative_logprob = out.cumulative_logprob
+        if msg.HasField("usage"):
+            c.seed = _seed(msg)
+            finished = True
+    if not finished:
+        raise ended_early()
+    if 0 not in c.sequences:
+        c.sequences[0] = SequenceResult(0)
+    return c
+
+
+def ended_early() -> GatewayError:
+    """The error for a Generate stream that ended without its final message (INTERNAL)."""
+    return GatewayError(grpc.StatusCode.INTERNAL, "The model server ended the response before it finished.")
+
+
+def ranked(c: Collected) -> list[SequenceResult]:
+    """Sequences by cumulative logprob, best first (ties: lower index first); the best is the
+    answer and the rest are `best_of_sequences` (seed "BestOfSequence")."""
+    return sorted(
+        c.sequences.values(),
+        key=lambda s: (-(s.cumulative_logprob if s.cumulative_logprob is not None else float("-inf")), s.index),
+    )
+
+
+def render_response(c: Collected, opts: RenderOptions) -> dict[str, Any] | list[dict[str, Any]]:
+    """The non-streaming rolling-batch body: `{generated_text, details?}` (seed "Response
+    Schema"), wrapped in a one-element array under TGI compatibility ("Response with TGI
+    compatibility")."""
+    seqs = ranked(c) if opts.num_sequences > 1 else [c.sequences[0]]
+    best = seqs[0]
+    result: dict[str, Any] = {"generated_text": _full_text(c, best, opts)}
+    if opts.details:
+        details: dict[str, Any] = {
+            "finish_reason": FINISH_REASONS.get(best.finish_reason, "length"),
+            "generated_tokens": len(best.tokens),
+            "inputs": opts.inputs,
+        }
+        details.update(_sequence_details(c, best, opts))
+        if opts.num_sequences > 1:
+            details["best_of_sequences"] = [
+                {
+                    "generated_text": _full_text(c, s, opts),
+                    "finish_reason": FINISH_REASONS.get(s.finish_reason, "length"),
+                    "generated_tokens": len(s.tokens),
+                    **_sequence_details(c, s, opts),
+                }
+                for s in seqs[1:]
+            ]
+        result["details"] = details
+    return [result] if opts.tgi_compat else result
+
+
+def _full_text(c: Collected, seq: SequenceResult, opts: RenderOptions) -> str:
+    return (c.prompt_text if opts.full_text else "") + seq.text
+
+
+def _sequence_details(c: Collected, seq: SequenceResult, opts: RenderOptions) -> dict[str, Any]:
+    out: dict[str, Any] = {"tokens": [token_record(t, text, tgi_compat=opts.tgi_compat) for t, text in seq.tokens]}
+    if opts.prefill or opts.tgi_compat:
+        out["prefill"] = prefill_records(c.prompt_tokens, opts)
+    if opts.tgi_compat:
+        out["seed"] = c.seed
+    if opts.top_tokens:
+        out["top_tokens"] = [alternative_records(t, tgi_compat=opts.tgi_compat) for t, _ in seq.tokens]
+    return out
+
+
+# ---------------------------------------------------------------------------------- dynamic batch
+
+
+def dynamic_delta(msg: spb.GenerateResponse) -> str:
+    """The new text of one input's message in a dynamic-batch stream (the echoed prompt first
+    under return_full_text).
+
+    Raises:
+        GatewayError: the sequence was cancelled by the core or failed (check_finish).
+    """
+    text = msg.prompt_text if msg.HasField("prompt_text") else ""
+    for out in msg.outputs:
+        check_finish(out)
+        if out.index == 0:
+            text += out.text
+    return text
+
+
+def dynamic_line(texts: list[str]) -> dict[str, Any]:
+    """One dynamic-batch stream record: `{"outputs": [...]}`, one entry per input in input
+    order ("" for inputs without news in this step)."""
+    return {"outputs": texts}
+
+
+def render_dynamic(results: list[Collected], *, full_text: bool) -> list[dict[str, str]]:
+    """The non-streaming dynamic-batch body: `[{generated_text}, ...]` in input order."""
+    return [{"generated_text": (c.prompt_text if full_text else "") + c.sequences[0].text} for c in results]

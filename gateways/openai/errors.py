@@ -1,0 +1,76 @@
+"""OpenAI's error object, before and after the first byte (DESIGN.md "Errors, per schema").
+
+Before the stream starts: the HTTP status from `gateways.common.status.GRPC_TO_HTTP` (with
+DEFAULT_OVERRIDES and a caller's overrides on top) and the body
+`{"error": {"message", "type", "param", "code"}}`. After it started: the same object in-band
+(`data: {"error": ...}` then `data: [DONE]` on SSE; one JSON line on jsonlines), since the
+status is already sent.
+
+`type` follows OpenAI's vocabulary by HTTP status: 400/404/409/413/422
+"invalid_request_error", 401 "authentication_error", 403 "permission_error", 429
+"rate_limit_error", 5xx "server_error". `code` is the core's ErrorInfo reason in lower case
+("model_not_found", "context_length_exceeded", "queue_full", ...), or null; `param` is the
+OpenAI parameter name (see translate.to_openai_param), or null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from gateways.common.framing import dumps
+from gateways.common.status import GatewayError
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+# CANCELLED reaches a renderer only when the core cancelled the call (the gateway's own cancel
+# happens after the response is done), so it is the server's failure, not the client's 499.
+DEFAULT_OVERRIDES: dict[grpc.StatusCode, int] = {grpc.StatusCode.CANCELLED: 503}
+
+
+def http_status(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> int:
+    """The HTTP status of an error: the caller's overrides, then DEFAULT_OVERRIDES, then the
+    common table (gateways.common.status.GRPC_TO_HTTP)."""
+    return err.http_status({**DEFAULT_OVERRIDES, **(overrides or {})})
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error `type` for an HTTP status."""
+    if status in _TYPES:
+        return _TYPES[status]
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def error_object(message: str, status: int, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}`."""
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
+
+def _code(err: GatewayError) -> str | None:
+    return err.reason.lower() if err.reason else None
+
+
+def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None) -> web.Response:
+    """An error response with OpenAI's body, for errors found outside a GatewayError (routing,
+    body size, unreadable JSON)."""
+    return web.json_response(error_object(message, status, param=param, code=code), status=status, dumps=dumps)
+
+
+def render_before_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> web.Response:
+    """The error as a complete HTTP response (status from the gRPC code, then overrides).
+
+    `err.param` must already be in OpenAI's spelling.
+    """
+    status = http_status(err, overrides)
+    return error_response(status, err.message, param=err.param, code=_code(err))
+
+
+def render_in_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> dict[str, Any]:
+    """The error object to send in-band, after the status line went out.
+
+    `type` still follows the status the error would have had before the stream started.
+    """
+    return error_object(err.message, http_status(err, overrides), param=err.param, code=_code(err))

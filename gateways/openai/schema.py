@@ -1,0 +1,294 @@
+"""Wire models of OpenAI chat completions (`POST /v1/chat/completions`, and LMI `/invocations`
+when the body has `messages`).
+
+The request table is the seed's (`shared/seeds/lmi-chat-completions-schema.md`, "Request
+Schema") plus OpenAI's `max_completion_tokens` and `stream_options`. Only JSON shapes and
+types are checked here, plus the ranges that are OpenAI's own and narrower than the core's
+(temperature <= 2, at most 4 stop strings: DESIGN.md principle 3 leaves every general range to
+the core). Integers must also fit the proto field they travel in (int32 or int64).
+
+Fields OpenAI defines but the core cannot honour (tools, function calling, structured output,
+audio) are refused with the field named, as are fields OpenAI does not define; OpenAI itself
+answers an unrecognised argument with 400. Fields without a generation effect (`user`,
+`metadata`, `store`, ...) are accepted and ignored.
+
+`parse_chat_request(body)` is the entry point; it raises GatewayError (INVALID_ARGUMENT) with
+`param` set to the offending field in OpenAI's spelling (e.g. "messages[0].content[1].type").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gateways.common.status import GatewayError
+
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_STOP = 4  # OpenAI's limit on `stop` strings.
+MAX_TEMPERATURE = 2.0  # OpenAI's upper bound; the core only requires >= 0.
+
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+_TOKEN_ID = re.compile(r"-?[0-9]+")
+
+# Fields OpenAI defines that have no effect on generation here; accepted and ignored (`user`
+# too, but it is type-checked as a field of the seed's table).
+IGNORED_FIELDS = frozenset(
+    {"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls"}
+)
+
+# Fields OpenAI defines that need features the core does not have, with the reason given to
+# the client. A neutral value (null, empty, "none", text-only) is accepted.
+UNSUPPORTED_FIELDS = {
+    "tools": "tool calling is not supported",
+    "tool_choice": "tool calling is not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "response_format": "structured output (response_format other than text) is not supported",
+    "audio": "audio output is not supported",
+    "modalities": "only the text modality is supported",
+    "prediction": "predicted outputs are not supported",
+    "reasoning_effort": "reasoning effort is not supported",
+    "web_search_options": "web search is not supported",
+    "verbosity": "verbosity is not supported",
+}
+
+
+def _neutral(name: str, value: Any) -> bool:
+    """Whether an unsupported field's value asks for nothing (so it can be accepted)."""
+    if value is None:
+        return True
+    if name in ("tools", "functions"):
+        return value == []
+    if name in ("tool_choice", "function_call"):
+        return value == "none"
+    if name == "response_format":
+        return isinstance(value, dict) and value.get("type") == "text" and len(value) == 1
+    if name == "modalities":
+        return value == ["text"]
+    return False
+
+
+class _Wire(BaseModel):
+    """Strict JSON types (no "1" for 1, no 1 for true) and no unknown fields."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class TextPart(_Wire):
+    """`{"type": "text", "text": "..."}`."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrl(_Wire):
+    """`{"url": "https://... | data:image/...;base64,...", "detail": "auto|low|high"}`."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Wire):
+    """`{"type": "image_url", "image_url": {...}}` (the seed's "Vision/Image Support")."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class Message(_Wire):
+    """One conversation message (seed "Message"): role and content (string or parts).
+
+    An assistant message echoed back from a previous response may carry OpenAI's response-only
+    fields; they are accepted when empty (null, [], "") and refused otherwise.
+    """
+
+    # "developer" is OpenAI's newer name for the system role; it is sent as "system", the role
+    # chat templates know.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    tool_calls: list[Any] | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Wire):
+    """`stream_options`: `include_usage` adds a final chunk with usage and empty choices.
+
+    `include_obfuscation` is accepted and has no effect (this server pads nothing).
+    """
+
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class ChatCompletionRequest(_Wire):
+    """A chat completion request body (seed "Request Schema").
+
+    Unset fields are None: the core's (engine's) defaults then apply, except that sampling is
+    on unless temperature is 0 (OpenAI samples by default). `logit_bias` keys are token ids as
+    decimal strings, already checked to be integers.
+    """
+
+    messages: list[Message]
+    model: str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Int32 | None = None
+    max_tokens: Int32 | None = None
+    max_completion_tokens: Int32 | None = None
+    n: Int32 | None = None
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(le=MAX_TEMPERATURE, ge=0.0)] | None = None
+    top_p: float | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not _TOKEN_ID.fullmatch(key):
+                raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
+            if not INT32_MIN <= int(key) <= INT32_MAX:
+                raise ValueError(f"token id {key} is out of range")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_count(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed, got {len(value)}")
+        return value
+
+    @property
+    def stop_list(self) -> list[str]:
+        """`stop` as a list (a single string is one stop sequence)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that sets the token limit: `max_completion_tokens` wins over `max_tokens`."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    """Check a parsed JSON body and return it as a ChatCompletionRequest.
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT, `param` naming the field (OpenAI spelling), `reason`
+            UNKNOWN_PARAMETER, UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
+    """
+    if not isinstance(body, dict):
+        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
+    known = ChatCompletionRequest.model_fields
+    checked = {}
+    for name, value in body.items():
+        if name in known:
+            checked[name] = value
+        elif name in IGNORED_FIELDS:
+            continue
+        elif name in UNSUPPORTED_FIELDS:
+            if not _neutral(name, value):
+                raise GatewayError(
+                    _INVALID,
+                    f"The parameter '{name}' is not supported by this server: {UNSUPPORTED_FIELDS[name]}.",
+                    param=name,
+                    reason="UNSUPPORTED_PARAMETER",
+                )
+        else:
+            raise GatewayError(
+                _INVALID, f"Unrecognized request argument supplied: {name}", param=name, reason="UNKNOWN_PARAMETER"
+            )
+    try:
+        req = ChatCompletionRequest.model_validate(checked)
+    except ValidationError as e:
+        raise _to_gateway_error(e) from None
+    for i, m in enumerate(req.messages):
+        _check_message(m, i)
+    if req.stream_options is not None and not req.stream:
+        raise GatewayError.invalid(
+            "The parameter 'stream_options' is only allowed when 'stream' is true.", param="stream_options"
+        )
+    return req
+
+
+def _check_message(m: Message, i: int) -> None:
+    """Refuse response-only fields that carry something (tool calls, audio)."""
+    for name in ("tool_calls", "function_call", "audio", "tool_call_id"):
+        if getattr(m, name):
+            raise GatewayError(
+                _INVALID,
+                f"Tool calling and audio are not supported by this server; messages[{i}].{name} must be empty.",
+                param=f"messages[{i}].{name}",
+                reason="UNSUPPORTED_PARAMETER",
+            )
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location in OpenAI's spelling: "messages[0].content[1].type".
+
+    Union-member tags in the location (e.g. "str", "list[...]", a dict key) are not fields and
+    are left out, and so is a content part's discriminator tag (its "type" value, right after
+    the part's index).
+    """
+    out = ""
+    for i, p in enumerate(loc):
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif _is_type_tag(p) or (i and isinstance(loc[i - 1], int) and p in ("text", "image_url")):
+            continue
+        else:
+            out += f".{p}" if out else p
+    return out
+
+
+def _is_type_tag(p: str) -> bool:
+    return p in ("str", "int", "float", "bool", "dict", "list") or not p.islower() or any(c in p for c in "[-")
+
+
+def _to_gateway_error(e: ValidationError) -> GatewayError:
+    """The most specific pydantic error as a GatewayError (unions report one error per member;
+    the deepest location is the one that explains the problem)."""
+    errors = e.errors(include_url=False)
+    param = max((_param(err["loc"]) for err in errors), key=len)
+    found = [err for err in errors if _param(err["loc"]) == param]
+    first = found[0]
+    kind = first["type"]
+    if kind == "missing":
+        return GatewayError.invalid(f"Missing required parameter: '{param}'.", param=param)
+    if kind == "extra_forbidden":
+        return GatewayError(
+            _INVALID, f"Unrecognized request argument supplied: {param}", param=param, reason="UNKNOWN_PARAMETER"
+        )
+    reasons = " or ".join(dict.fromkeys(_sentence(err["msg"]) for err in found))
+    return GatewayError.invalid(f"Invalid value for '{param}': {reasons}.", param=param)
+
+
+def _sentence(msg: str) -> str:
+    msg = msg.removeprefix("Value error, ").rstrip(".")
+    return msg[0].lower() + msg[1:]

@@ -1,0 +1,35 @@
+"""Triton's error shapes (seed "Generate Response JSON Error Object"; DESIGN.md "Errors, per schema").
+
+Before the first byte: the HTTP status from DESIGN.md's table (400 for bad input, 404 unknown
+model or version, 429 queue full, 503 core unavailable, 500 engine failure) with an
+`application/json` body `{"error": msg}`. After a /generate_stream response started: one SSE event
+`data: {"error": msg}`, after which the stream ends; the status stays 200 (seed: "the user must
+always check whether an error object is received").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from gateways.common.framing import dumps, sse_event
+from gateways.common.status import GatewayError
+from gateways.triton.schema import ErrorResponse
+from gateways.triton.translate import client_message
+
+
+def error_response(status: int, message: str) -> web.Response:
+    """`{"error": message}` with `status`, as application/json."""
+    return web.json_response(ErrorResponse(error=message).dump(), status=status, dumps=dumps)
+
+
+def render_before_stream(err: GatewayError, names: Mapping[str, str] | None = None) -> web.Response:
+    """The error as a complete response; `names` maps core field paths to the client's parameter
+    names (Translation.names) so the message speaks of what the client sent."""
+    return error_response(err.http_status(), client_message(err, names))
+
+
+def render_in_stream(err: GatewayError, names: Mapping[str, str] | None = None) -> bytes:
+    """The error as the SSE event that ends a started /generate_stream response."""
+    return sse_event(ErrorResponse(error=client_message(err, names)).dump())

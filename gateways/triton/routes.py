@@ -1,0 +1,188 @@
+"""aiohttp handlers of the Triton gateway: generate, generate_stream, KServe v2 health and metadata.
+
+Handlers are thin: check the URL's model and version, parse, translate (gateways.triton.translate),
+call the core, render. Streaming follows the first-message rule (gateways.common.streaming): the
+status is chosen before the first byte; afterwards errors go in-band (gateways.triton.errors).
+Every Generate call is cancelled in a `finally`, so a client that disconnects cancels its core
+request (handler cancellation is on).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+from aiohttp import web
+
+from gateways.common.app import core_client
+from gateways.common.core_client import CONFIG_KEY
+from gateways.common.framing import SSE_HEADERS, dumps, sse_event
+from gateways.common.status import GatewayError
+from gateways.common.streaming import CoreStream, collect
+from gateways.triton import errors, translate
+from gateways.triton.translate import ResponseRenderer, ServedModel
+
+log = logging.getLogger(__name__)
+
+SERVER_VERSION_KEY = web.AppKey("triton_server_version", str)
+
+
+def add_routes(app: web.Application) -> None:
+    """Register every route of the gateway on `app`."""
+    for base in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        app.router.add_post(base + "/generate", generate)
+        app.router.add_post(base + "/generate_stream", generate_stream)
+        app.router.add_get(base + "/ready", model_ready)
+        app.router.add_get(base, model_metadata)
+    app.router.add_get("/v2/health/live", live)
+    app.router.add_get("/v2/health/ready", ready)
+    app.router.add_get("/v2", server_metadata)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Render aiohttp's own errors (unknown path 404, wrong method 405, body too large 413) as
+    `{"error": msg}`, the shape Triton uses for every error."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        default = f"{e.status}: {e.reason}"
+        return errors.error_response(e.status, e.reason if e.text in (None, default) else e.text)
+
+
+async def _served(request: web.Request) -> ServedModel:
+    """The served model, from the core's (cached) GetModelInfo and the --model-version flag.
+
+    Raises:
+        GatewayError: the core cannot be reached (UNAVAILABLE -> 503).
+    """
+    info = await core_client(request).model_info()
+    version = request.app[CONFIG_KEY].option("model_version") or info.model_version
+    return ServedModel(name=info.model_name, version=version, engine=info.engine)
+
+
+async def _target(request: web.Request) -> ServedModel:
+    served = await _served(request)
+    translate.check_target(request.match_info["model"], request.match_info.get("version"), served)
+    return served
+
+
+async def _read_json(request: web.Request) -> object:
+    """The decoded body; any Content-Type is accepted (the seed's curl example sends none).
+
+    Raises:
+        GatewayError: empty body, invalid UTF-8 or invalid JSON (NaN and Infinity included).
+        web.HTTPRequestEntityTooLarge: the body exceeds --max-body-bytes (rendered by json_errors).
+    """
+    raw = await request.read()
+    if not raw.strip():
+        raise GatewayError.invalid("The request body is empty; send a JSON object with 'text_input'.", "body")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
+    except UnicodeDecodeError:
+        raise GatewayError.invalid("The request body is not valid UTF-8.", "body") from None
+    except ValueError as e:
+        raise GatewayError.invalid(f"The request body is not valid JSON: {e}.", "body") from None
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+async def _prepare(request: web.Request) -> tuple[translate.Translation, ResponseRenderer]:
+    served = await _target(request)
+    body = await _read_json(request)
+    tr = translate.to_generate_request(
+        body,
+        model=served.name,
+        request_id=f"triton-{uuid.uuid4().hex}",
+        ignore_unknown=bool(request.app[CONFIG_KEY].option("ignore_unknown_parameters", False)),
+    )
+    if tr.ignored:
+        log.debug("request %s: ignored unknown parameters %s", tr.request.request_id, ", ".join(tr.ignored))
+    renderer = ResponseRenderer(served.name, served.version, client_id=tr.client_id, logprobs=tr.logprobs)
+    return tr, renderer
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """POST /v2/models/{model}[/versions/{version}]/generate: one `$generate_response` object."""
+    names = None
+    try:
+        tr, renderer = await _prepare(request)
+        names = tr.names
+        messages = await collect(core_client(request).generate(tr.request))
+    except GatewayError as e:
+        return errors.render_before_stream(e, names)
+    return web.json_response(renderer.response(messages), dumps=dumps)
+
+
+async def generate_stream(request: web.Request) -> web.StreamResponse:
+    """POST /v2/models/{model}[/versions/{version}]/generate_stream: SSE, one `data:` event per
+    output delta, the last with finish_reason; an error after the start is a `data: {"error"}`
+    event. There is no end-of-stream sentinel: the stream ends when the response ends."""
+    names = None
+    try:
+        tr, renderer = await _prepare(request)
+        names = tr.names
+        stream = await CoreStream.open(core_client(request).generate(tr.request))
+    except GatewayError as e:
+        return errors.render_before_stream(e, names)
+    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+    resp.content_type = "text/event-stream"
+    resp.charset = "utf-8"
+    try:
+        await resp.prepare(request)
+        try:
+            async for msg in stream:
+                event = renderer.event(msg)
+                if event is not None:
+                    await resp.write(sse_event(event))
+        except GatewayError as e:
+            await resp.write(errors.render_in_stream(e, names))
+    finally:
+        stream.cancel()
+    await resp.write_eof()
+    return resp
+
+
+async def live(request: web.Request) -> web.Response:
+    """GET /v2/health/live: 200 while the gateway process runs."""
+    return web.Response(status=200)
+
+
+async def ready(request: web.Request) -> web.Response:
+    """GET /v2/health/ready: 200 while the core reports SERVING, else 400 with an empty body
+    (Triton's answer for "not ready"; KServe v2 asks for a 4xx)."""
+    return web.Response(status=200 if await core_client(request).serving() else 400)
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    """GET /v2/models/{model}[/versions/{version}]/ready: 200 (empty) when the model is served and
+    the core is SERVING; 404/400 `{"error"}` for an unknown model or malformed version; 400
+    `{"error": "Model version not ready ..."}` otherwise, as Triton answers."""
+    try:
+        await _target(request)
+    except GatewayError as e:
+        if e.http_status() in (400, 404):
+            return errors.render_before_stream(e)
+        return errors.error_response(400, f"Model version not ready: {e.message}")
+    if not await core_client(request).serving():
+        return errors.error_response(400, "Model version not ready: the model server is not serving.")
+    return web.Response(status=200)
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    """GET /v2/models/{model}[/versions/{version}]: KServe v2 model metadata."""
+    try:
+        served = await _target(request)
+    except GatewayError as e:
+        return errors.render_before_stream(e)
+    return web.json_response(translate.model_metadata(served), dumps=dumps)
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    """GET /v2: KServe v2 server metadata listing the generate extension."""
+    return web.json_response(translate.server_metadata(request.app[SERVER_VERSION_KEY]), dumps=dumps)

@@ -1,0 +1,296 @@
+"""Wire shapes of Triton's generate extension and the KServe v2 metadata routes.
+
+Request (seed `triton-generate-extension-v2.md`, "Generate Request JSON Object")::
+
+    {"id": $string #optional, "text_input": $string, "parameters": {$name: $string|$number|$boolean} #optional}
+
+Any other top-level property is a parameter too (the seed's note: "Any additional properties in
+the request object are passed either as parameters or tensors"). Parameters are typed as the
+TensorRT-LLM ensemble declares its inputs (`all_models/inflight_batcher_llm/ensemble/config.pbtxt`):
+integers, floats, booleans, and word lists (a string or an array of strings). This module checks
+only shapes and JSON types; value ranges are the core's (`core/validation.py`).
+
+Responses (seed "Generate Response JSON Object", plus the TensorRT-LLM ensemble's optional
+outputs) and the KServe v2 server/model metadata objects are pydantic models, rendered with
+`dump()` so that unset optional members are left out.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gateways.common.status import GatewayError
+
+INT32_RANGE = (-(2**31), 2**31 - 1)
+INT64_RANGE = (-(2**63), 2**63 - 1)
+
+#: Top-level members with a meaning of their own; every other top-level member is a parameter.
+RESERVED_MEMBERS = ("id", "text_input", "parameters")
+
+
+class Kind(enum.Enum):
+    """JSON type a parameter must have."""
+
+    INT32 = "int32"  # a JSON number with an integral value that fits 32 bits
+    INT64 = "int64"  # likewise, 64 bits
+    FLOAT = "float"  # any JSON number
+    BOOL = "bool"  # true or false
+    WORDS = "words"  # a string or an array of strings
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One accepted parameter.
+
+    Attributes:
+        name: the canonical (TensorRT-LLM ensemble) name.
+        kind: the JSON type it must have.
+        field: the GenerateRequest field path it sets (None: accepted without effect on the core
+            request, such as `stream`, which the route decides).
+        aliases: other names accepted for it (common in TensorRT-LLM's LLM API and OpenAI).
+        datatype: the KServe v2 tensor datatype reported in model metadata.
+        shape: the KServe v2 tensor shape reported in model metadata.
+    """
+
+    name: str
+    kind: Kind
+    field: str | None
+    aliases: tuple[str, ...] = ()
+    datatype: str = ""
+    shape: tuple[int, ...] = (1,)
+
+
+#: Accepted parameters, canonical name first. Source: the issue's list, the TensorRT-LLM
+#: ensemble's inputs, and the aliases clients of the LLM API send.
+PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("max_tokens", Kind.INT32, "stopping.max_new_tokens", ("max_new_tokens",), "INT32"),
+    ParamSpec("temperature", Kind.FLOAT, "sampling.temperature", (), "FP32"),
+    ParamSpec("top_k", Kind.INT32, "sampling.top_k", (), "INT32"),
+    ParamSpec("top_p", Kind.FLOAT, "sampling.top_p", (), "FP32"),
+    ParamSpec("random_seed", Kind.INT64, "sampling.seed", ("seed",), "INT64"),
+    ParamSpec("repetition_penalty", Kind.FLOAT, "sampling.repetition_penalty", (), "FP32"),
+    ParamSpec("presence_penalty", Kind.FLOAT, "sampling.presence_penalty", (), "FP32"),
+    ParamSpec("frequency_penalty", Kind.FLOAT, "sampling.frequency_penalty", (), "FP32"),
+    ParamSpec("length_penalty", Kind.FLOAT, "sampling.length_penalty", (), "FP32"),
+    ParamSpec("min_length", Kind.INT32, "stopping.min_new_tokens", ("min_tokens",), "INT32"),
+    ParamSpec("stop_words", Kind.WORDS, "stopping.stop", ("stop",), "BYTES", (-1,)),
+    ParamSpec("bad_words", Kind.WORDS, "sampling.bad_words", (), "BYTES", (-1,)),
+    ParamSpec("beam_width", Kind.INT32, "sampling.num_beams", (), "INT32"),
+    ParamSpec("end_id", Kind.INT32, "stopping.stop_token_ids", (), "INT32"),
+    ParamSpec("pad_id", Kind.INT32, None, (), "INT32"),
+    ParamSpec("return_log_probs", Kind.BOOL, "output.logprobs", (), "BOOL"),
+    ParamSpec("exclude_input_in_output", Kind.BOOL, "output.echo", (), "BOOL"),
+    ParamSpec("include_stop_str_in_output", Kind.BOOL, "stopping.include_stop_str_in_output", (), "BOOL"),
+    ParamSpec("stream", Kind.BOOL, None, (), "BOOL"),
+)
+
+#: Every accepted name (canonical or alias) -> its spec.
+BY_NAME: dict[str, ParamSpec] = {n: p for p in PARAMETERS for n in (p.name, *p.aliases)}
+
+#: TensorRT-LLM ensemble / BLS inputs this server cannot honour. The value is the one setting
+#: that changes nothing (accepted), or None when any value is refused. They are refused even
+#: with --ignore-unknown-parameters: a client that asks for them expects an effect.
+UNSUPPORTED: dict[str, Any] = {
+    "num_return_sequences": 1,
+    "return_context_logits": False,
+    "return_generation_logits": False,
+    "return_perf_metrics": False,
+    "return_kv_cache_reuse_stats": False,
+    "return_num_input_tokens": False,
+    "return_num_output_tokens": False,
+    "early_stopping": None,
+    "beam_search_diversity_rate": None,
+    "runtime_top_p_min": None,
+    "runtime_top_p_decay": None,
+    "runtime_top_p_reset_ids": None,
+    "no_repeat_ngram_size": None,
+    "embedding_bias_words": None,
+    "embedding_bias_weights": None,
+    "prompt_embedding_table": None,
+    "prompt_vocab_size": None,
+    "prompt_table_extra_id": None,
+    "lora_task_id": None,
+    "lora_weights": None,
+    "lora_config": None,
+    "guided_decoding_guide_type": None,
+    "guided_decoding_guide": None,
+}
+
+
+def json_type(value: Any) -> str:
+    """The JSON type name of a decoded value, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+@dataclass(frozen=True)
+class RequestEnvelope:
+    """The request body split into its parts.
+
+    Attributes:
+        id: the client's request id (None when the body has none).
+        text_input: the prompt.
+        parameters: every parameter, from `parameters` and from extra top-level members, by the
+            name the client used.
+    """
+
+    id: str | None
+    text_input: str
+    parameters: Mapping[str, Any]
+
+
+def parse_envelope(body: Any) -> RequestEnvelope:
+    """Check the body's shape: an object with a string `text_input`, an optional string `id` and
+    an optional `parameters` object; extra top-level members join the parameters.
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT naming the offending member; also when a parameter is
+            given both inside `parameters` and at the top level.
+    """
+    if not isinstance(body, dict):
+        raise GatewayError.invalid(
+            f"The request body must be a JSON object with 'text_input', got {json_type(body)}.", "body"
+        )
+    if "text_input" not in body:
+        raise GatewayError.invalid('The request has no \'text_input\'; send {"text_input": "..."}.', "text_input")
+    text = body["text_input"]
+    if not isinstance(text, str):
+        raise GatewayError.invalid(f"'text_input' must be a string, got {json_type(text)}.", "text_input")
+    rid = body.get("id")
+    if "id" in body and not isinstance(rid, str):
+        raise GatewayError.invalid(f"'id' must be a string, got {json_type(rid)}.", "id")
+    params = body.get("parameters", {})
+    if not isinstance(params, dict):
+        raise GatewayError.invalid(
+            f"'parameters' must be an object of name/value pairs, got {json_type(params)}.", "parameters"
+        )
+    merged = dict(params)
+    for name, value in body.items():
+        if name in RESERVED_MEMBERS:
+            continue
+        if name in merged:
+            raise GatewayError.invalid(
+                f"Parameter '{name}' is given both in 'parameters' and at the top level; give it once.", name
+            )
+        merged[name] = value
+    return RequestEnvelope(id=rid, text_input=text, parameters=merged)
+
+
+def check_value(name: str, kind: Kind, value: Any) -> Any:
+    """A parameter value of the right JSON type, as the Python value to use.
+
+    Integers may be written as integral JSON numbers (7 or 7.0; a value like 7.5 is refused),
+    because JSON itself does not tell them apart. Numbers must not be strings and booleans must be
+    JSON booleans, as Triton's typed inputs require. A word list is a string or an array of
+    strings; empty strings are dropped (the ensemble's `"stop_words": ""` means "none").
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT naming the parameter.
+    """
+    if kind is Kind.BOOL:
+        if not isinstance(value, bool):
+            raise GatewayError.invalid(f"Parameter '{name}' must be a boolean, got {json_type(value)}.", name)
+        return value
+    if kind is Kind.WORDS:
+        if isinstance(value, str):
+            return [value] if value else []
+        if isinstance(value, list) and all(isinstance(w, str) for w in value):
+            return [w for w in value if w]
+        raise GatewayError.invalid(
+            f"Parameter '{name}' must be a string or an array of strings, got {json_type(value)}.", name
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        what = "an integer" if kind is not Kind.FLOAT else "a number"
+        raise GatewayError.invalid(f"Parameter '{name}' must be {what}, got {json_type(value)}.", name)
+    if kind is Kind.FLOAT:
+        try:
+            return float(value)
+        except OverflowError:
+            raise GatewayError.invalid(f"Parameter '{name}' is too large to be a number.", name) from None
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise GatewayError.invalid(f"Parameter '{name}' must be an integer, got {value!r}.", name)
+        value = int(value)
+    lo, hi = INT32_RANGE if kind is Kind.INT32 else INT64_RANGE
+    if not lo <= value <= hi:
+        bits = 32 if kind is Kind.INT32 else 64
+        raise GatewayError.invalid(f"Parameter '{name}' must be a {bits}-bit integer, got {value}.", name)
+    return value
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON object, without members left unset (None)."""
+        return self.model_dump(exclude_none=True)
+
+
+class GenerateResponse(_Wire):
+    """`$generate_response`: the /generate body and each /generate_stream event.
+
+    `id` only when the request had one (seed v2); `output_log_probs` (per-token natural-log
+    probabilities, <= 0) and `cum_log_probs` (their sum) only with `return_log_probs`;
+    `finish_reason` on the last event ("stop", "length", "timeout", "cancelled": TensorRT-LLM
+    LLM API names).
+    """
+
+    id: str | None = None
+    model_name: str
+    model_version: str
+    text_output: str
+    output_log_probs: list[float] | None = None
+    cum_log_probs: float | None = None
+    finish_reason: str | None = None
+
+
+class ErrorResponse(_Wire):
+    """`$generate_error_response` (seed "Generate Response JSON Error Object")."""
+
+    error: str
+
+
+class TensorMetadata(_Wire):
+    """KServe v2 `$metadata_tensor`: name, datatype and shape (-1: variable)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ModelMetadata(_Wire):
+    """KServe v2 `$metadata_model_response` (GET /v2/models/{model}[/versions/{version}])."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class ServerMetadata(_Wire):
+    """KServe v2 `$metadata_server_response` (GET /v2)."""
+
+    name: str
+    version: str
+    extensions: list[str]

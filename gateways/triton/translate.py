@@ -1,0 +1,325 @@
+"""Pure translation between Triton's generate extension and the core's Generate contract.
+
+Data in, data out: request bodies become `spb.GenerateRequest`s, Generate stream messages become
+`$generate_response` objects, GetModelInfo becomes KServe v2 metadata. No I/O, clocks or random
+ids here; the routes pass the request id in.
+
+Sources: the generate extension seeds (v2 wins: `id` is echoed), the TensorRT-LLM ensemble's
+inputs and outputs, and DESIGN.md ("Sampling defaults are the engine's", "Errors, per schema").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.status import GatewayError
+from gateways.triton import schema
+from gateways.triton.schema import BY_NAME, PARAMETERS, UNSUPPORTED, Kind
+
+#: Core FinishReason -> TensorRT-LLM LLM API `finish_reason` ("stop" covers EOS, end_id and
+#: stop words, as there).
+FINISH_REASONS: dict[int, str] = {
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_EOS: "stop",
+    pb.FINISH_REASON_STOP_SEQUENCE: "stop",
+    pb.FINISH_REASON_TIME_LIMIT: "timeout",
+    pb.FINISH_REASON_CANCELLED: "cancelled",
+    pb.FINISH_REASON_ERROR: "error",
+}
+
+#: Core field path -> the schema's name for it, when the client did not use an alias.
+DEFAULT_NAMES: dict[str, str] = {
+    "text": "text_input",
+    "model": "model_name",
+    **{p.field: p.name for p in PARAMETERS if p.field is not None},
+}
+
+_VERSION = re.compile(r"[0-9]{1,18}")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the gateway serves: the core's model name and engine, and the version it answers to
+    (the --model-version flag, else GetModelInfo.model_version)."""
+
+    name: str
+    version: str
+    engine: str
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A request body translated for the core.
+
+    Attributes:
+        request: the Generate call to make.
+        client_id: the body's `id`, echoed in every response object (None: absent).
+        logprobs: `return_log_probs` was true (responses carry log probs).
+        names: core field path -> the parameter name the client used, for error messages.
+        ignored: unknown parameters accepted without effect (--ignore-unknown-parameters).
+    """
+
+    request: spb.GenerateRequest
+    client_id: str | None
+    logprobs: bool
+    names: Mapping[str, str]
+    ignored: tuple[str, ...] = ()
+
+
+def check_target(model: str, version: str | None, served: ServedModel) -> None:
+    """Check the URL's model name and optional version against the served model.
+
+    Versions are positive integers, as Triton's model repository versions are.
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT for a malformed version (400); NOT_FOUND for another
+            model or version (404).
+    """
+    if version is not None and (not _VERSION.fullmatch(version) or int(version) == 0):
+        raise GatewayError.invalid(
+            f"Failed to get model version from specified version string '{version}': "
+            "a version must be an integer greater than 0.",
+            "model_version",
+        )
+    if model != served.name:
+        raise GatewayError(
+            grpc.StatusCode.NOT_FOUND,
+            f"Request for unknown model: '{model}' is not found; this server serves '{served.name}'.",
+            param="model_name",
+        )
+    if version is not None and not (_VERSION.fullmatch(served.version) and int(version) == int(served.version)):
+        raise GatewayError(
+            grpc.StatusCode.NOT_FOUND,
+            f"Request for unknown model: '{model}' version {version} is not found; "
+            f"the served version is {served.version}.",
+            param="model_version",
+        )
+
+
+def to_generate_request(body: object, *, model: str, request_id: str, ignore_unknown: bool = False) -> Translation:
+    """Translate a `$generate_request` body.
+
+    Args:
+        body: the decoded JSON body.
+        model: the served model name (checked by `check_target`), sent as GenerateRequest.model.
+        request_id: the core request id (unique per call; the client's `id` is only echoed,
+            since clients reuse ids such as "42").
+        ignore_unknown: accept unknown parameters without effect instead of refusing them.
+
+    Mapping (the issue's table): max_tokens -> stopping.max_new_tokens, min_length ->
+    stopping.min_new_tokens, stop_words -> stopping.stop, bad_words -> sampling.bad_words,
+    random_seed -> sampling.seed, beam_width -> sampling.num_beams, return_log_probs ->
+    output.logprobs, exclude_input_in_output false -> output.echo, end_id -> stopping.stop_token_ids
+    with ignore_eos (the ensemble's end_id replaces the model's EOS), temperature, top_k, top_p and
+    the penalties -> sampling.*. do_sample is never set: the core infers it and applies the
+    engine's defaults. top_p <= 0 is left unset, as Triton's TensorRT-LLM backend drops it.
+    pad_id and stream have no effect (text output has no padding; the route decides streaming).
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT for a wrong shape or JSON type, an unknown parameter
+            (unless ignore_unknown), a parameter given twice (also under two aliases), or an
+            unsupported TensorRT-LLM input set to a value with an effect.
+    """
+    env = schema.parse_envelope(body)
+    given: dict[str, tuple[str, object]] = {}
+    ignored: list[str] = []
+    for name, raw in env.parameters.items():
+        spec = BY_NAME.get(name)
+        if spec is None:
+            if name in UNSUPPORTED:
+                _check_unsupported(name, raw)
+            elif ignore_unknown:
+                ignored.append(name)
+            else:
+                raise GatewayError.invalid(
+                    f"Unknown parameter '{name}'. Accepted parameters: {', '.join(sorted(BY_NAME))}.", name
+                )
+            continue
+        if spec.name in given:
+            first = given[spec.name][0]
+            raise GatewayError.invalid(
+                f"Parameters '{first}' and '{name}' set the same thing; give only one of them.", name
+            )
+        given[spec.name] = (name, schema.check_value(name, spec.kind, raw))
+
+    req = spb.GenerateRequest(request_id=request_id, model=model, text=env.text_input)
+    names = dict(DEFAULT_NAMES)
+    logprobs = False
+    for canonical, (used, value) in given.items():
+        spec = BY_NAME[canonical]
+        if spec.field is None:
+            continue
+        names[spec.field] = used
+        if canonical == "top_p" and value <= 0:
+            continue
+        if canonical == "end_id":
+            req.stopping.stop_token_ids.append(value)
+            req.stopping.ignore_eos = True
+        elif canonical == "exclude_input_in_output":
+            if not value:
+                req.output.echo = True
+        elif canonical == "return_log_probs":
+            if value:
+                req.output.logprobs = True
+                logprobs = True
+        elif spec.kind is Kind.WORDS:
+            if value:
+                group, leaf = spec.field.split(".")
+                getattr(getattr(req, group), leaf).extend(value)
+        else:
+            group, leaf = spec.field.split(".")
+            setattr(getattr(req, group), leaf, value)
+    return Translation(req, env.id, logprobs, names, tuple(ignored))
+
+
+def _check_unsupported(name: str, value: object) -> None:
+    neutral = UNSUPPORTED[name]
+    if neutral is not None and type(value) is type(neutral) and value == neutral:
+        return
+    message = f"Parameter '{name}' is not supported by this server"
+    if neutral is not None:
+        message += f"; only {name}={json.dumps(neutral)} is accepted"
+    raise GatewayError.invalid(message + ".", name)
+
+
+def client_message(error: GatewayError, names: Mapping[str, str] | None) -> str:
+    """The error's message, speaking of the parameter the client sent rather than the core's field.
+
+    The core names fields by GenerateRequest path ("stopping.max_new_tokens"); the client sent
+    "max_tokens" (or an alias). Field names inside the message are replaced by the client's names;
+    when the offending parameter's name is still absent, it prefixes the message.
+    """
+    param = error.param
+    message = error.message
+    if not param or not names or param not in names:
+        return message
+    used = names[param]
+    for path, name in names.items():
+        leaf = path.rsplit(".", 1)[-1]
+        # Only identifier-like leaves: plain words ("stop", "text") also occur in prose.
+        if "_" in leaf and leaf != name:
+            message = re.sub(rf"\b{re.escape(leaf)}\b", name, message)
+    if re.search(rf"\b{re.escape(used)}\b", message):
+        return message
+    return f"{used}: {message}"
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+@dataclass
+class ResponseRenderer:
+    """Builds `$generate_response` objects from Generate stream messages.
+
+    For /generate_stream, `event(msg)` gives one object per message that carries output (the
+    text delta, its tokens' log probs, the running cumulative log prob, and finish_reason on the
+    last one); the echoed prompt text, which the core sends on its first message, goes out with
+    the first event. For /generate, `response(messages)` gives the single object.
+    """
+
+    model_name: str
+    model_version: str
+    client_id: str | None = None
+    logprobs: bool = False
+    _pending_prompt: str = field(default="", init=False)
+    _cumulative: float = field(default=0.0, init=False)
+
+    def event(self, msg: spb.GenerateResponse) -> dict | None:
+        """The event for one stream message, or None when it carries no output (lifecycle states)."""
+        if msg.HasField("prompt_text"):
+            self._pending_prompt += msg.prompt_text
+        if not msg.outputs:
+            return None
+        text = self._pending_prompt + "".join(o.text for o in msg.outputs)
+        self._pending_prompt = ""
+        logprobs = _token_logprobs(msg.outputs)
+        self._cumulative += sum(logprobs)
+        finish = _finish(msg.outputs)
+        cumulative = _final_cumulative(msg.outputs)
+        if cumulative is not None:
+            self._cumulative = cumulative
+        return self._object(text, logprobs, self._cumulative, finish)
+
+    def response(self, messages: Iterable[spb.GenerateResponse]) -> dict:
+        """The single /generate object for a whole stream's messages."""
+        parts: list[str] = []
+        logprobs: list[float] = []
+        finish = None
+        cumulative = None
+        for msg in messages:
+            if msg.HasField("prompt_text"):
+                parts.append(msg.prompt_text)
+            parts.extend(o.text for o in msg.outputs)
+            logprobs += _token_logprobs(msg.outputs)
+            finish = _finish(msg.outputs) or finish
+            final = _final_cumulative(msg.outputs)
+            cumulative = final if final is not None else cumulative
+        if cumulative is None:
+            cumulative = sum(logprobs)
+        return self._object("".join(parts), logprobs, cumulative, finish)
+
+    def _object(self, text: str, logprobs: list[float], cumulative: float, finish: str | None) -> dict:
+        return schema.GenerateResponse(
+            id=self.client_id,
+            model_name=self.model_name,
+            model_version=self.model_version,
+            text_output=text,
+            output_log_probs=logprobs if self.logprobs else None,
+            cum_log_probs=cumulative if self.logprobs else None,
+            finish_reason=finish,
+        ).dump()
+
+
+def _token_logprobs(outputs: Iterable[pb.SequenceOutput]) -> list[float]:
+    return [t.logprob for o in outputs for t in o.tokens if t.HasField("logprob")]
+
+
+def _finish(outputs: Iterable[pb.SequenceOutput]) -> str | None:
+    for o in outputs:
+        if o.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+            return FINISH_REASONS.get(o.finish_reason, "stop")
+    return None
+
+
+def _final_cumulative(outputs: Iterable[pb.SequenceOutput]) -> float | None:
+    for o in outputs:
+        if o.HasField("cumulative_logprob"):
+            return o.cumulative_logprob
+    return None
+
+
+# ----------------------------------------------------------------------------- metadata
+
+#: Outputs as the TensorRT-LLM ensemble declares them (plus finish_reason).
+OUTPUTS = (
+    schema.TensorMetadata(name="text_output", datatype="BYTES", shape=[-1]),
+    schema.TensorMetadata(name="output_log_probs", datatype="FP32", shape=[-1]),
+    schema.TensorMetadata(name="cum_log_probs", datatype="FP32", shape=[1]),
+    schema.TensorMetadata(name="finish_reason", datatype="BYTES", shape=[1]),
+)
+
+
+def model_metadata(served: ServedModel) -> dict:
+    """KServe v2 model metadata: name, versions, platform ("trellis_<engine>"), and the generate
+    inputs (text_input plus every canonical parameter) and outputs as tensors."""
+    inputs = [schema.TensorMetadata(name="text_input", datatype="BYTES", shape=[-1])]
+    inputs += [schema.TensorMetadata(name=p.name, datatype=p.datatype, shape=list(p.shape)) for p in PARAMETERS]
+    return schema.ModelMetadata(
+        name=served.name,
+        versions=[served.version],
+        platform=f"trellis_{served.engine}",
+        inputs=inputs,
+        outputs=list(OUTPUTS),
+    ).dump()
+
+
+def server_metadata(version: str) -> dict:
+    """KServe v2 server metadata; `generate` is the only extension served."""
+    return schema.ServerMetadata(name="trellis", version=version, extensions=["generate"]).dump()

@@ -1,0 +1,172 @@
+"""Pure translation between the `/ws` protocol and the core's Generate stream.
+
+Request side: one GenerateRequest per prompt (`to_generate_request`), with `session_id` set to
+the prompt's request_id so that the core continues a live session ("continue generation",
+DESIGN.md "Sessions"). Default precedence (written down once): a `generation_config` field the
+client set > the gateway's ".env" default > unset (the core's engine default).
+
+Response side: the core's lifecycle markers map 1:1 to the seed's events (DESIGN.md "The gRPC
+contract"): QUEUED -> ACCEPTED, SCHEDULED -> STARTED, PREFILLED -> INITIALIZED. Every message
+whose text delta is non-empty gives one PROGRESS event (when stream_response); a message whose
+delta is empty (the core holds back an incomplete UTF-8 character or a special token it leaves
+out) gives none, so the PROGRESS texts always concatenate to the generated text. COMPLETE is
+built from the final message (the one carrying `usage`) by `to_complete`, which the route calls
+once the call has ended cleanly.
+
+No I/O, clocks or ids in here: the route owns the socket and passes `PromptState` in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.status import GatewayError
+from gateways.ws.schema import GenerationConfig, PromptItem, WsRequest
+
+ACCEPTED = "ACCEPTED"
+STARTED = "STARTED"
+INITIALIZED = "INITIALIZED"
+PROGRESS = "PROGRESS"
+COMPLETE = "COMPLETE"
+ERROR = "ERROR"
+
+_STATE_EVENTS = {
+    pb.GENERATE_STATE_QUEUED: ACCEPTED,
+    pb.GENERATE_STATE_SCHEDULED: STARTED,
+    pb.GENERATE_STATE_PREFILLED: INITIALIZED,
+}
+
+_SAMPLING_FIELDS = ("num_beams", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "length_penalty")
+
+# Core field paths (google.rpc.BadRequest) -> this protocol's names, for ERROR texts.
+PARAM_TO_FIELD = {
+    **{f"sampling.{name}": f"generation_config.{name}" for name in _SAMPLING_FIELDS},
+    "stopping.max_new_tokens": "generation_config.max_new_tokens",
+    "text": "prompt",
+    "session_id": "request_id",
+    "request_id": "request_id",
+}
+
+
+def effective_config(given: GenerationConfig | None, defaults: GenerationConfig) -> GenerationConfig:
+    """Each field: the client's value if set, else the default's (which may be unset too)."""
+    if given is None:
+        return defaults
+    merged = {name: getattr(given, name) for name in GenerationConfig.model_fields}
+    for name, value in merged.items():
+        if value is None:
+            merged[name] = getattr(defaults, name)
+    return GenerationConfig.model_construct(**merged)
+
+
+def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationConfig) -> spb.GenerateRequest:
+    """The Generate call for one prompt of a batch.
+
+    `request_id` and `session_id` are both the prompt's request_id (the seed: "also used for
+    internal caching"). An empty prompt leaves the input unset: it can only continue a session,
+    and the core says so when there is none. only_new_tokens false asks the core to echo the
+    input sequence (`prompt_text`), which is the prompt, or for a continued session everything
+    generated so far.
+    """
+    cfg = effective_config(body.generation_config, defaults)
+    req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id)
+    if item.prompt:
+        req.text = item.prompt
+    sampling = req.sampling
+    for name in _SAMPLING_FIELDS:
+        value = getattr(cfg, name)
+        if value is not None:
+            setattr(sampling, name, value)
+    if cfg.max_new_tokens is not None:
+        req.stopping.max_new_tokens = cfg.max_new_tokens
+    if not body.new_tokens_only:
+        req.output.echo = True
+    return req
+
+
+@dataclass(slots=True)
+class PromptState:
+    """What one prompt's stream has produced so far (owned by the route, one per prompt).
+
+    Attributes:
+        request_id: the prompt's request_id.
+        only_new_tokens: COMPLETE/INITIALIZED texts without the input sequence.
+        stream_response: emit PROGRESS events.
+        prompt: the prompt as the client sent it (for error texts).
+        input_text: the core's `prompt_text` (the whole input sequence), when echoed.
+        parts: text deltas received, in order.
+        finish_reason: the sequence's finish reason once known.
+        final: the final message (has `usage`), once received.
+    """
+
+    request_id: str
+    only_new_tokens: bool = True
+    stream_response: bool = True
+    prompt: str = ""
+    input_text: str = ""
+    parts: list[str] = field(default_factory=list)
+    finish_reason: int = pb.FINISH_REASON_UNSPECIFIED
+    final: spb.GenerateResponse | None = None
+
+    @classmethod
+    def start(cls, body: WsRequest, item: PromptItem) -> PromptState:
+        """The initial state of a prompt of `body`."""
+        return cls(item.request_id, body.new_tokens_only, body.streaming, item.prompt)
+
+
+def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
+    """Events for one Generate message (lifecycle and PROGRESS; never COMPLETE), updating `state`."""
+    if msg.HasField("prompt_text"):
+        state.input_text = msg.prompt_text
+    events: list[dict] = []
+    kind = _STATE_EVENTS.get(msg.state)
+    if kind == INITIALIZED:
+        text = "" if state.only_new_tokens else state.input_text
+        events.append({"request_id": state.request_id, "type": INITIALIZED, "text": text})
+    elif kind is not None:
+        events.append({"request_id": state.request_id, "type": kind})
+    for out in msg.outputs:
+        if out.index != 0:  # the protocol has no n; the core never sends other indexes here
+            continue
+        if out.text:
+            state.parts.append(out.text)
+            if state.stream_response:
+                events.append({"request_id": state.request_id, "type": PROGRESS, "text": out.text})
+        if out.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+            state.finish_reason = out.finish_reason
+    if msg.HasField("usage"):
+        state.final = msg
+    return events
+
+
+def to_complete(state: PromptState) -> dict:
+    """The COMPLETE event (seed "Type COMPLETE") of a prompt whose call ended cleanly.
+
+    `text` is the generated text (only_new_tokens) or the input sequence followed by it;
+    `new_tokens_count` is usage.completion_tokens; `is_eos` is finish_reason EOS;
+    `execution_time` is the core's timing.total_ms in seconds (arrival at the core to the final
+    message, which excludes the gateway hop).
+
+    Raises:
+        GatewayError: INTERNAL when the stream ended without a final message.
+    """
+    final = state.final
+    if final is None:
+        raise GatewayError(
+            grpc.StatusCode.INTERNAL,
+            "The model server ended the generation without a final result.",
+            reason="INCOMPLETE_STREAM",
+        )
+    generated = "".join(state.parts)
+    return {
+        "request_id": state.request_id,
+        "type": COMPLETE,
+        "text": generated if state.only_new_tokens else state.input_text + generated,
+        "is_eos": state.finish_reason == pb.FINISH_REASON_EOS,
+        "new_tokens_count": final.usage.completion_tokens,
+        "execution_time": round(final.timing.total_ms / 1000.0, 6),
+    }

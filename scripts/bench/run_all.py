@@ -1,0 +1,329 @@
+"""`make bench`: every figure the project reports, measured in one run on this machine.
+
+Starts the core on the demo model and then, one at a time, each gateway and the baseline server
+(`transformers serve --continuous-batching` with an explicit small cache), and drives them with
+scripts/bench/loadgen.py's closed loop (64 new tokens per request, EOS ignored where the protocol
+allows). Comparisons alternate the two sides over several rounds and use the median, because the
+machine is shared and noisy: figures are reported as ratios against a baseline from this run.
+
+Figures:
+  core        output tokens/s at 1, 8 and 32 streams; 32-stream / 1-stream ratio; peak RSS
+  gateways    at 16 streams, gateway vs direct gRPC: tokens/s ratio, added TTFT and ITL p50
+  baseline    at 16 streams, core (gRPC) and the OpenAI gateway vs transformers serve: tokens/s
+              ratio and TTFT p50 of both
+  websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
+
+Usage: python scripts/bench/run_all.py --model models/demo [--out bench-results] [--rounds 3] [--skip baseline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A server process started for the benchmark, stopped with SIGTERM."""
+
+    def __init__(self, name: str, cmd: list[str], ready: str, env: dict | None = None, timeout: float = 300):
+        self.name = name
+        log = open(ROOT / "bench-results" / f"{name}.log", "w")
+        self.popen = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})}
+        )
+        self.log_path = Path(log.name)
+        deadline = time.monotonic() + timeout
+        while ready not in self.log_path.read_text(errors="replace"):
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{name} did not start; see {self.log_path}")
+            time.sleep(0.5)
+        print(f"started {name} (pid {self.popen.pid})", flush=True)
+
+    def peak_rss_mb(self) -> float:
+        """Peak resident set size (VmHWM) in MiB."""
+        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_seconds(self) -> float:
+        t = psutil.Process(self.popen.pid).cpu_times()
+        return t.user + t.system
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(60)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+
+
+def measure(client, concurrency: int, requests: int, label: str, max_new_tokens: int) -> Result:
+    result = asyncio.run(
+        run_load(client, concurrency, requests, warmup=4, label=label, max_new_tokens=max_new_tokens, progress=False)
+    )
+    print("  " + result.row(), flush=True)
+    return result
+
+
+def median_result(results: list[Result]) -> Result:
+    """The run with the median tokens/s."""
+    return sorted(results, key=lambda r: r.output_tokens_per_s)[len(results) // 2]
+
+
+def compare(
+    make_a, make_b, label_a: str, label_b: str, rounds: int, concurrency: int, requests: int, max_new_tokens: int
+) -> dict:
+    """Alternate A and B `rounds` times; report both medians and the B/A ratios and deltas."""
+    a_runs, b_runs = [], []
+    for _ in range(rounds):
+        a_runs.append(measure(make_a(), concurrency, requests, label_a, max_new_tokens))
+        b_runs.append(measure(make_b(), concurrency, requests, label_b, max_new_tokens))
+    a, b = median_result(a_runs), median_result(b_runs)
+    pairs = list(zip(a_runs, b_runs, strict=True))
+    return {
+        label_a: asdict(a),
+        label_b: asdict(b),
+        "tokens_per_s_ratio": b.output_tokens_per_s / a.output_tokens_per_s,
+        "added_ttft_p50_ms": statistics.median(y.ttft_ms["p50"] - x.ttft_ms["p50"] for x, y in pairs),
+        "added_itl_p50_ms": statistics.median(y.itl_ms["p50"] - x.itl_ms["p50"] for x, y in pairs),
+    }
+
+
+def main() -> int:
+    """Run every benchmark; writes bench-results/summary.json and prints a summary."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="models/demo")
+    p.add_argument("--out", default="bench-results")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--skip", default="", help="comma-separated: core,gateways,baseline,websocket")
+    args = p.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    out = ROOT / args.out
+    out.mkdir(exist_ok=True)
+    n = args.max_new_tokens
+    py = sys.executable
+    summary: dict = {"model": args.model, "max_new_tokens": n, "machine": {"cpus": os.cpu_count()}}
+    core_port = free_port()
+    core_addr = f"127.0.0.1:{core_port}"
+    core = Proc(
+        "core",
+        [
+            py,
+            "-m",
+            "core",
+            "--model",
+            args.model,
+            "--port",
+            str(core_port),
+            "--model-name",
+            "demo",
+            "--log-level",
+            "WARNING",
+        ],
+        ready="serving",
+    )
+    try:
+        if "core" not in skip:
+            print("== core: tokens/s at 1, 8 and 32 streams", flush=True)
+            runs = {
+                c: measure(GrpcClient(core_addr, n, chat=False), c, max(24, 4 * c), f"grpc c={c}", n)
+                for c in (1, 8, 32)
+            }
+            summary["core"] = {
+                "tokens_per_s": {str(c): r.output_tokens_per_s for c, r in runs.items()},
+                "ratio_32_vs_1": runs[32].output_tokens_per_s / runs[1].output_tokens_per_s,
+                "runs": {str(c): asdict(r) for c, r in runs.items()},
+            }
+        if "gateways" not in skip:
+            summary["gateways"] = {}
+            for name, cls, chat in (
+                ("lmi", LmiClient, False),
+                ("openai", OpenAIClient, True),
+                ("triton", TritonClient, False),
+            ):
+                port = free_port()
+                gw = Proc(
+                    f"gateway-{name}",
+                    [py, "-m", "gateways", name, "--core", core_addr, "--port", str(port), "--log-level", "WARNING"],
+                    ready="trellis-gateway",
+                )
+                try:
+                    print(f"== {name} gateway vs direct gRPC at 16 streams", flush=True)
+                    summary["gateways"][name] = compare(
+                        lambda chat=chat: GrpcClient(core_addr, n, chat=chat),
+                        lambda cls=cls, port=port: cls(f"http://127.0.0.1:{port}", n, "demo"),
+                        "grpc",
+                        name,
+                        args.rounds,
+                        16,
+                        96,
+                        n,
+                    )
+                finally:
+                    gw.stop()
+        if "websocket" not in skip and (ROOT / "scripts/bench/ws_events.py").exists():
+            port = free_port()
+            gw = Proc(
+                "gateway-ws",
+                [py, "-m", "gateways", "ws", "--core", core_addr, "--port", str(port), "--log-level", "WARNING"],
+                ready="trellis-gateway",
+            )
+            try:
+                print("== websocket gateway: events/s with 64 sockets x 4 prompts", flush=True)
+                ws_json = out / "ws_events.json"
+                subprocess.run(
+                    [
+                        py,
+                        "scripts/bench/ws_events.py",
+                        "--url",
+                        f"ws://127.0.0.1:{port}/ws",
+                        "--core-pid",
+                        str(core.popen.pid),
+                        "--gateway-pid",
+                        str(gw.popen.pid),
+                        "--output",
+                        str(ws_json),
+                    ],
+                    check=True,
+                    cwd=ROOT,
+                )
+                summary["websocket"] = json.loads(ws_json.read_text())
+            finally:
+                gw.stop()
+        if "baseline" not in skip:
+            summary["baseline"] = baseline(core_addr, args, out, n)
+        summary["core_peak_rss_mb"] = core.peak_rss_mb()
+    finally:
+        core.stop()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print_summary(summary)
+    return 0
+
+
+def baseline(core_addr: str, args, out: Path, n: int) -> dict:
+    """Ours (core over gRPC, and the OpenAI gateway) vs transformers serve --continuous-batching."""
+    py = sys.executable
+    serve_port, gw_port = free_port(), free_port()
+    cache = out / "hf-cache"
+    cache.mkdir(exist_ok=True)
+    serve_cmd = [
+        "transformers",
+        "serve",
+        str(ROOT / args.model),
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(serve_port),
+        "--continuous-batching",
+        "--cb-num-blocks",
+        "128",
+        "--cb-block-size",
+        "64",
+        "--cb-max-batch-tokens",
+        "2048",
+    ]
+    serve_env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+
+    class ServeClient(OpenAIClient):
+        ignore_eos = False  # transformers serve rejects the field
+
+    def run_serve() -> Result:
+        serve = Proc("transformers-serve", serve_cmd, ready="Uvicorn running", env=serve_env)
+        try:
+            return measure(
+                ServeClient(f"http://127.0.0.1:{serve_port}", n, str(ROOT / args.model)),
+                16,
+                96,
+                "transformers serve",
+                n,
+            )
+        finally:
+            serve.stop()
+
+    gw = None
+    results: dict[str, list[Result]] = {"grpc": [], "openai": [], "serve": []}
+    print("== baseline: transformers serve --continuous-batching at 16 streams", flush=True)
+    for _ in range(args.rounds):
+        results["serve"].append(run_serve())
+        gw = Proc(
+            "gateway-openai-baseline",
+            [py, "-m", "gateways", "openai", "--core", core_addr, "--port", str(gw_port), "--log-level", "WARNING"],
+            ready="trellis-gateway",
+        )
+        try:
+            results["grpc"].append(measure(GrpcClient(core_addr, n, chat=True), 16, 96, "grpc (chat)", n))
+            results["openai"].append(
+                measure(OpenAIClient(f"http://127.0.0.1:{gw_port}", n, "demo"), 16, 96, "openai gateway", n)
+            )
+        finally:
+            gw.stop()
+    med = {k: median_result(v) for k, v in results.items()}
+    theirs = med["serve"].output_tokens_per_s
+    return {
+        "runs": {k: asdict(v) for k, v in med.items()},
+        "core_vs_serve_tokens_per_s_ratio": med["grpc"].output_tokens_per_s / theirs,
+        "openai_gateway_vs_serve_tokens_per_s_ratio": med["openai"].output_tokens_per_s / theirs,
+        "ttft_p50_ms": {k: v.ttft_ms["p50"] for k, v in med.items()},
+    }
+
+
+def print_summary(s: dict) -> None:
+    print("\n==== summary ====")
+    if "core" in s:
+        t = s["core"]["tokens_per_s"]
+        print(
+            f"core tokens/s: 1 stream {t['1']:.0f}, 8 streams {t['8']:.0f}, 32 streams {t['32']:.0f}; "
+            f"32/1 = {s['core']['ratio_32_vs_1']:.1f}x"
+        )
+    for name, g in s.get("gateways", {}).items():
+        print(
+            f"{name} gateway vs gRPC at 16 streams: tokens/s ratio {g['tokens_per_s_ratio']:.3f}, "
+            f"added TTFT p50 {g['added_ttft_p50_ms']:+.2f} ms, added ITL p50 {g['added_itl_p50_ms']:+.2f} ms"
+        )
+    if "websocket" in s:
+        w = s["websocket"]
+        print(
+            f"websocket: {w.get('events_per_s', float('nan')):.0f} events/s; gateway/core CPU "
+            f"{w.get('gateway_to_core_cpu_ratio', float('nan')):.2f}"
+        )
+    if "baseline" in s:
+        b = s["baseline"]
+        print(
+            f"vs transformers serve at 16 streams: core {b['core_vs_serve_tokens_per_s_ratio']:.2f}x, "
+            f"openai gateway {b['openai_gateway_vs_serve_tokens_per_s_ratio']:.2f}x; TTFT p50 ms "
+            + ", ".join(f"{k} {v:.1f}" for k, v in b["ttft_p50_ms"].items())
+        )
+    if "core_peak_rss_mb" in s:
+        print(f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

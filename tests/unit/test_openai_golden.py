@@ -1,0 +1,79 @@
+"""Golden cases from the seed's examples (tests/golden/openai/*.json).
+
+Each file holds one case: `kind` "request" (body -> GenerateRequest), "completion" (scripted
+Generate stream -> chat.completion), "stream" (scripted stream -> chunks and wire bytes) or
+"error" (refused body -> status and error object). Inputs and expected GenerateRequests are
+proto-JSON. Set TRELLIS_UPDATE_GOLDEN=1 to rewrite the `expected` values from the current code
+(then review the diff against the seed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.status import GatewayError
+from gateways.openai import errors, routes, translate
+from gateways.openai.schema import parse_chat_request
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "openai"
+CASES = sorted(GOLDEN.glob("*.json"))
+UPDATE = os.environ.get("TRELLIS_UPDATE_GOLDEN") == "1"
+
+
+def _stream(case) -> list[spb.GenerateResponse]:
+    return [json_format.ParseDict(m, spb.GenerateResponse()) for m in case["stream"]]
+
+
+def _state(case) -> translate.StreamState:
+    return translate.state_for(
+        parse_chat_request(case["body"]),
+        completion_id=case["completion_id"],
+        created=case["created"],
+        model=case["model"],
+        finish_reasons=case["finish_reasons"],
+    )
+
+
+def _run(case) -> dict:
+    kind = case["kind"]
+    if kind == "request":
+        req = translate.to_generate_request(parse_chat_request(case["body"]), request_id=case["request_id"])
+        return {"expected": json_format.MessageToDict(req, preserving_proto_field_name=True)}
+    if kind == "completion":
+        return {"expected": translate.to_completion(_stream(case), _state(case))}
+    if kind == "stream":
+        state = _state(case)
+        chunks = [c for m in _stream(case) for c in translate.to_chunks(m, state)]
+        if state.include_usage:
+            chunks.append(translate.usage_chunk(state))
+        framing = case["framing"]
+        wire = (routes.encode(chunks, framing) + routes.end_of_stream(framing)).decode()
+        return {"expected": chunks, "expected_wire": wire}
+    if kind == "error":
+        with pytest.raises(GatewayError) as info:
+            parse_chat_request(case["body"])
+        resp = errors.render_before_stream(info.value)
+        return {"expected": {"status": resp.status, "body": json.loads(resp.body)}}
+    raise AssertionError(f"unknown golden kind {kind!r}")
+
+
+def test_golden_files_exist():
+    kinds = {json.loads(p.read_text())["kind"] for p in CASES}
+    assert kinds == {"request", "completion", "stream", "error"}
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_golden(path):
+    case = json.loads(path.read_text())
+    got = _run(case)
+    if UPDATE:
+        case.update(got)
+        path.write_text(json.dumps(case, indent=2, ensure_ascii=False) + "\n")
+    for key, value in got.items():
+        assert value == case[key], key
