@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("effective configuration: %s", json.dumps(config.redacted(), sort_keys=True))
     try:
+        if config.engine == "trtllm":  # MPI ranks > 0 of a multi-GPU engine serve no gRPC
+            from core.engine.trtllm import run_if_follower_rank
+
+            if run_if_follower_rank(config):
+                return 0
         return asyncio.run(_serve(config))
     except (RuntimeError, OSError, ValueError) as e:
         log.error("trellis-core cannot start: %s", e)

@@ -104,6 +104,8 @@ class CoreConfig:
     trt_iter_stats_max_iterations: int = 1000
     trt_request_stats_max_iterations: int = 0
     trt_await_timeout_ms: int = 5
+    trt_tensor_parallel_size: int = 1
+    trt_pipeline_parallel_size: int = 1
 
     @property
     def served_model_name(self) -> str:
@@ -230,6 +232,19 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         type=int,
         default=d.trt_await_timeout_ms,
         help="TensorRT-LLM: await_responses timeout of the awaiter thread",
+    )
+    p.add_argument(
+        "--trt-tensor-parallel-size",
+        type=int,
+        default=d.trt_tensor_parallel_size,
+        help="TensorRT-LLM LLM API (--engine trtllm-llm): GPUs per tensor-parallel group (engines built by "
+        "scripts/build_trtllm_engine.py carry their own)",
+    )
+    p.add_argument(
+        "--trt-pipeline-parallel-size",
+        type=int,
+        default=d.trt_pipeline_parallel_size,
+        help="TensorRT-LLM LLM API (--engine trtllm-llm): pipeline-parallel stages",
     )
     return p
 

@@ -122,7 +122,9 @@ def _token(t: TokenInfo) -> pb.Token:
     if t.logprob is not None:
         msg.logprob = t.logprob
     if t.top:
-        msg.top_logprobs.extend(pb.TopLogprob(id=a.id, text=a.text, bytes=a.bytes, logprob=a.logprob) for a in t.top)
+        msg.top_logprobs.extend(
+            pb.TopLogprob(id=a.id, text=a.text, bytes=a.bytes, logprob=a.logprob, special=a.special) for a in t.top
+        )
     return msg
 
 

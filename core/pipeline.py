@@ -13,6 +13,8 @@ protobuf; core.convert renders its deltas.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import secrets
 import time
@@ -46,6 +48,10 @@ from core.types import (
 from core.validation import Limits, resolve_max_new_tokens, validate_engine_support, validate_request
 
 log = logging.getLogger(__name__)
+
+# Engines key requests by an id of their own, so two clients choosing the same request_id (the
+# contract only echoes it) never collide inside an engine.
+_ENGINE_IDS = itertools.count()
 
 _STATE_ORDER = (RequestState.QUEUED, RequestState.SCHEDULED, RequestState.PREFILLED, RequestState.GENERATING)
 
@@ -178,7 +184,7 @@ class RequestPipeline:
         st = req.stopping
         encode_plain = self.tokenizer.encode
         engine_request = EngineRequest(
-            request_id=req.request_id,
+            request_id=f"{req.request_id}#{next(_ENGINE_IDS)}",
             prompt_ids=prompt_ids,
             sampling=sampling,
             max_new_tokens=max_new,
@@ -226,7 +232,9 @@ class RequestPipeline:
     def token_info(self, token_id: int, logprob: float | None, top: Sequence[tuple[int, float]] | None) -> TokenInfo:
         """A TokenInfo with text, raw bytes, special flag, logprob and alternatives."""
         tok = self.tokenizer
-        alts = [TopToken(i, tok.token_text(i), tok.token_bytes(i), lp) for i, lp in top] if top else []
+        alts = (
+            [TopToken(i, tok.token_text(i), tok.token_bytes(i), lp, tok.is_special(i)) for i, lp in top] if top else []
+        )
         return TokenInfo(
             token_id, tok.token_text(token_id), tok.token_bytes(token_id), tok.is_special(token_id), logprob, alts
         )
@@ -255,23 +263,32 @@ class _Run:
         prep = self.prep
         gen = self.p.engine.generate(prep.engine_request)
         try:
-            async for out in gen:
+            while not all(s.finished for s in self.seqs):
+                try:
+                    out = await self._next(gen)
+                except StopAsyncIteration:
+                    raise EngineFailure("The engine ended the request without finishing it.") from None
+                except TimeoutError:  # the time limit is spent while waiting (queued, or a slow step)
+                    out = EngineOutput(prep.engine_request.request_id, time=time.monotonic())
                 if out.error is not None:
-                    self.failed = True
                     raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
                 for delta in self._on_output(out):
                     yield delta
-                if all(s.finished for s in self.seqs):
-                    break
-            else:
-                self.failed = True
-                raise EngineFailure("The engine ended the request without finishing it.")
         except CoreError:
             self.failed = True
             raise
         finally:
             await gen.aclose()
             self._release_session()
+
+    async def _next(self, gen: AsyncIterator[EngineOutput]) -> EngineOutput:
+        """The engine's next output; TimeoutError once the request's time limit is spent (the
+        engine generator is then cancelled, which aborts the engine request)."""
+        if self.prep.deadline is None:
+            return await anext(gen)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(loop.time() + self.prep.deadline - time.monotonic()):
+            return await anext(gen)
 
     def _release_session(self) -> None:
         """Store the new sequence under the session key: deleted after EOS, unchanged after a
@@ -312,7 +329,8 @@ class _Run:
             deltas += self._states_up_to(out.state, now)
             if out.state is RequestState.PREFILLED and out.prompt_logprobs is not None:
                 deltas[-1].prompt_tokens = self._prompt_tokens(out.prompt_logprobs)
-        if not out.sequences and not out.finished:
+        expired = self.prep.deadline is not None and now >= self.prep.deadline
+        if not out.sequences and not out.finished and not expired:
             return deltas
         seq_deltas = []
         for step in out.sequences:
@@ -323,7 +341,7 @@ class _Run:
             for seq in self.seqs:
                 if seq.finished is None:
                     seq_deltas.append(self._finish(seq, FinishReason.CANCELLED, SequenceDelta(seq.index)))
-        if self.prep.deadline is not None and now >= self.prep.deadline:
+        if expired:
             for seq in self.seqs:
                 if seq.finished is None:
                     seq_deltas.append(self._finish(seq, FinishReason.TIME_LIMIT, SequenceDelta(seq.index)))

@@ -76,7 +76,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             has_chat_template=p.tokenizer.has_chat_template,
             accepts_images=False,
             max_num_beams=info.max_num_beams,
-            max_top_logprobs=20,
+            max_top_logprobs=info.max_top_logprobs,
             max_stop_sequences=p.limits.max_stop_sequences,
             greedy_defaults=greedy_pb,
             sampling_defaults=sampling_pb,

@@ -168,7 +168,9 @@ class EngineInfo:
     """Static facts and limits of a loaded engine (reported by GetModelInfo).
 
     `unsupported_sampling_fields` lists SamplingOptions fields the engine cannot honour at a
-    non-neutral value; validation refuses them.
+    non-neutral value; validation refuses them, as it refuses prompts longer than
+    `max_input_length` (None: only the context bounds them), more than `max_top_logprobs`
+    alternatives, and prompt logprobs where `supports_prompt_logprobs` is false.
     """
 
     engine: str
@@ -178,6 +180,9 @@ class EngineInfo:
     max_n: int = 16
     max_batch_size: int = 32
     unsupported_sampling_fields: frozenset[str] = frozenset()
+    max_input_length: int | None = None
+    max_top_logprobs: int = 20
+    supports_prompt_logprobs: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +270,7 @@ class TopToken:
     text: str
     bytes: bytes
     logprob: float
+    special: bool = False
 
 
 @dataclass(slots=True)

@@ -85,6 +85,18 @@ def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, 
                 "early_stopping only applies to beam search (num_beams > 1); leave it unset or false.",
                 field="sampling.early_stopping",
             )
+    top = req.output.top_logprobs or 0
+    if top > info.max_top_logprobs:
+        if info.max_top_logprobs == 0:
+            msg = f"The {info.engine} engine reports only the chosen token's logprob; use top_logprobs 0."
+        else:
+            msg = f"The {info.engine} engine reports at most {info.max_top_logprobs} top_logprobs, got {top}."
+        raise InvalidArgument(msg, field="output.top_logprobs")
+    if req.output.prompt_logprobs is not None and not info.supports_prompt_logprobs:
+        raise InvalidArgument(
+            f"prompt_logprobs is not available from the {info.engine} engine as it is running.",
+            field="output.prompt_logprobs",
+        )
     neutral = {
         "typical_p": 1.0,
         "min_p": 0.0,
@@ -108,6 +120,13 @@ def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limi
     """
     ctx = limits.engine.max_context_length
     field = _input_field(req)
+    max_input = limits.engine.max_input_length
+    if max_input is not None and prompt_len > max_input:
+        raise ContextLengthExceeded(
+            f"The prompt has {prompt_len} tokens, more than the {max_input} this engine accepts; "
+            "shorten the prompt or set truncate_input_tokens.",
+            field=field,
+        )
     if prompt_len >= ctx:
         raise ContextLengthExceeded(
             f"The prompt has {prompt_len} tokens, but the model's context is {ctx} tokens and at least one "

@@ -40,8 +40,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _serve(config: GatewayConfig, module) -> int:
-    app = module.make_app(config)
-    runner, port = await start_app(app, config.host, config.port)
+    try:
+        app = module.make_app(config)
+        runner, port = await start_app(app, config.host, config.port)
+    except (ValueError, OSError) as e:
+        log.error("trellis-gateway %s cannot start: %s", config.name, e)
+        return 2
     print(f"trellis-gateway {config.name} on http://{config.host}:{port} -> core {config.core}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

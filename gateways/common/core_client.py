@@ -61,10 +61,10 @@ class CoreClient:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info
 
-    async def serving(self, timeout: float = 2.0) -> bool:
-        """Whether the core answers grpc.health.v1 Check with SERVING."""
+    async def serving(self) -> bool:
+        """Whether the core answers grpc.health.v1 Check with SERVING (within 2 s)."""
         try:
-            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
         except grpc.RpcError:
             return False
         return resp.status == health_pb2.HealthCheckResponse.SERVING

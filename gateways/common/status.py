@@ -1,6 +1,7 @@
 """gRPC status -> HTTP status, and the gateway-side error type.
 
-The table is grpc-gateway's `HTTPStatusFromCode` (DESIGN.md "Errors, per schema"); a schema that
+The table is grpc-gateway's `HTTPStatusFromCode` (DESIGN.md "Errors, per schema") except for
+CANCELLED (see below); a schema that
 needs other numbers (LMI answers RESOURCE_EXHAUSTED with 503, as DJL does) passes overrides to
 `GatewayError.http_status`. `GatewayError.from_rpc_error` decodes the core's google.rpc details:
 the field named by BadRequest / ErrorInfo metadata "param", and the ErrorInfo reason.
@@ -16,7 +17,9 @@ from grpc_status import rpc_status
 
 GRPC_TO_HTTP: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.OK: 200,
-    grpc.StatusCode.CANCELLED: 499,
+    # A gateway renders CANCELLED only when the core cancelled the call (draining, shutdown): the
+    # gateway's own cancel comes after its response, so this is the server's failure, not 499.
+    grpc.StatusCode.CANCELLED: 503,
     grpc.StatusCode.UNKNOWN: 500,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,

@@ -277,10 +277,9 @@ def token_record(tok: pb.Token, text: str, *, tgi_compat: bool) -> dict[str, Any
 
 
 def alternative_records(tok: pb.Token, *, tgi_compat: bool) -> list[dict[str, Any]]:
-    """The alternatives of one position (`top_tokens`), most likely first. The core does not
-    flag special alternatives, so `special` is false for them in the TGI shape."""
+    """The alternatives of one position (`top_tokens`), most likely first."""
     if tgi_compat:
-        return [{"id": a.id, "text": a.text, "logprob": a.logprob, "special": False} for a in tok.top_logprobs]
+        return [{"id": a.id, "text": a.text, "logprob": a.logprob, "special": a.special} for a in tok.top_logprobs]
     return [{"id": a.id, "text": a.text, "log_prob": a.logprob} for a in tok.top_logprobs]
 
 

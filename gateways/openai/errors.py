@@ -1,7 +1,7 @@
 """OpenAI's error object, before and after the first byte (DESIGN.md "Errors, per schema").
 
 Before the stream starts: the HTTP status from `gateways.common.status.GRPC_TO_HTTP` (with
-DEFAULT_OVERRIDES and a caller's overrides on top) and the body
+a caller's overrides on top) and the body
 `{"error": {"message", "type", "param", "code"}}`. After it started: the same object in-band
 (`data: {"error": ...}` then `data: [DONE]` on SSE; one JSON line on jsonlines), since the
 status is already sent.
@@ -26,15 +26,11 @@ from gateways.common.status import GatewayError
 
 _TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
-# CANCELLED reaches a renderer only when the core cancelled the call (the gateway's own cancel
-# happens after the response is done), so it is the server's failure, not the client's 499.
-DEFAULT_OVERRIDES: dict[grpc.StatusCode, int] = {grpc.StatusCode.CANCELLED: 503}
-
 
 def http_status(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> int:
-    """The HTTP status of an error: the caller's overrides, then DEFAULT_OVERRIDES, then the
-    common table (gateways.common.status.GRPC_TO_HTTP)."""
-    return err.http_status({**DEFAULT_OVERRIDES, **(overrides or {})})
+    """The HTTP status of an error: the caller's overrides, then the common table
+    (gateways.common.status.GRPC_TO_HTTP)."""
+    return err.http_status(overrides)
 
 
 def error_type(status: int) -> str:

@@ -326,12 +326,25 @@ async def test_queue_full_is_resource_exhausted_before_any_message(tiny_model_di
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await generate(stub, body())
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        running.cancel()
         waiting.cancel()
+        await wait_queue_empty(server.engine)
+        # a time limit also ends a request that never left the queue
+        msgs = await generate(stub, body(stopping={"timeLimitMs": 200}))
+        assert msgs[-1].HasField("usage") and msgs[-1].usage.completion_tokens == 0
+        assert sequences(msgs)[0]["finish"] == pb.FINISH_REASON_TIME_LIMIT
+        running.cancel()
         await wait_idle(server.engine)
         await channel.close()
     finally:
         await server.stop(0)
+
+
+async def wait_queue_empty(engine) -> None:
+    for _ in range(1000):
+        if not engine.stats().queued:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the queue did not empty")
 
 
 def _grpcurl(*args: str) -> str:

@@ -532,12 +532,6 @@ async def test_server_pings_and_drops_a_silent_peer(start_gateway):
 # ---------------------------------------------------------------------------------------- core findings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: the HF engine keys running requests by the client's request_id, so a second concurrent "
-    "Generate with the same request_id fails INVALID_ARGUMENT ('already running'), although the contract only "
-    "says request_id is echoed and logged; two gateways (or two ws clients without sessions) can collide",
-)
 async def test_concurrent_calls_with_the_same_request_id_both_complete(stub):
     req = spb.GenerateRequest(
         request_id="same-id-twice",

@@ -127,6 +127,14 @@ def test_prompt_plus_max_new_tokens_must_fit_the_context(stopping, prompt_len, f
     assert "context" in info.value.message
 
 
+def test_engine_input_limit_names_the_input_field():
+    limits = dataclasses.replace(LIMITS, engine=dataclasses.replace(INFO, max_input_length=8))
+    assert resolve_max_new_tokens(req(), 8, limits, default=30) == 30
+    with pytest.raises(ContextLengthExceeded) as info:
+        resolve_max_new_tokens(req(text=None, token_ids=tuple(range(9))), 9, limits, default=30)
+    assert info.value.field == "token_ids"
+
+
 def test_min_new_tokens_must_not_exceed_max_new_tokens():
     with pytest.raises(InvalidArgument) as info:
         resolve_max_new_tokens(req(stopping=T(max_new_tokens=5, min_new_tokens=6)), 3, LIMITS, default=30)
@@ -151,6 +159,21 @@ def test_features_the_engine_cannot_honour_are_refused(sampling, info, field):
     r = req(sampling=sampling)
     with pytest.raises(InvalidArgument) as e:
         validate_engine_support(resolve_generic(sampling, random_seed=1), r, info)
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize(
+    "output, info, field",
+    [
+        (O(logprobs=True, top_logprobs=1), dataclasses.replace(INFO, max_top_logprobs=0), "output.top_logprobs"),
+        (O(logprobs=True, top_logprobs=6), dataclasses.replace(INFO, max_top_logprobs=5), "output.top_logprobs"),
+        (O(prompt_logprobs=0), dataclasses.replace(INFO, supports_prompt_logprobs=False), "output.prompt_logprobs"),
+    ],
+)
+def test_outputs_the_engine_cannot_produce_are_refused(output, info, field):
+    r = req(output=output)
+    with pytest.raises(InvalidArgument) as e:
+        validate_engine_support(resolve_generic(r.sampling, random_seed=1), r, info)
     assert e.value.field == field
 
 

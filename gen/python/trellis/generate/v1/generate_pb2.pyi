@@ -157,16 +157,18 @@ class OutputOptions(_message.Message):
     def __init__(self, logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., echo: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
-    __slots__ = ("id", "text", "bytes", "logprob")
+    __slots__ = ("id", "text", "bytes", "logprob", "special")
     ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
     id: int
     text: str
     bytes: bytes
     logprob: float
-    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., bytes: _Optional[bytes] = ..., logprob: _Optional[float] = ...) -> None: ...
+    special: bool
+    def __init__(self, id: _Optional[int] = ..., text: _Optional[str] = ..., bytes: _Optional[bytes] = ..., logprob: _Optional[float] = ..., special: _Optional[bool] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text", "bytes", "logprob", "top_logprobs", "special")

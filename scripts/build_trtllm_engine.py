@@ -1,0 +1,513 @@
+"""Build a TensorRT-LLM engine from a Hugging Face checkpoint, ready for `trellis-core --engine trtllm`.
+
+Runs the model family's `convert_checkpoint.py` (or `quantization/quantize.py` for FP8 / INT4-AWQ)
+from TensorRT-LLM's examples, then `trtllm-build`, and writes a serving manifest next to the
+engine. Flags and their TensorRT-LLM counterparts: `shared/reference/trtllm-executor.md` §3.
+TensorRT-LLM releases up to 1.2.x (and 1.3.0rc20) have the engine build path; later ones do
+not (see docs/tensorrt-llm.md).
+
+Usage:
+    python scripts/build_trtllm_engine.py --model <HF checkpoint dir> --output <dir> \\
+        --trtllm-examples <TensorRT-LLM>/examples [--dtype float16] [--tp 1] [--pp 1] \\
+        [--max-batch-size 32] [--max-input-len N] [--max-seq-len N] [--max-num-tokens N] \\
+        [--paged-kv | --no-paged-kv] [--use-paged-context-fmha | --no-use-paged-context-fmha] \\
+        [--quantization none|int8_wo|int4_wo|int8_kv|fp8|int4_awq] [--gather-context-logits] [--dry-run]
+
+Output layout:
+    <output>/engine/            config.json + rank{N}.engine (from trtllm-build)
+    <output>/tokenizer/         the checkpoint's tokenizer files
+    <output>/trellis-engine.json  the serving manifest (engine and tokenizer dirs, limits, build flags,
+                                  TensorRT-LLM version, the exact commands)
+Serve it with `trellis-core --engine trtllm --model <output>` (under `mpirun -n <tp*pp>` when
+tp * pp > 1). Inputs are checked before anything runs; `--dry-run` prints the exact commands.
+Exit status: 0 built (or dry run), 2 bad inputs, otherwise the failing step's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MANIFEST = "trellis-engine.json"  # core.engine.registry.ENGINE_MANIFEST
+
+# Hugging Face model_type -> TensorRT-LLM examples directory (convert_checkpoint.py lives there).
+FAMILIES = {
+    "llama": "llama",
+    "mistral": "llama",
+    "mixtral": "llama",
+    "qwen2": "qwen",
+    "qwen": "qwen",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+    "phi": "phi",
+    "phi3": "phi",
+    "gpt2": "gpt",
+    "falcon": "falcon",
+    "gptj": "gptj",
+    "gpt_neox": "gptneox",
+}
+QUANTIZATIONS = {
+    "none": [],
+    "int8_wo": ["--use_weight_only", "--weight_only_precision", "int8"],
+    "int4_wo": ["--use_weight_only", "--weight_only_precision", "int4"],
+    "int8_kv": ["--int8_kv_cache"],
+    # ModelOpt formats go through examples/quantization/quantize.py instead of convert_checkpoint.py.
+    "fp8": ["--qformat", "fp8", "--kv_cache_dtype", "fp8"],
+    "int4_awq": ["--qformat", "int4_awq"],
+}
+MODELOPT = {"fp8", "int4_awq"}
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+TOKENIZER_COPY = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tiktoken.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "config.json",
+)
+
+
+class InputError(Exception):
+    """Inputs that make the build impossible; each line of the message is one problem."""
+
+
+@dataclass
+class Plan:
+    """What will run: the commands in order, and what the manifest records."""
+
+    model: Path
+    output: Path
+    family: str
+    dtype: str
+    checkpoint_dir: Path
+    engine_dir: Path
+    commands: list[list[str]] = field(default_factory=list)
+    steps: list[str] = field(default_factory=list)
+    flags: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The script's flags."""
+    p = argparse.ArgumentParser(
+        prog="build_trtllm_engine.py",
+        description="Convert a Hugging Face checkpoint and build a TensorRT-LLM engine with a Trellis serving "
+        "manifest.",
+    )
+    p.add_argument("--model", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--output", required=True, help="output directory (engine/, tokenizer/, trellis-engine.json)")
+    p.add_argument(
+        "--trtllm-examples",
+        default=os.environ.get("TRTLLM_EXAMPLES_DIR"),
+        help="TensorRT-LLM's examples directory (a checkout matching the installed release) [env TRTLLM_EXAMPLES_DIR]",
+    )
+    p.add_argument(
+        "--family",
+        default="auto",
+        help=f"model family ({', '.join(sorted(set(FAMILIES.values())))}; default: from config.json model_type)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float16", "bfloat16", "float32"],
+        help="weights and activations (auto: the checkpoint's float16/bfloat16, else float16)",
+    )
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel GPUs")
+    p.add_argument("--max-batch-size", type=int, default=32, help="largest running batch (sequences)")
+    p.add_argument(
+        "--max-input-len", type=int, default=None, help="longest prompt in tokens (default: min(1024, max-seq-len - 1))"
+    )
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="prompt + generated tokens (default: the model's max_position_embeddings)",
+    )
+    p.add_argument(
+        "--max-num-tokens",
+        type=int,
+        default=None,
+        help="tokens batched per step after padding removal (default: trtllm-build's)",
+    )
+    p.add_argument(
+        "--paged-kv",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="paged KV cache (needed for in-flight batching)",
+    )
+    p.add_argument(
+        "--use-paged-context-fmha",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="paged context FMHA (needed for KV-cache block reuse and chunked context)",
+    )
+    p.add_argument(
+        "--quantization",
+        default="none",
+        choices=list(QUANTIZATIONS),
+        help="int8_wo/int4_wo: weight-only; int8_kv: INT8 KV cache; fp8, int4_awq: ModelOpt",
+    )
+    p.add_argument(
+        "--gather-context-logits",
+        action="store_true",
+        help="keep context logits (needed for prompt_logprobs; costs memory)",
+    )
+    p.add_argument("--python", default=sys.executable, help="interpreter that runs the conversion scripts")
+    p.add_argument("--workers", type=int, default=1, help="parallel build workers (trtllm-build --workers)")
+    p.add_argument(
+        "--work-dir", default=None, help="where the converted checkpoint goes (default: <output>/checkpoint)"
+    )
+    p.add_argument("--keep-checkpoint", action="store_true", help="keep the converted checkpoint")
+    p.add_argument("--force", action="store_true", help="build into a non-empty output directory")
+    p.add_argument("--dry-run", action="store_true", help="check inputs, print the exact commands, run nothing")
+    return p
+
+
+def _read_hf_config(model: Path, problems: list[str]) -> dict:
+    if not model.is_dir():
+        problems.append(f"--model {model}: no such directory")
+        return {}
+    config_file = model / "config.json"
+    if not config_file.is_file():
+        problems.append(f"--model {model}: no config.json (not a Hugging Face checkpoint)")
+        return {}
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        problems.append(f"{config_file}: not valid JSON ({e})")
+        return {}
+
+
+def _find_convert_script(examples: Path, family: str) -> Path | None:
+    for rel in (f"models/core/{family}", f"models/contrib/{family}", family):  # layout moved around 0.18
+        candidate = examples / rel / "convert_checkpoint.py"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _kv_cache_flags(help_text: str | None, paged: bool) -> list[str]:
+    """`--kv_cache_type` in recent trtllm-build, `--paged_kv_cache` (deprecated alias) before (§3.2)."""
+    if help_text is not None and "--kv_cache_type" not in help_text:
+        return ["--paged_kv_cache", "enable" if paged else "disable"]
+    return ["--kv_cache_type", "paged" if paged else "continuous"]
+
+
+def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
+    """Check every input and work out the commands.
+
+    Args:
+        args: parsed flags.
+        trtllm_build_help: `trtllm-build --help` output (None when trtllm-build is not
+            available; the recent flag names are then assumed).
+
+    Raises:
+        InputError: listing every problem found (missing files, unsupported family,
+            contradicting flags).
+    """
+    problems: list[str] = []
+    warnings: list[str] = []
+    model = Path(args.model).resolve()
+    output = Path(args.output).resolve()
+    hf = _read_hf_config(model, problems)
+    if hf and model.is_dir():
+        if not any(any(model.glob(p)) for p in WEIGHT_PATTERNS):
+            problems.append(f"--model {model}: no weights (*.safetensors or pytorch_model*.bin)")
+        if not any((model / f).is_file() for f in TOKENIZER_FILES):
+            problems.append(f"--model {model}: no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+
+    model_type = str(hf.get("model_type", "")) if hf else ""
+    family = args.family
+    if family == "auto":
+        family = FAMILIES.get(model_type, "")
+        if hf and not family:
+            problems.append(
+                f"model_type {model_type or '(none)'!r} is not a supported family; supported model types: "
+                f"{', '.join(sorted(FAMILIES))} (or pass --family)"
+            )
+    elif family not in set(FAMILIES.values()):
+        problems.append(f"--family {family}: unsupported; choose one of {', '.join(sorted(set(FAMILIES.values())))}")
+
+    dtype = args.dtype
+    if dtype == "auto":
+        source = str(hf.get("torch_dtype") or hf.get("dtype") or "")
+        dtype = source if source in ("float16", "bfloat16") else "float16"
+
+    for name in ("tp", "pp", "max_batch_size", "workers"):
+        if getattr(args, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be >= 1")
+    context = hf.get("max_position_embeddings") or hf.get("n_positions") if hf else None
+    max_seq_len = args.max_seq_len or context
+    if max_seq_len is None and hf:
+        problems.append("--max-seq-len is required: config.json has no max_position_embeddings")
+    if max_seq_len is not None and context and max_seq_len > context:
+        warnings.append(f"--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings {context}")
+    max_input_len = args.max_input_len
+    if max_input_len is None and max_seq_len:
+        max_input_len = min(1024, max_seq_len - 1)
+    if max_input_len is not None and max_seq_len is not None:
+        if max_input_len < 1:
+            problems.append("--max-input-len must be >= 1")
+        if max_input_len >= max_seq_len:
+            problems.append(
+                f"--max-input-len {max_input_len} must be less than --max-seq-len {max_seq_len} "
+                "(at least one token must be generated)"
+            )
+    if args.use_paged_context_fmha and not args.paged_kv:
+        problems.append("--use-paged-context-fmha needs --paged-kv (paged context FMHA reads the paged KV cache)")
+    if not args.paged_kv:
+        warnings.append("--no-paged-kv: in-flight batching with the executor needs a paged KV cache")
+    if not args.use_paged_context_fmha:
+        warnings.append("--no-use-paged-context-fmha: the engine cannot reuse KV-cache blocks or chunk long prompts")
+    if (
+        args.max_num_tokens is not None
+        and max_input_len is not None
+        and args.max_num_tokens < max_input_len
+        and not args.use_paged_context_fmha
+    ):
+        problems.append(
+            f"--max-num-tokens {args.max_num_tokens} is below --max-input-len {max_input_len}: long prompts would "
+            "need chunked context, which needs --use-paged-context-fmha"
+        )
+    if args.quantization != "none" and dtype == "float32":
+        problems.append(f"--quantization {args.quantization} needs --dtype float16 or bfloat16")
+    heads = hf.get("num_attention_heads") if hf else None
+    if heads and args.tp >= 1 and heads % args.tp:
+        problems.append(f"--tp {args.tp} must divide the model's {heads} attention heads")
+
+    examples = Path(args.trtllm_examples).resolve() if args.trtllm_examples else None
+    script = None
+    if examples is None:
+        problems.append("--trtllm-examples is required: TensorRT-LLM's examples directory (or TRTLLM_EXAMPLES_DIR)")
+    elif not examples.is_dir():
+        problems.append(f"--trtllm-examples {examples}: no such directory")
+    elif args.quantization in MODELOPT:
+        script = examples / "quantization" / "quantize.py"
+        if not script.is_file():
+            problems.append(f"{script}: not found (needed for --quantization {args.quantization})")
+    elif family:
+        script = _find_convert_script(examples, family)
+        if script is None:
+            problems.append(
+                f"no convert_checkpoint.py for family {family!r} under {examples} "
+                f"(looked in models/core/{family}, models/contrib/{family}, {family})"
+            )
+    if not Path(args.python).exists() and shutil.which(args.python) is None:
+        problems.append(f"--python {args.python}: not found")
+    if output.exists() and any(output.iterdir()) and not args.force and not args.dry_run:
+        problems.append(f"--output {output} is not empty (pass --force to build into it)")
+    if problems:
+        raise InputError("\n".join(problems))
+
+    checkpoint = Path(args.work_dir).resolve() if args.work_dir else output / "checkpoint"
+    engine = output / "engine"
+    convert = [
+        args.python,
+        str(script),
+        "--model_dir",
+        str(model),
+        "--output_dir",
+        str(checkpoint),
+        "--dtype",
+        dtype,
+        "--tp_size",
+        str(args.tp),
+        "--pp_size",
+        str(args.pp),
+    ]
+    convert += QUANTIZATIONS[args.quantization]
+    build = [
+        "trtllm-build",
+        "--checkpoint_dir",
+        str(checkpoint),
+        "--output_dir",
+        str(engine),
+        "--max_batch_size",
+        str(args.max_batch_size),
+        "--max_input_len",
+        str(max_input_len),
+        "--max_seq_len",
+        str(max_seq_len),
+        "--max_beam_width",
+        "1",
+    ]
+    if args.max_num_tokens is not None:
+        build += ["--max_num_tokens", str(args.max_num_tokens)]
+    build += _kv_cache_flags(trtllm_build_help, args.paged_kv)
+    build += ["--use_paged_context_fmha", "enable" if args.use_paged_context_fmha else "disable"]
+    if args.quantization != "fp8":  # FP8 checkpoints pick their GEMM plugin themselves
+        build += ["--gemm_plugin", dtype]
+    build += ["--gpt_attention_plugin", dtype]
+    if args.gather_context_logits:
+        build += ["--gather_context_logits"]
+    if args.workers > 1:
+        build += ["--workers", str(args.workers)]
+    what = "Quantizing" if args.quantization in MODELOPT else "Converting"
+    return Plan(
+        model=model,
+        output=output,
+        family=family,
+        dtype=dtype,
+        checkpoint_dir=checkpoint,
+        engine_dir=engine,
+        commands=[convert, build],
+        steps=[
+            f"{what} the checkpoint ({family}, {dtype}, tp {args.tp} x pp {args.pp})",
+            "Building the engine (trtllm-build)",
+        ],
+        flags={
+            "dtype": dtype,
+            "tp": args.tp,
+            "pp": args.pp,
+            "quantization": args.quantization,
+            "paged_kv": args.paged_kv,
+            "use_paged_context_fmha": args.use_paged_context_fmha,
+            "gather_context_logits": args.gather_context_logits,
+            "max_batch_size": args.max_batch_size,
+            "max_input_len": max_input_len,
+            "max_seq_len": max_seq_len,
+            "max_num_tokens": args.max_num_tokens,
+        },
+        warnings=warnings,
+    )
+
+
+def _serve_command(plan: Plan) -> str:
+    ranks = plan.flags["tp"] * plan.flags["pp"]
+    core = f"trellis-core --engine trtllm --model {shlex.quote(str(plan.output))}"
+    return f"mpirun -n {ranks} --allow-run-as-root {core}" if ranks > 1 else core
+
+
+def write_manifest(plan: Plan) -> dict:
+    """Copy the tokenizer next to the engine and write `trellis-engine.json`.
+
+    Limits come from the engine's config.json `build_config` (what trtllm-build actually used),
+    falling back to the requested values.
+    """
+    tokenizer_dir = plan.output / "tokenizer"
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_COPY:
+        src = plan.model / name
+        if src.is_file():
+            shutil.copy2(src, tokenizer_dir / name)
+    engine_config = json.loads((plan.engine_dir / "config.json").read_text())
+    build = engine_config.get("build_config") or {}
+    pretrained = engine_config.get("pretrained_config") or {}
+    limits = {
+        name: build.get(name, plan.flags.get(name))
+        for name in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens")
+    }
+    limits["max_beam_width"] = build.get("max_beam_width", 1)
+    limits["vocab_size"] = pretrained.get("vocab_size")
+    plugins = build.get("plugin_config") or {}
+    manifest = {
+        "format": 1,
+        "engine_dir": "engine",
+        "tokenizer_dir": "tokenizer",
+        "source_model": str(plan.model),
+        "model_family": plan.family,
+        "tensorrt_llm_version": engine_config.get("version", "unknown"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "tp": plan.flags["tp"],
+        "pp": plan.flags["pp"],
+        "limits": limits,
+        "use_paged_context_fmha": bool(plugins.get("use_paged_context_fmha", plan.flags["use_paged_context_fmha"])),
+        "gather_context_logits": bool(build.get("gather_context_logits", plan.flags["gather_context_logits"])),
+        "build_flags": plan.flags,
+        "commands": plan.commands,
+        "serve": _serve_command(plan),
+    }
+    (plan.output / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _check_engine(plan: Plan) -> None:
+    ranks = plan.flags["tp"] * plan.flags["pp"]
+    missing = [f"rank{r}.engine" for r in range(ranks) if not (plan.engine_dir / f"rank{r}.engine").is_file()]
+    if not (plan.engine_dir / "config.json").is_file():
+        missing.insert(0, "config.json")
+    if missing:
+        raise RuntimeError(f"trtllm-build finished but {plan.engine_dir} lacks {', '.join(missing)}")
+
+
+def _trtllm_build_help() -> str | None:
+    exe = shutil.which("trtllm-build")
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout + done.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    help_text = _trtllm_build_help()
+    try:
+        plan = plan_build(args, help_text)
+    except InputError as e:
+        print("build_trtllm_engine: cannot build:", file=sys.stderr)
+        for line in str(e).splitlines():
+            print(f"  - {line}", file=sys.stderr)
+        return 2
+    for w in plan.warnings:
+        print(f"build_trtllm_engine: warning: {w}", file=sys.stderr)
+    if args.dry_run:
+        if help_text is None:
+            print("# trtllm-build is not on PATH; assuming a recent release's flags", file=sys.stderr)
+        for command in plan.commands:
+            print(shlex.join(command))
+        return 0
+    if help_text is None:
+        print(
+            "build_trtllm_engine: cannot build:\n  - trtllm-build is not on PATH (install TensorRT-LLM <= 1.2.x, "
+            "or 1.3.0rc20)",
+            file=sys.stderr,
+        )
+        return 2
+    total = len(plan.commands) + 1
+    plan.output.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    for step, (title, command) in enumerate(zip(plan.steps, plan.commands, strict=True), start=1):
+        print(f"[{step}/{total}] {title}\n        $ {shlex.join(command)}", flush=True)
+        t0 = time.monotonic()
+        rc = subprocess.run(command, check=False).returncode
+        if rc != 0:
+            print(f"build_trtllm_engine: step {step}/{total} ({title}) failed with exit status {rc}", file=sys.stderr)
+            return rc
+        print(f"[{step}/{total}] done in {time.monotonic() - t0:.1f} s", flush=True)
+    print(f"[{total}/{total}] Writing {MANIFEST} and copying the tokenizer", flush=True)
+    try:
+        _check_engine(plan)
+        write_manifest(plan)
+    except (RuntimeError, OSError, json.JSONDecodeError) as e:
+        print(f"build_trtllm_engine: {e}", file=sys.stderr)
+        return 1
+    if not args.keep_checkpoint and not args.work_dir:
+        shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
+    print(f"Built {plan.engine_dir} in {time.monotonic() - started:.1f} s. Serve it with:\n    {_serve_command(plan)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1149 @@
+"""A faithful double of `tensorrt_llm.bindings.executor` (the C++ executor's Python bindings).
+
+Every behaviour below comes from `shared/reference/trtllm-executor.md` (cited as §N); §8 lists
+what a double must reproduce. `make_module(era)` returns a module-shaped object for one binding
+era, so the adapter's feature detection is exercised:
+
+  era  | versions     | names (§1.6, §1.8, §1.5)                                     | also
+  -----|--------------|---------------------------------------------------------------|-------------------------------
+  "E2" | 0.20-1.3rc   | keyword-only, max_tokens, seed, min_tokens, min_p,            | FinishReason has TIMED_OUT and
+       |              | CapacitySchedulerPolicy, num_return_sequences                | CANCELLED (§1.1); block reuse
+       |              |                                                               | on by default (§1.4)
+  "E1" | 0.11-0.19    | keyword-only; accepts both max_tokens/max_new_tokens,        | FinishReason has 4 values
+       |              | seed/random_seed, min_tokens/min_length (old names logged    | (§1.1); no min_p
+       |              | as deprecated, new name wins)                                 |
+  "E0" | 0.9-0.10     | positional-or-keyword, only max_new_tokens/random_seed/      | no FinishReason, no
+       |              | min_length; SchedulerPolicy + SchedulerConfig(policy=)       | finish_reasons/sequence_index
+       |              |                                                               | in Result (§1.9); ExecutorConfig
+       |              |                                                               | without max_batch_size,
+       |              |                                                               | max_num_tokens, max_queue_size
+
+The fake "GPU" is an execution-loop thread (§1.2 thread model) stepping a FakeModel: one token
+per active sequence per iteration, context phases split by max_num_tokens when chunked context
+is on. Things the reference marks [UNCONFIRMED] are modelled as noted where they occur.
+
+Test hooks (not part of the real API) are prefixed `fake_`: pause/resume the loop, fail the
+next forward step, kill the executor, and inspect what the adapter sent (`fake_requests`,
+`fake_cancel_calls`).
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import enum
+import inspect
+import itertools
+import json
+import logging
+import math
+import random
+import threading
+import time
+import types
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from tests.fakes.trtllm_model import FakeModel
+
+log = logging.getLogger("tensorrt_llm.fake")
+
+_EMPTY = inspect.Parameter.empty
+K_MAX_BEAM_WIDTH = 1024
+ERAS = ("E0", "E1", "E2")
+VERSIONS = {"E0": "0.10.0", "E1": "0.15.0", "E2": "1.0.0"}
+
+
+def _signature(positional: Sequence[tuple[str, object]], keyword_only: Sequence[tuple[str, object]] = ()):
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d) for n, d in positional]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d in keyword_only]
+    return inspect.Signature(params)
+
+
+def _bind(sig: inspect.Signature, cls_name: str, args, kwargs) -> dict:
+    """Bind like pybind11 does: wrong arguments raise TypeError ("incompatible constructor
+    arguments")."""
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(
+            f"{cls_name}.__init__(): incompatible constructor arguments ({e}). Invoked with: "
+            f"{args!r}, kwargs: {kwargs!r}"
+        ) from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _check(cond: bool, what: str) -> None:
+    """TLLM_CHECK: surfaces in Python as RuntimeError (§1.6; the exact type is [UNCONFIRMED])."""
+    if not cond:
+        raise RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: {what}")
+
+
+def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None = None) -> types.ModuleType:
+    """A module-shaped fake of `tensorrt_llm.bindings.executor` for one binding era.
+
+    Args:
+        era: "E0", "E1" or "E2" (see the module docstring).
+        rank: this process's MPI rank; only rank 0 may enqueue (leader mode, §1.14).
+        first_request_id: the first id `enqueue_request` returns (default random, so tests
+            cannot depend on it: §8 "Don't let tests depend on the first id value").
+    """
+    if era not in ERAS:
+        raise ValueError(f"era must be one of {ERAS}")
+    m = types.ModuleType("tensorrt_llm.bindings.executor")
+    m.fake_era = era
+    m.fake_rank = rank
+    m.fake_instances = []
+    m.fake_leader_shutdown = threading.Event()
+    m.fake_first_request_id = first_request_id if first_request_id is not None else random.randrange(1, 1 << 20)
+    if era != "E0":
+        m.__version__ = VERSIONS[era]  # §1 "trtllm.__version__ is the C++ version string (E1+)"
+
+    # ------------------------------------------------------------------ enums (§1.1)
+    m.ModelType = enum.IntEnum(
+        "ModelType",
+        {"DECODER_ONLY": 0} if era == "E0" else {"DECODER_ONLY": 0, "ENCODER_ONLY": 1, "ENCODER_DECODER": 2},
+    )
+    if era != "E0":
+        reasons = {"NOT_FINISHED": 0, "END_ID": 1, "STOP_WORDS": 2, "LENGTH": 3}
+        if era == "E2":
+            reasons |= {"TIMED_OUT": 4, "CANCELLED": 5}
+        m.FinishReason = enum.IntEnum("FinishReason", reasons)
+    policy = enum.IntEnum(
+        "CapacitySchedulerPolicy", {"MAX_UTILIZATION": 0, "GUARANTEED_NO_EVICT": 1, "STATIC_BATCH": 2}
+    )
+    if era == "E0":
+        policy = enum.IntEnum("SchedulerPolicy", {"MAX_UTILIZATION": 0, "GUARANTEED_NO_EVICT": 1})
+        m.SchedulerPolicy = policy
+    else:
+        m.CapacitySchedulerPolicy = policy
+    m.BatchingType = enum.IntEnum("BatchingType", {"STATIC": 0, "INFLIGHT": 1})
+    m.RequestStage = enum.IntEnum(
+        "RequestStage",
+        {
+            "QUEUED": 0,
+            "ENCODER_IN_PROGRESS": 1,
+            "CONTEXT_IN_PROGRESS": 2,
+            "GENERATION_IN_PROGRESS": 3,
+            "GENERATION_COMPLETE": 4,
+        },
+    )
+
+    # ------------------------------------------------------------------ SamplingConfig (§1.6)
+    canonical = [
+        "top_k",
+        "top_p",
+        "top_p_min",
+        "top_p_reset_ids",
+        "top_p_decay",
+        "seed",
+        "temperature",
+        "min_tokens",
+        "beam_search_diversity_rate",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "length_penalty",
+        "early_stopping",
+    ]
+    if era == "E0":
+        names = [{"seed": "random_seed", "min_tokens": "min_length"}.get(n, n) for n in canonical]
+        sc_sig = _signature([("beam_width", 1)] + [(n, None) for n in names])
+        sc_aliases = {"random_seed": "seed", "min_length": "min_tokens"}
+        sc_readable = {"beam_width", *names}
+    else:
+        extra = ["no_repeat_ngram_size", "num_return_sequences"] + (["min_p"] if era == "E2" else [])
+        kw = canonical + extra + (["random_seed", "min_length"] if era == "E1" else [])
+        sc_sig = _signature([("beam_width", 1)], [(n, None) for n in kw])
+        sc_aliases = {"random_seed": "seed", "min_length": "min_tokens"} if era == "E1" else {}
+        sc_readable = {"beam_width", *canonical, *extra, *sc_aliases}
+
+    class SamplingConfig:
+        """§1.6: all fields Optional, None = runtime default, unset fields read back None;
+        validated in the constructor (TLLM_CHECK)."""
+
+        def __init__(self, *args, **kwargs):
+            v = _bind(sc_sig, "SamplingConfig", args, kwargs)
+            for old, new in sc_aliases.items():
+                if era == "E1" and v.get(old) is not None:
+                    log.warning("%s is being deprecated; please use %s instead.", old, new)
+                    if v.get(new) is None:  # §1.6 "the new name wins if both given"
+                        v[new] = v[old]
+                if old in v:
+                    value = v.pop(old)
+                    if era == "E0":
+                        v[new] = value
+            seed = v.get("seed")
+            if seed is not None and not (isinstance(seed, int) and 0 <= seed < 1 << 64):
+                raise TypeError(f"SamplingConfig: seed must be an unsigned 64-bit int, got {seed!r}")
+            self._v = v
+            self._validate()
+
+        def _validate(self) -> None:
+            g = self._v.get
+            _check(0 < g("beam_width") <= K_MAX_BEAM_WIDTH, "beamWidth > 0")
+            _check(g("top_k") is None or g("top_k") >= 0, "topK >= 0")
+            _check(g("top_p") is None or 0 < g("top_p") <= 1, "topP > 0.f && topP <= 1.f")
+            _check(g("top_p_min") is None or 0 <= g("top_p_min") <= 1, "topPMin")
+            _check(g("top_p_reset_ids") is None or g("top_p_reset_ids") >= 0, "topPResetIds >= 0")
+            _check(g("top_p_decay") is None or 0 < g("top_p_decay") <= 1, "topPDecay")
+            _check(g("temperature") is None or g("temperature") >= 0, "temperature >= 0")
+            _check(g("min_tokens") is None or g("min_tokens") >= 0, "minTokens >= 0")
+            _check(g("repetition_penalty") is None or g("repetition_penalty") > 0, "repetitionPenalty > 0")
+            _check(g("length_penalty") is None or g("length_penalty") >= 0, "lengthPenalty >= 0")
+            _check(g("early_stopping") is None or g("early_stopping") >= 0, "earlyStopping >= 0")
+            _check(g("no_repeat_ngram_size") is None or g("no_repeat_ngram_size") >= 0, "noRepeatNgramSize >= 0")
+            _check(
+                g("beam_search_diversity_rate") is None or g("beam_search_diversity_rate") >= 0,
+                "beamSearchDiversityRate >= 0",
+            )
+            nrs = g("num_return_sequences")
+            _check(
+                nrs is None or (nrs > 0 and (g("beam_width") == 1 or nrs <= g("beam_width"))),
+                "numReturnSequences > 0 && (beamWidth == 1 || numReturnSequences <= beamWidth)",
+            )
+            _check(g("min_p") is None or 0 <= g("min_p") <= 1, "minP >= 0 && minP <= 1")
+
+        def __getattr__(self, name):
+            if name.startswith("_") or name not in sc_readable:
+                raise AttributeError(name)
+            return self._v.get(sc_aliases.get(name, name))
+
+        def __setattr__(self, name, value):
+            if name == "_v":
+                object.__setattr__(self, name, value)
+            elif era == "E0" or name not in sc_readable:
+                raise AttributeError(f"can't set attribute {name!r}")  # E0 properties were read-only
+            else:
+                self._v[sc_aliases.get(name, name)] = value
+                self._validate()
+
+        def __repr__(self):
+            return f"SamplingConfig({ {k: v for k, v in self._v.items() if v is not None} })"
+
+    m.SamplingConfig = SamplingConfig
+
+    # ------------------------------------------------------------------ OutputConfig (§1.7)
+    oc_fields = [
+        ("return_log_probs", False),
+        ("return_context_logits", False),
+        ("return_generation_logits", False),
+        ("exclude_input_from_output", False),
+    ]
+    if era != "E0":
+        oc_fields += [("return_encoder_output", False), ("return_perf_metrics", False)]
+    oc_sig = _signature(oc_fields)
+
+    class OutputConfig:
+        """§1.7: read/write attributes."""
+
+        def __init__(self, *args, **kwargs):
+            self.__dict__.update(_bind(oc_sig, "OutputConfig", args, kwargs))
+
+    m.OutputConfig = OutputConfig
+
+    # ------------------------------------------------------------------ Request (§1.8)
+    common_req = [
+        ("streaming", False),
+        ("sampling_config", None),
+        ("output_config", None),
+        ("end_id", None),
+        ("pad_id", None),
+        ("bad_words", None),
+        ("stop_words", None),
+        ("embedding_bias", None),
+        ("prompt_tuning_config", None),
+        ("lora_config", None),
+        ("logits_post_processor_name", None),
+    ]
+    if era == "E0":
+        req_sig = _signature([("input_token_ids", _EMPTY), ("max_new_tokens", _EMPTY), *common_req])
+    else:
+        later = [("client_id", None), ("return_all_generated_tokens", False), ("priority", 0.5)]
+        if era == "E1":
+            req_sig = _signature(
+                [("input_token_ids", _EMPTY)], [("max_tokens", None), ("max_new_tokens", None), *common_req, *later]
+            )
+        else:
+            req_sig = _signature(
+                [("input_token_ids", _EMPTY), ("max_tokens", _EMPTY)], [*common_req, *later, ("allotted_time_ms", None)]
+            )
+
+    class Request:
+        """§1.8: constructor names by era; read-only properties."""
+
+        def __init__(self, *args, **kwargs):
+            v = _bind(req_sig, "Request", args, kwargs)
+            if era == "E1":
+                if v.get("max_new_tokens") is not None:
+                    log.warning("max_new_tokens is being deprecated; please use max_tokens instead.")
+                    if v.get("max_tokens") is None:
+                        v["max_tokens"] = v["max_new_tokens"]
+                if v.get("max_tokens") is None:
+                    raise TypeError("Request.__init__(): missing required argument max_tokens")
+                v.pop("max_new_tokens")
+            elif era == "E0":
+                v["max_tokens"] = v.pop("max_new_tokens")
+            ids = v["input_token_ids"]
+            _check(isinstance(ids, list) and len(ids) > 0, "inputTokenIds must not be empty")
+            _check(isinstance(v["max_tokens"], int) and v["max_tokens"] > 0, "maxTokens > 0")
+            if v["sampling_config"] is None:
+                v["sampling_config"] = SamplingConfig()
+            if v["output_config"] is None:
+                v["output_config"] = OutputConfig()
+            for words in ("bad_words", "stop_words"):
+                w = v.get(words)
+                _check(w is None or all(isinstance(x, list) and x for x in w), f"{words}: list of non-empty lists")
+            object.__setattr__(self, "_v", v)
+
+        def __getattr__(self, name):
+            v = object.__getattribute__(self, "_v")
+            if name == "max_new_tokens" and era != "E2":
+                return v["max_tokens"]
+            if name == "max_tokens" and era == "E0":
+                raise AttributeError(name)
+            if name in v:
+                return v[name]
+            raise AttributeError(name)
+
+        def __setattr__(self, name, value):
+            raise AttributeError(f"can't set attribute {name!r}")
+
+    m.Request = Request
+
+    # ------------------------------------------------------------------ Result / Response (§1.9)
+    result_fields = [
+        "is_final",
+        "output_token_ids",
+        "cum_log_probs",
+        "log_probs",
+        "context_logits",
+        "generation_logits",
+    ]
+    if era != "E0":
+        result_fields += ["finish_reasons", "sequence_index", "is_sequence_final", "decoding_iter"]
+
+    class Result:
+        """§1.9: read/write struct, constructible for tests; E0 lacks finish_reasons and
+        sequence fields."""
+
+        __slots__ = tuple(result_fields)
+
+        def __init__(self):
+            self.is_final = False
+            self.output_token_ids = []
+            self.cum_log_probs = None
+            self.log_probs = None
+            self.context_logits = None
+            self.generation_logits = None
+            if era != "E0":
+                self.finish_reasons = []
+                self.sequence_index = 0
+                self.is_sequence_final = False
+                self.decoding_iter = 0
+
+    m.Result = Result
+
+    class Response:
+        """§1.9: `has_error()` is a method; `error_msg` / `result` throw when absent."""
+
+        def __init__(self, request_id: int, error_msg_or_result, client_id: int | None = None):
+            self._id = request_id
+            self._client_id = client_id
+            self._error = error_msg_or_result if isinstance(error_msg_or_result, str) else None
+            self._result = None if self._error is not None else error_msg_or_result
+
+        @property
+        def request_id(self) -> int:
+            return self._id
+
+        def has_error(self) -> bool:
+            return self._error is not None
+
+        @property
+        def error_msg(self) -> str:
+            _check(self._error is not None, "Cannot get the error message: the response has no error")
+            return self._error
+
+        @property
+        def result(self):
+            _check(self._error is None, f"Cannot get the result of a response with an error: {self._error}")
+            return self._result
+
+        def __repr__(self):
+            return f"Response(id={self._id}, error={self._error!r}, result={self._result!r})"
+
+    if era != "E0":
+        Response.client_id = property(lambda self: self._client_id)
+    m.Response = Response
+
+    # ------------------------------------------------------------------ configs (§1.3-1.5)
+    kv_sig = _signature(
+        [
+            ("enable_block_reuse", era == "E2"),
+            ("max_tokens", None),
+            ("max_attention_window", None),
+            ("sink_token_length", None),
+            ("free_gpu_memory_fraction", None),
+            ("host_cache_size", None),
+            ("onboard_blocks", True),
+        ]
+    )
+
+    class KvCacheConfig:
+        """§1.4: enable_block_reuse defaults to False before E2 and True in E2."""
+
+        def __init__(self, *args, **kwargs):
+            v = _bind(kv_sig, "KvCacheConfig", args, kwargs)
+            f = v["free_gpu_memory_fraction"]
+            _check(f is None or 0 < f <= 1, "freeGpuMemoryFraction in (0, 1]")
+            self.__dict__.update(v)
+
+    m.KvCacheConfig = KvCacheConfig
+
+    if era == "E0":
+        sched_sig = _signature([("policy", policy.GUARANTEED_NO_EVICT)])
+    else:
+        sched_sig = _signature(
+            [
+                ("capacity_scheduler_policy", policy.GUARANTEED_NO_EVICT),
+                ("context_chunking_policy", None),
+                ("dynamic_batch_config", None),
+            ]
+        )
+
+    class SchedulerConfig:
+        """§1.5: read-only properties; E0 calls the policy `policy`."""
+
+        def __init__(self, *args, **kwargs):
+            object.__setattr__(self, "_v", _bind(sched_sig, "SchedulerConfig", args, kwargs))
+
+        def __getattr__(self, name):
+            v = object.__getattribute__(self, "_v")
+            if name in v:
+                return v[name]
+            raise AttributeError(name)
+
+        def __setattr__(self, name, value):
+            raise AttributeError(f"can't set attribute {name!r}")
+
+    m.SchedulerConfig = SchedulerConfig
+
+    ec_fields = [
+        ("max_beam_width", 1),
+        ("scheduler_config", None),
+        ("kv_cache_config", None),
+        ("enable_chunked_context", False),
+        ("normalize_log_probs", True),
+        ("iter_stats_max_iterations", 1000),
+        ("request_stats_max_iterations", 0),
+        ("batching_type", m.BatchingType.INFLIGHT),
+        ("parallel_config", None),
+        ("peft_cache_config", None),
+    ]
+    if era != "E0":
+        ec_fields += [
+            ("max_batch_size", None),
+            ("max_num_tokens", None),
+            ("logits_post_processor_config", None),
+            ("decoding_config", None),
+            ("gpu_weights_percent", 1.0),
+            ("max_queue_size", None),
+            ("recv_poll_period_ms", 0),
+            ("max_seq_idle_microseconds", 180_000_000),
+        ]
+    if era == "E2":
+        ec_fields += [("gather_generation_logits", False)]
+    ec_sig = _signature(ec_fields)
+    ec_names = {n for n, _ in ec_fields}
+
+    class ExecutorConfig:
+        """§1.3: keyword constructor, every field also a read/write property; fields a version
+        lacks do not exist (so `hasattr` feature-detects them)."""
+
+        def __init__(self, *args, **kwargs):
+            v = _bind(ec_sig, "ExecutorConfig", args, kwargs)
+            if v["scheduler_config"] is None:
+                v["scheduler_config"] = SchedulerConfig()
+            if v["kv_cache_config"] is None:
+                v["kv_cache_config"] = KvCacheConfig()
+            self.__dict__.update(v)
+
+        def __setattr__(self, name, value):
+            if name not in ec_names:
+                raise AttributeError(f"'ExecutorConfig' object has no attribute {name!r}")
+            self.__dict__[name] = value
+
+    m.ExecutorConfig = ExecutorConfig
+
+    # ------------------------------------------------------------------ stats (§1.13)
+    m.KvCacheStats = types.SimpleNamespace
+    m.InflightBatchingStats = types.SimpleNamespace
+
+    class IterationStats(types.SimpleNamespace):
+        """§1.13 fields; `to_json_str()`."""
+
+        def to_json_str(self) -> str:
+            def plain(x):
+                return vars(x) if isinstance(x, types.SimpleNamespace) else str(x)
+
+            return json.dumps(vars(self), default=plain)
+
+    m.IterationStats = IterationStats
+    m.RequestStats = types.SimpleNamespace
+    m.RequestStatsPerIteration = types.SimpleNamespace
+
+    m.Executor = _make_executor_class(m, era)
+    return m
+
+
+class _Seq:
+    """One returned sequence (a child request when num_return_sequences > 1, §1.6)."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.generated: list[int] = []
+        self.logprobs: list[float] = []
+        self.sent = 0  # generated tokens already delivered (streaming)
+        self.done = False
+        self.reason = 0  # FinishReason value
+
+
+class _Live:
+    """A request inside the fake executor."""
+
+    def __init__(self, rid: int, req, n: int):
+        self.id = rid
+        self.req = req
+        self.seqs = [_Seq(i) for i in range(n)]
+        self.context_done = 0  # prompt tokens processed
+        self.max_tokens = object.__getattribute__(req, "_v")["max_tokens"]  # any era's name
+        self.first_response_sent = False
+        self.finals_sent = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.seqs)
+
+
+def _make_executor_class(m: types.ModuleType, era: str):
+    FinishReason = getattr(m, "FinishReason", None)
+
+    def reason(name: str):
+        if FinishReason is None:  # E0 has no finish reasons at all
+            return 0
+        return FinishReason[name] if hasattr(FinishReason, name) else FinishReason.NOT_FINISHED
+
+    class Executor:
+        """§1.2. Constructors: (engine dir, model type, config) reading the directory's config.json,
+        or (engine bytes, config.json text, model type, config); methods as tabled there."""
+
+        def __init__(self, *args):
+            if len(args) == 4 and isinstance(args[0], bytes | bytearray):  # (engine_buffer, json_config_str, ...)
+                cfg = json.loads(args[1])
+                model_type, executor_config = args[2], args[3]
+            elif len(args) == 3:  # (model_path, model_type, executor_config)
+                path = Path(args[0])
+                cfg_file = path / "config.json"
+                if not cfg_file.is_file() or not (path / "rank0.engine").is_file():
+                    raise RuntimeError(f"[TensorRT-LLM][ERROR] File does not exist: {cfg_file}")
+                cfg = json.loads(cfg_file.read_text())
+                model_type, executor_config = args[1], args[2]
+            else:
+                raise TypeError(f"Executor.__init__(): incompatible constructor arguments: {args!r}")
+            _check(model_type == m.ModelType.DECODER_ONLY, "fake executor: decoder-only engines only")
+            build = cfg.get("build_config", {})
+            pre = cfg.get("pretrained_config", {})
+            mapping = pre.get("mapping", {})
+            tp = int(mapping.get("tp_size", 1))
+            world = tp * int(mapping.get("pp_size", 1))
+            _check(world == 1 or m.fake_rank < world, "world size must equal tp * pp")
+            self._vocab = int(math.ceil(int(pre["vocab_size"]) / tp) * tp)  # §3.4 padded vocab
+            self._max_input_len = int(build["max_input_len"])
+            self._max_seq_len = int(build["max_seq_len"])
+            self._max_beam_width = int(build.get("max_beam_width", 1))
+            self._gather_context = bool(build.get("gather_context_logits", False))
+            self._paged_context_fmha = bool(build.get("plugin_config", {}).get("use_paged_context_fmha", False))
+            ec = executor_config
+            _check(ec.max_beam_width <= self._max_beam_width, "maxBeamWidth <= engine's max_beam_width")
+            self._max_batch = int(getattr(ec, "max_batch_size", None) or build.get("max_batch_size", 8))
+            self._max_batch = min(self._max_batch, int(build.get("max_batch_size", self._max_batch)))
+            self._max_num_tokens = int(getattr(ec, "max_num_tokens", None) or build.get("max_num_tokens", 8192))
+            self._max_queue = getattr(ec, "max_queue_size", None)
+            self._chunked = bool(ec.enable_chunked_context)
+            if self._chunked:
+                _check(self._paged_context_fmha, "Chunked context requires paged context FMHA")
+            if ec.kv_cache_config.enable_block_reuse:
+                _check(self._paged_context_fmha, "KV cache block reuse requires paged context FMHA")
+            sched = ec.scheduler_config
+            self._policy = sched.policy if era == "E0" else sched.capacity_scheduler_policy
+            self._normalize = ec.normalize_log_probs
+            self.config = ec
+            self.model = FakeModel(self._vocab)
+            self.fake_requests: dict[int, object] = {}
+            self.fake_cancel_calls: list[int] = []
+            self.fake_step_seconds = 0.001
+            self._ids = itertools.count(m.fake_first_request_id)
+            self._cv = threading.Condition()
+            self._queue: collections.deque[_Live] = collections.deque()
+            self._active: list[_Live] = []
+            self._ready: collections.deque = collections.deque()
+            self._cancel: set[int] = set()
+            self._terminated: set[int] = set()
+            self._iter = 0
+            self._iter_stats = collections.deque(maxlen=max(0, ec.iter_stats_max_iterations))
+            self._req_stats = collections.deque(maxlen=max(0, ec.request_stats_max_iterations or 0))
+            self._shutdown = False
+            self._paused = False
+            self._fail_next: str | None = None
+            self._killed: str | None = None
+            self._in_enqueue = 0
+            self.fake_concurrent_enqueues = 0
+            self._leader = m.fake_rank == 0
+            m.fake_instances.append(self)
+            self._thread = threading.Thread(target=self._loop, name="fake-trtllm-executor", daemon=True)
+            if self._leader:
+                self._thread.start()
+
+        # -------------------------------------------------------------- context manager
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.shutdown()
+            return False
+
+        # -------------------------------------------------------------- API (§1.2)
+        def _raise_if_shutdown(self) -> None:
+            if self._shutdown:
+                raise RuntimeError("[TensorRT-LLM][ERROR] Shutdown called")
+            if self._killed is not None:
+                raise RuntimeError(self._killed)
+
+        def can_enqueue_requests(self) -> bool:
+            """False after shutdown and on non-leader ranks (§1.2, §1.14)."""
+            return self._leader and not self._shutdown and self._killed is None
+
+        def enqueue_request(self, request) -> int:
+            return self.enqueue_requests([request])[0]
+
+        def enqueue_requests(self, requests) -> list[int]:
+            """Ids are unique and increasing; raises after shutdown and when max_queue_size would be
+            exceeded, counting child requests (§1.2, §1.3, §7.12)."""
+            self._in_enqueue += 1
+            try:
+                if self._in_enqueue > 1:  # §1.2: thread safety of concurrent enqueues is unknown
+                    self.fake_concurrent_enqueues += 1
+                with self._cv:
+                    self._raise_if_shutdown()
+                    _check(self._leader, "Cannot enqueue requests on a non-leader rank")
+                    new = [self._children(r) for r in requests]
+                    queued = sum(x.n for x in self._queue)
+                    if self._max_queue is not None and self._max_queue > 0 and queued + sum(new) > self._max_queue:
+                        raise RuntimeError(
+                            f"[TensorRT-LLM][ERROR] Maximum queue size of {self._max_queue} has been reached, "
+                            "please try again later"
+                        )
+                    ids = []
+                    for r, n in zip(requests, new, strict=True):
+                        rid = next(self._ids)
+                        self.fake_requests[rid] = r
+                        self._queue.append(_Live(rid, r, n))
+                        ids.append(rid)
+                    self._cv.notify_all()
+                    return ids
+            finally:
+                self._in_enqueue -= 1
+
+        @staticmethod
+        def _children(r) -> int:
+            if era == "E0":
+                return 1
+            sc = r.sampling_config
+            return 1 if sc.beam_width > 1 else (sc.num_return_sequences or 1)
+
+        def await_responses(self, *args, timeout=None):
+            """Three overloads (§1.2): all requests / one id / a list of ids. Returns [] on timeout,
+            blocks without one, returns when shutdown() is called, raises afterwards."""
+            target = None
+            if args and isinstance(args[0], int | list):
+                target, args = args[0], args[1:]
+            if args:
+                timeout = args[0]
+            if timeout is not None and not isinstance(timeout, datetime.timedelta):
+                raise TypeError("await_responses(): timeout must be a datetime.timedelta")
+            deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+            with self._cv:
+                self._raise_if_shutdown()
+                if isinstance(target, list):
+                    return [self._await_one(i, deadline) for i in target]
+                if target is not None:
+                    return self._await_one(target, deadline)
+                while not self._ready and not self._shutdown and self._killed is None:
+                    if not self._wait(deadline):
+                        return []
+                if self._killed is not None:
+                    raise RuntimeError(self._killed)
+                out = list(self._ready)
+                self._ready.clear()
+                return out
+
+        def _await_one(self, rid: int, deadline):
+            def mine():
+                return [r for r in self._ready if r.request_id == rid]
+
+            if rid in self._terminated and not mine():
+                return [m.Response(rid, f"ReqId {rid} has already been processed and was terminated.")]
+            while not mine() and not self._shutdown and self._killed is None:
+                if not self._wait(deadline):
+                    return []
+            got = mine()
+            for r in got:
+                self._ready.remove(r)
+            return got
+
+        def _wait(self, deadline) -> bool:
+            if deadline is None:
+                self._cv.wait()
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._cv.wait(left)
+            return True
+
+        def get_num_responses_ready(self, id: int | None = None) -> int:
+            with self._cv:
+                self._raise_if_shutdown()
+                return sum(1 for r in self._ready if id is None or r.request_id == id)
+
+        def cancel_request(self, id: int) -> None:
+            """Asynchronous (§1.10): takes effect at the next iteration; no-op on terminated ids."""
+            with self._cv:
+                self._raise_if_shutdown()
+                self.fake_cancel_calls.append(id)
+                if id in self._terminated:
+                    log.info("Ignoring already terminated request %d", id)
+                    return
+                self._cancel.add(id)
+                self._cv.notify_all()
+
+        def shutdown(self) -> None:
+            """Blocks until the loop exits; idempotent; wakes blocked await_responses (§1.2).
+            On a non-leader rank it blocks until the leader shuts down (§1.14)."""
+            if not self._leader:
+                m.fake_leader_shutdown.wait()
+            with self._cv:
+                self._shutdown = True
+                self._cv.notify_all()
+            if self._thread.is_alive() and threading.current_thread() is not self._thread:
+                self._thread.join()
+            if self._leader:
+                m.fake_leader_shutdown.set()
+
+        def get_latest_iteration_stats(self):
+            """Drains a deque of at most iter_stats_max_iterations entries (§1.2, §1.13)."""
+            with self._cv:
+                self._raise_if_shutdown()
+                out = collections.deque(self._iter_stats)
+                self._iter_stats.clear()
+                return out
+
+        def get_latest_request_stats(self):
+            with self._cv:
+                self._raise_if_shutdown()
+                out = collections.deque(self._req_stats)
+                self._req_stats.clear()
+                return out
+
+        # -------------------------------------------------------------- test hooks
+        def fake_pause(self) -> None:
+            """Stop iterating (requests stay queued or active) until fake_resume()."""
+            with self._cv:
+                self._paused = True
+
+        def fake_resume(self) -> None:
+            with self._cv:
+                self._paused = False
+                self._cv.notify_all()
+
+        def fake_fail_forward(self, message: str = "CUDA error: an illegal memory access was encountered") -> None:
+            """Make the next forward step fail: every active request gets an error Response (§1.12)."""
+            with self._cv:
+                self._fail_next = message
+                self._cv.notify_all()
+
+        def fake_kill(self, message: str = "[TensorRT-LLM][ERROR] executor worker died") -> None:
+            """Simulate a dead executor: the loop stops and every later call raises `message`."""
+            with self._cv:
+                self._killed = message
+                self._cv.notify_all()
+
+        @property
+        def fake_live_count(self) -> int:
+            with self._cv:
+                return len(self._queue) + len(self._active)
+
+        # -------------------------------------------------------------- execution loop
+        def _loop(self) -> None:
+            while True:
+                with self._cv:
+                    while not (self._shutdown or self._killed) and (
+                        self._paused or not (self._queue or self._active or self._fail_next)
+                    ):
+                        self._cv.wait()
+                    if self._shutdown or self._killed:
+                        return
+                    self._iteration()
+                    self._cv.notify_all()
+                time.sleep(self.fake_step_seconds)
+
+        def _iteration(self) -> None:
+            self._iter += 1
+            started = time.monotonic()
+            completed = 0
+            if self._fail_next is not None:
+                msg, self._fail_next = self._fail_next, None
+                for live in self._active:
+                    self._error(live, f"Encountered an error in forwardAsync function: {msg}")
+                completed += len(self._active)
+                self._active = []
+            # §1.10: cancellation is checked once per iteration; only active requests end.
+            for live in [x for x in self._active if x.id in self._cancel]:
+                self._terminate_cancelled(live)
+                completed += 1
+            self._schedule()
+            stages = {}
+            for live in list(self._active):
+                prompt = live.req.input_token_ids
+                if live.context_done < len(prompt):
+                    stages[live.id] = m.RequestStage.CONTEXT_IN_PROGRESS
+                    chunk = self._max_num_tokens if self._chunked else len(prompt)
+                    live.context_done = min(len(prompt), live.context_done + chunk)
+                    if live.context_done < len(prompt):
+                        continue
+                else:
+                    stages[live.id] = m.RequestStage.GENERATION_IN_PROGRESS
+                self._step(live)
+                if all(s.done for s in live.seqs):
+                    self._active.remove(live)
+                    self._terminated.add(live.id)
+                    self._cancel.discard(live.id)
+                    completed += 1
+            latency = (time.monotonic() - started) * 1000.0
+            if self._req_stats.maxlen:
+                stats = [
+                    m.RequestStats(
+                        id=x.id,
+                        stage=stages.get(x.id, m.RequestStage.GENERATION_COMPLETE),
+                        context_prefill_position=x.context_done,
+                        num_generated_tokens=sum(len(s.generated) for s in x.seqs),
+                        scheduled=True,
+                        paused=False,
+                    )
+                    for x in self._active
+                ]
+                stats += [
+                    m.RequestStats(
+                        id=x.id,
+                        stage=m.RequestStage.QUEUED,
+                        context_prefill_position=0,
+                        num_generated_tokens=0,
+                        scheduled=False,
+                        paused=False,
+                    )
+                    for x in self._queue
+                ]
+                self._req_stats.append(m.RequestStatsPerIteration(iter=self._iter, request_stats=stats))
+            if self._iter_stats.maxlen:
+                active_seqs = sum(x.n for x in self._active)
+                self._iter_stats.append(
+                    m.IterationStats(
+                        timestamp=time.strftime("%m-%d-%Y %H:%M:%S"),
+                        iter=self._iter,
+                        iter_latency_ms=latency,
+                        new_active_requests_queue_latency_ms=0.0,
+                        num_new_active_requests=0,
+                        num_active_requests=len(self._active),
+                        num_queued_requests=len(self._queue),
+                        num_completed_requests=completed,
+                        max_num_active_requests=self._max_batch,
+                        gpu_mem_usage=0,
+                        cpu_mem_usage=0,
+                        pinned_mem_usage=0,
+                        kv_cache_stats=m.KvCacheStats(
+                            max_num_blocks=1024,
+                            free_num_blocks=1024 - active_seqs,
+                            used_num_blocks=active_seqs,
+                            tokens_per_block=32,
+                            alloc_total_blocks=active_seqs,
+                            alloc_new_blocks=0,
+                            reused_blocks=0,
+                            missed_blocks=0,
+                            cache_hit_rate=0.0,
+                        ),
+                        inflight_batching_stats=m.InflightBatchingStats(
+                            num_scheduled_requests=len(self._active),
+                            num_context_requests=0,
+                            num_gen_requests=len(self._active),
+                            num_paused_requests=0,
+                            num_ctx_tokens=0,
+                            micro_batch_id=0,
+                            avg_num_decoded_tokens_per_iter=1.0,
+                        ),
+                        static_batching_stats=None,
+                    )
+                )
+
+        def _schedule(self) -> None:
+            """Move queued requests into the batch while sequences fit; validate them as the
+            executor does when it fetches new requests (§1.12)."""
+            while self._queue and sum(x.n for x in self._active) + self._queue[0].n <= self._max_batch:
+                live = self._queue.popleft()
+                error = self._validate(live)
+                if error is not None:
+                    self._error(live, f"Encountered an error when fetching new request: {error}")
+                    continue
+                room = self._max_seq_len - len(live.req.input_token_ids)
+                if live.max_tokens > room:  # §1.12: silently clipped, with a warning
+                    log.warning("Number of requested output tokens is changed to (%d)", room)
+                    live.max_tokens = room
+                self._active.append(live)
+
+        def _validate(self, live: _Live) -> str | None:
+            req = live.req
+            plen = len(req.input_token_ids)
+            if plen > self._max_input_len:
+                return (
+                    f"Prompt length ({plen}) exceeds maximum input length ({self._max_input_len}). Set log "
+                    "level to info and check TRTGptModel logs for how maximum input length is set"
+                )
+            if (
+                self._policy == self._policy.__class__.MAX_UTILIZATION
+                and req.streaming
+                and not self._chunked
+                and plen + live.max_tokens - 1 > self._max_input_len
+            ):
+                return (
+                    "Request sequence length is potentially greater than max input length. This cannot be run "
+                    "unless streaming is disabled, context chunking is enabled or the GUARANTEED_NO_EVICT "
+                    "scheduling policy is used"
+                )
+            bias = req.embedding_bias
+            if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self._vocab,)):
+                return "embedding bias shape is not as expected"
+            if req.output_config.return_context_logits and not self._gather_context:
+                return "Return context logit need to build engine with gather_context_logits"
+            if req.sampling_config.beam_width > self._max_beam_width:
+                return f"Request beam width {req.sampling_config.beam_width} exceeds max beam width"
+            return None
+
+        # -------------------------------------------------------------- decoding
+        def _step(self, live: _Live) -> None:
+            """One token for every unfinished sequence, then its streaming Response (§1.11)."""
+            req = live.req
+            sc = req.sampling_config
+            for seq in live.seqs:
+                if seq.done:
+                    continue
+                tok, lp = self._next_token(live, seq, sc)
+                end_id = req.end_id
+                if end_id is not None and end_id >= 0 and tok == end_id:
+                    seq.done, seq.reason = True, reason("END_ID")  # §7.5: the end token is excluded
+                else:
+                    seq.generated.append(tok)
+                    seq.logprobs.append(lp)
+                    if any(
+                        len(w) <= len(seq.generated) and seq.generated[-len(w) :] == w for w in (req.stop_words or [])
+                    ):
+                        seq.done, seq.reason = True, reason("STOP_WORDS")  # stop tokens stay in the output
+                    elif len(seq.generated) >= live.max_tokens:
+                        seq.done, seq.reason = True, reason("LENGTH")
+                if req.streaming or seq.done:
+                    self._respond(live, seq)
+
+        def _next_token(self, live: _Live, seq: _Seq, sc) -> tuple[int, float]:
+            req = live.req
+            context = list(req.input_token_ids) + seq.generated
+            x = self.model.logits(context)
+            if req.embedding_bias is not None:
+                x = x + req.embedding_bias.to(torch.float32)
+            rp = sc.repetition_penalty
+            if rp is not None and rp != 1.0:
+                idx = torch.tensor(sorted(set(context)))
+                vals = x[idx]
+                x[idx] = torch.where(vals > 0, vals / rp, vals * rp)
+            if seq.generated and (sc.presence_penalty or sc.frequency_penalty):
+                counts = torch.bincount(torch.tensor(seq.generated), minlength=self._vocab).to(torch.float32)
+                x = x - (counts > 0).float() * (sc.presence_penalty or 0.0) - counts * (sc.frequency_penalty or 0.0)
+            min_tokens = sc.min_length if era == "E0" else sc.min_tokens
+            # Runtime default min_tokens is 1 (§1.6 defaults): the end token is banned until then.
+            if (
+                req.end_id is not None
+                and req.end_id >= 0
+                and len(seq.generated) < (1 if min_tokens is None else min_tokens)
+            ):
+                x[req.end_id] = float("-inf")
+            for word in req.bad_words or []:
+                prefix = word[:-1]
+                if not prefix or context[-len(prefix) :] == prefix:
+                    x[word[-1]] = float("-inf")
+            logprobs = x.log_softmax(-1)
+            top_k = sc.top_k or 0
+            top_p = sc.top_p or 0.0
+            if top_k == 0 and top_p == 0.0:  # §1.6: both unset = greedy
+                tok = int(x.argmax())
+                return tok, float(logprobs[tok])
+            if top_p == 0.0:
+                top_p = 1.0
+            temperature = 1.0 if sc.temperature is None else sc.temperature
+            if temperature == 0:  # allowed by validation, meaningless for sampling (§7.4)
+                tok = int(x.argmax())
+                return tok, float(logprobs[tok])
+            probs = (x / temperature).softmax(-1)
+            if top_k > 0:
+                kth = probs.topk(min(top_k, self._vocab)).values[-1]
+                probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+            min_p = getattr(sc, "min_p", None) if era == "E2" else None
+            if min_p:
+                probs = torch.where(probs >= probs.max() * min_p, probs, torch.zeros_like(probs))
+            sorted_p, order = probs.sort(descending=True)
+            cum = (sorted_p / sorted_p.sum()).cumsum(0)
+            keep = cum - sorted_p / sorted_p.sum() < top_p
+            mask = torch.zeros_like(probs, dtype=torch.bool)
+            mask[order[keep]] = True
+            probs = torch.where(mask, probs, torch.zeros_like(probs))
+            seed = (sc.random_seed if era == "E0" else sc.seed) or 0  # §7.15: unseeded = seed 0
+            g = torch.Generator().manual_seed((seed * 1_000_003 + seq.index * 7919 + len(seq.generated)) % (1 << 63))
+            tok = int(torch.multinomial(probs / probs.sum(), 1, generator=g))
+            return tok, float(logprobs[tok])
+
+        def _respond(self, live: _Live, seq: _Seq) -> None:
+            req = live.req
+            oc = req.output_config
+            res = m.Result()
+            if req.streaming:  # only the tokens not yet sent; never the prompt (§1.7, §1.11)
+                tokens = seq.generated[seq.sent :]
+            elif oc.exclude_input_from_output:
+                tokens = list(seq.generated)
+            else:
+                tokens = list(req.input_token_ids) + seq.generated
+            seq.sent = len(seq.generated)
+            res.output_token_ids = [tokens]
+            if oc.return_log_probs:  # cumulative per response (§1.9, §7.8)
+                res.log_probs = [list(seq.logprobs)]
+                res.cum_log_probs = [float(sum(seq.logprobs))]
+            if oc.return_context_logits and not live.first_response_sent and seq.index == 0:
+                prompt = list(req.input_token_ids)
+                res.context_logits = torch.stack([self.model.logits(prompt[: i + 1]) for i in range(len(prompt))])
+            live.first_response_sent = live.first_response_sent or seq.index == 0
+            self._finish_fields(live, seq, res)
+            self._ready.append(m.Response(live.id, res, *self._client_id(req)))
+
+        def _finish_fields(self, live: _Live, seq: _Seq, res) -> None:
+            if seq.done:
+                live.finals_sent += 1
+            res.is_final = live.finals_sent == live.n  # only when every sequence is done (§1.6)
+            if era != "E0":
+                res.finish_reasons = [seq.reason if seq.done else reason("NOT_FINISHED")]
+                res.sequence_index = seq.index
+                res.is_sequence_final = seq.done
+                res.decoding_iter = len(seq.generated)
+
+        @staticmethod
+        def _client_id(req) -> tuple:
+            return () if era == "E0" else (req.client_id,)
+
+        def _terminate_cancelled(self, live: _Live) -> None:
+            """§1.10 (E2): the request ends with a final Response, finish reason CANCELLED and its
+            generated tokens cleared. Earlier eras had no CANCELLED reason; whether they returned
+            partial tokens is [UNCONFIRMED]: modelled as no tokens and NOT_FINISHED."""
+            self._active.remove(live)
+            self._cancel.discard(live.id)
+            self._terminated.add(live.id)
+            for seq in live.seqs:
+                if seq.done:
+                    continue
+                seq.done, seq.reason = True, reason("CANCELLED")
+                res = m.Result()
+                res.output_token_ids = [[]]
+                if live.req.output_config.return_log_probs:
+                    res.log_probs, res.cum_log_probs = [[]], [0.0]
+                self._finish_fields(live, seq, res)
+                self._ready.append(m.Response(live.id, res, *self._client_id(live.req)))
+
+        def _error(self, live: _Live, message: str) -> None:
+            self._terminated.add(live.id)
+            self._cancel.discard(live.id)
+            self._ready.append(m.Response(live.id, message, *self._client_id(live.req)))
+
+    return Executor
+
+
+def engine_config(
+    *,
+    vocab_size: int = 4096,
+    max_input_len: int = 256,
+    max_seq_len: int = 512,
+    max_batch_size: int = 8,
+    max_num_tokens: int = 1024,
+    max_beam_width: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    use_paged_context_fmha: bool = True,
+    gather_context_logits: bool = False,
+    version: str = "1.0.0",
+) -> dict:
+    """The config.json trtllm-build writes into an engine directory (§3.3)."""
+    return {
+        "version": version,
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "float16",
+            "vocab_size": vocab_size,
+            "max_position_embeddings": max_seq_len,
+            "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},
+        },
+        "build_config": {
+            "max_batch_size": max_batch_size,
+            "max_input_len": max_input_len,
+            "max_seq_len": max_seq_len,
+            "max_num_tokens": max_num_tokens,
+            "max_beam_width": max_beam_width,
+            "gather_context_logits": gather_context_logits,
+            "plugin_config": {"use_paged_context_fmha": use_paged_context_fmha, "paged_kv_cache": True},
+        },
+    }
+
+
+def write_engine_dir(path: Path, **limits) -> Path:
+    """Write what trtllm-build leaves in an engine directory (§3.3): config.json (see
+    `engine_config` for the keyword arguments) and one rank{N}.engine per rank (placeholder bytes)."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = engine_config(**limits)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    mapping = config["pretrained_config"]["mapping"]
+    for rank in range(mapping["tp_size"] * mapping["pp_size"]):
+        (path / f"rank{rank}.engine").write_bytes(b"fake TensorRT engine")
+    return path
+
+
+def install(monkeypatch, era: str = "E2", **options) -> types.ModuleType:
+    """Put the fake into sys.modules as `tensorrt_llm`, `tensorrt_llm.bindings` and
+    `tensorrt_llm.bindings.executor` (undone by monkeypatch); returns the executor module."""
+    import sys
+
+    executor = make_module(era, **options)
+    bindings = types.ModuleType("tensorrt_llm.bindings")
+    bindings.executor = executor
+    bindings.binding_type = "pybind"
+    top = types.ModuleType("tensorrt_llm")
+    top.__version__ = VERSIONS[era]
+    top.bindings = bindings
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", top)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.bindings.executor", executor)
+    return executor
