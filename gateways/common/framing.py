@@ -1,13 +1,35 @@
-"""Wire framing shared by the gateways: JSON, Server-Sent Events and JSON lines, as bytes."""
+"""Wire framing shared by the gateways: strict JSON in; JSON, Server-Sent Events and JSON lines
+out, as bytes."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from gateways.common.status import GatewayError
+
 SSE_CONTENT_TYPE = "text/event-stream"
 JSONLINES_CONTENT_TYPE = "application/jsonlines"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def loads(raw: bytes | str, what: str = "The request body") -> Any:
+    """Parse strict JSON: NaN and Infinity are not JSON and are refused.
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT naming `what`, for invalid UTF-8 or invalid JSON.
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        return json.loads(text, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise GatewayError.invalid(f"{what} is not valid UTF-8.") from None
+    except (ValueError, RecursionError) as e:
+        raise GatewayError.invalid(f"{what} is not valid JSON: {e}.") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid JSON value")
 
 
 def dumps(obj: Any) -> str:

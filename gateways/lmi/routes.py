@@ -15,7 +15,6 @@ arrives, and the gRPC call is cancelled in `finally` (a client disconnect cancel
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from typing import Any
@@ -25,7 +24,15 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client
 from gateways.common.core_client import CONFIG_KEY, CoreClient
-from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE, SSE_HEADERS, dumps, jsonline, sse_event
+from gateways.common.framing import (
+    JSONLINES_CONTENT_TYPE,
+    SSE_CONTENT_TYPE,
+    SSE_HEADERS,
+    dumps,
+    jsonline,
+    loads,
+    sse_event,
+)
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect
 from gateways.lmi.errors import (
@@ -107,13 +114,9 @@ async def _read_json(request: web.Request) -> Any:
     except web.HTTPRequestEntityTooLarge:
         raise payload_too_large(request.app[CONFIG_KEY].max_body_bytes) from None
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise PayloadError(f"The request body is not valid JSON: {e}.") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a valid JSON value")
+        return loads(raw)
+    except GatewayError as e:
+        raise PayloadError(e.message) from None
 
 
 def _fail(err: GatewayError, *, dynamic: bool = False) -> web.Response:

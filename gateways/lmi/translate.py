@@ -44,7 +44,6 @@ FINISH_REASONS = {
 _SAMPLING_PASS_THROUGH = (
     "do_sample",
     "temperature",
-    "top_p",
     "min_p",
     "typical_p",
     "repetition_penalty",
@@ -163,7 +162,8 @@ def to_generate_request(
     sampling fields pass through when given (unset ones take the core engine's defaults, so
     TensorRT-LLM's distinct defaults apply on that engine); `do_sample` only when given (the
     core infers it), except that TGI compatibility reads `do_sample: false` as "not forced",
-    as TGI does; `top_k: -1` (vLLM/LMI-Dist "disabled") -> unset; n/best_of -> `sampling.n` =
+    as TGI does; `top_k: -1` (vLLM/LMI-Dist "disabled") and `top_p: 0` (the seed's TensorRT-LLM
+    table: "0 when greedy") -> unset; n/best_of -> `sampling.n` =
     max of both (the gateway ranks the sequences); max_new_tokens defaults to 30; min_length ->
     min_new_tokens; stop_sequences (and TGI's list-valued `stop`) -> stopping.stop;
     ignore_eos_token -> ignore_eos; truncate -> truncate_input_tokens; bad_sequences ->
@@ -195,6 +195,8 @@ def to_generate_request(
         s.ClearField("do_sample")
     if p.top_k is not None and p.top_k != -1:
         s.top_k = p.top_k
+    if p.top_p is not None and p.top_p != 0:
+        s.top_p = p.top_p
     if (p.n is not None and p.n < 1) or (p.best_of is not None and p.best_of < 1):
         # Out of range: pass both as given so the core's check names the offending one.
         if p.n is not None:

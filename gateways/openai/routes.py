@@ -16,7 +16,6 @@ handler) cancels the core's request.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -57,15 +56,7 @@ async def read_json(request: web.Request) -> Any:
         GatewayError: INVALID_ARGUMENT, the body is not valid UTF-8 JSON.
         web.HTTPRequestEntityTooLarge: the body exceeds the configured size.
     """
-    raw = await request.read()
-    try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise GatewayError.invalid(f"The request body is not valid JSON: {e}.") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a valid JSON value")
+    return wire.loads(await request.read())
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -9,7 +9,6 @@ request (handler cancellation is on).
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 
@@ -17,7 +16,7 @@ from aiohttp import web
 
 from gateways.common.app import core_client
 from gateways.common.core_client import CONFIG_KEY
-from gateways.common.framing import SSE_HEADERS, dumps, sse_event
+from gateways.common.framing import SSE_HEADERS, dumps, loads, sse_event
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect
 from gateways.triton import errors, translate
@@ -81,15 +80,10 @@ async def _read_json(request: web.Request) -> object:
     if not raw.strip():
         raise GatewayError.invalid("The request body is empty; send a JSON object with 'text_input'.", "body")
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constants)
-    except UnicodeDecodeError:
-        raise GatewayError.invalid("The request body is not valid UTF-8.", "body") from None
-    except ValueError as e:
-        raise GatewayError.invalid(f"The request body is not valid JSON: {e}.", "body") from None
-
-
-def _no_constants(name: str) -> None:
-    raise ValueError(f"{name} is not a JSON value")
+        return loads(raw)
+    except GatewayError as e:
+        e.param = "body"
+        raise
 
 
 async def _prepare(request: web.Request) -> tuple[translate.Translation, ResponseRenderer]:

@@ -12,11 +12,11 @@ carry (`seed`, `stop`, ...) is never silently dropped.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateways.common.framing import loads
 from gateways.common.status import GatewayError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -144,10 +144,7 @@ def parse_frame(text: str, *, max_prompts: int) -> WsRequest:
         GatewayError: INVALID_ARGUMENT for a frame that is not JSON, not an object of this
             protocol's shape, has more than `max_prompts` prompts, or repeats a request_id.
     """
-    try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise GatewayError.invalid(f"The frame is not valid JSON ({e}).") from None
+    obj = loads(text, what="The frame")
     if not isinstance(obj, dict):
         raise GatewayError.invalid("The frame must be a JSON object with a 'prompts' array.")
     try:

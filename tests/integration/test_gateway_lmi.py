@@ -315,7 +315,7 @@ async def test_dynamic_error_mid_stream_is_the_last_line(http, start_gateway, ti
     ("raw", "fragment"),
     [
         (b'{"inputs": "x", "parameters": {"temperature": NaN}}', "NaN is not a valid JSON value"),
-        (b'{"inputs": "\xff"}', "not valid JSON"),  # not UTF-8
+        (b'{"inputs": "\xff"}', "not valid UTF-8"),
         (b'["What is Deep Learning?"]', "must be a JSON object"),
         (b"", "not valid JSON"),
     ],

@@ -349,7 +349,7 @@ async def test_bad_requests_are_400_with_an_error_object(http, base, body, fragm
     [
         (b"", "body is empty"),
         (b"{not json", "not valid JSON"),
-        (b'{"text_input": "x", "temperature": NaN}', "NaN is not a JSON value"),
+        (b'{"text_input": "x", "temperature": NaN}', "NaN is not a valid JSON value"),
         (b'{"text_input": "\xff"}', "not valid UTF-8"),
     ],
 )

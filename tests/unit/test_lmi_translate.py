@@ -52,6 +52,7 @@ BASE_STOPPING = {"max_new_tokens": 30}
         ({"top_k": 0}, {"top_k": 0}, BASE_STOPPING, None),
         ({"top_k": -1}, None, BASE_STOPPING, None),  # vLLM/LMI-Dist "disabled": leave unset
         ({"top_p": 0.5}, {"top_p": 0.5}, BASE_STOPPING, None),
+        ({"top_p": 0}, None, BASE_STOPPING, None),  # TensorRT-LLM table's greedy default: leave unset
         ({"max_new_tokens": 7}, None, {"max_new_tokens": 7}, None),
         ({"details": True}, None, BASE_STOPPING, {"logprobs": True}),
         ({"return_full_text": True}, None, BASE_STOPPING, {"echo": True}),
