@@ -17,6 +17,9 @@ log = logging.getLogger("core")
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status (2: bad configuration or missing dependency)."""
     config = load(argv)
+    # The engine's batching thread and the event loop share the GIL; a shorter switch interval
+    # hands it back to the batching thread sooner after the loop has sent a step's tokens.
+    sys.setswitchinterval(0.001)
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info("effective configuration: %s", json.dumps(config.redacted(), sort_keys=True))
     try:

@@ -117,7 +117,8 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
     stopping.min_new_tokens, stop_words -> stopping.stop, bad_words -> sampling.bad_words,
     random_seed -> sampling.seed, beam_width -> sampling.num_beams, return_log_probs ->
     output.logprobs, exclude_input_in_output false -> output.echo, end_id -> stopping.stop_token_ids
-    with ignore_eos (the ensemble's end_id replaces the model's EOS), temperature, top_k, top_p and
+    with ignore_eos (the ensemble's end_id replaces the model's EOS; -1: no end token at all),
+    temperature, top_k, top_p and
     the penalties -> sampling.*. do_sample is never set: the core infers it and applies the
     engine's defaults. top_p <= 0 is left unset, as Triton's TensorRT-LLM backend drops it.
     pad_id and stream have no effect (text output has no padding; the route decides streaming).
@@ -160,7 +161,10 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
         if canonical == "top_p" and value <= 0:
             continue
         if canonical == "end_id":
-            req.stopping.stop_token_ids.append(value)
+            # The ensemble's end_id replaces the model's EOS; -1 (what TensorRT-LLM's own tests
+            # send) means none: generate max_tokens tokens.
+            if value != -1:
+                req.stopping.stop_token_ids.append(value)
             req.stopping.ignore_eos = True
         elif canonical == "exclude_input_in_output":
             if not value:

@@ -60,6 +60,7 @@ def _expected(**fields) -> spb.GenerateRequest:
         ({"beam_width": 1}, _expected(sampling=pb.SamplingParams(num_beams=1))),
         ({"beam_width": 4}, _expected(sampling=pb.SamplingParams(num_beams=4))),
         ({"end_id": 2}, _expected(stopping=pb.StoppingParams(stop_token_ids=[2], ignore_eos=True))),
+        ({"end_id": -1}, _expected(stopping=pb.StoppingParams(ignore_eos=True))),
         ({"pad_id": 0}, _expected()),
         ({"return_log_probs": True}, _expected(output=pb.OutputOptions(logprobs=True))),
         ({"return_log_probs": False}, _expected()),
