@@ -261,24 +261,24 @@ class _Run:
 
     async def stream(self) -> AsyncIterator[ResponseDelta]:
         prep = self.prep
-        gen = self.p.engine.generate(prep.engine_request)
+        gen = None
         try:
+            gen = self.p.engine.generate(prep.engine_request)
             while not all(s.finished for s in self.seqs):
                 try:
                     out = await self._next(gen)
-                except StopAsyncIteration:
-                    raise EngineFailure("The engine ended the request without finishing it.") from None
                 except TimeoutError:  # the time limit is spent while waiting (queued, or a slow step)
                     out = EngineOutput(prep.engine_request.request_id, time=time.monotonic())
                 if out.error is not None:
                     raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
                 for delta in self._on_output(out):
                     yield delta
-        except CoreError:
+        except Exception:  # not a cancel: the session keeps its previous sequence
             self.failed = True
             raise
         finally:
-            await gen.aclose()
+            if gen is not None:
+                await gen.aclose()
             self._release_session()
 
     async def _next(self, gen: AsyncIterator[EngineOutput]) -> EngineOutput:
@@ -434,11 +434,11 @@ class _Run:
     def _final(self, now: float) -> FinalInfo:
         req = self.prep.engine_request
         returned = self.returned
-        queued = self.times.get(RequestState.SCHEDULED, now)
-        prefilled = self.times.get(RequestState.PREFILLED, queued)
+        scheduled = self.times.get(RequestState.SCHEDULED, now)  # never scheduled: queued all along
+        prefilled = self.times.get(RequestState.PREFILLED, scheduled)
         timing = Timing(
-            queue_ms=(queued - req.arrival_time) * 1000.0,
-            prefill_ms=(prefilled - queued) * 1000.0,
+            queue_ms=(scheduled - req.arrival_time) * 1000.0,
+            prefill_ms=(prefilled - scheduled) * 1000.0,
             total_ms=(time.monotonic() - req.arrival_time) * 1000.0,
         )
         usage = Usage(len(req.prompt_ids), sum(s.generated for s in returned), self.cached_tokens)

@@ -70,11 +70,21 @@ async def start_core(
         tokenizer: a tokenizer to use instead of loading one.
 
     Raises:
-        RuntimeError / OSError: the model, tokenizer or engine dependencies cannot be loaded.
+        RuntimeError / OSError: the model, tokenizer or engine dependencies cannot be loaded, or
+            the address cannot be listened on (the engine is shut down again in every case).
     """
     tokenizer = tokenizer or Tokenizer.load(tokenizer_path(config))
     engine = engine or create_engine(config, tokenizer)
-    await engine.start()
+    try:
+        await engine.start()
+        return await _listen(config, engine, tokenizer)
+    except BaseException:
+        await engine.shutdown()
+        raise
+
+
+async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> CoreServer:
+    """Wire the pipeline to a started engine and serve it on config.host:config.port."""
     info = engine.info
     limits = Limits(
         served_model=config.served_model_name,
@@ -98,10 +108,10 @@ async def start_core(
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        await engine.shutdown()
-        raise OSError(f"cannot listen on {config.host}:{config.port}")
+    try:
+        port = server.add_insecure_port(f"{config.host}:{config.port}")
+    except RuntimeError as e:  # grpc's way of saying the address is taken or not ours
+        raise OSError(f"cannot listen on {config.host}:{config.port} (in use, or not an address of this host)") from e
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)

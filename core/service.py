@@ -8,7 +8,6 @@ call propagates CancelledError through the pipeline, which aborts the engine req
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 
@@ -21,6 +20,7 @@ from core.config import CoreConfig
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
 from core.pipeline import RequestPipeline
 from core.types import SamplingOptions
+from core.validation import validate_request
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         self.draining = False
 
     async def Generate(self, request: spb.GenerateRequest, context: grpc.aio.ServicerContext):
+        """Stream one request's GenerateResponses; a failure ends the call with its CoreError's
+        status (before the first message for validation and admission errors)."""
         request_id = request.request_id or uuid.uuid4().hex
         error: CoreError | None = None
         try:
@@ -48,9 +50,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
                 yield convert.to_response(delta, request_id)
         except CoreError as e:
             error = e
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # a bug, not a client error (a cancelled call raises CancelledError, not this)
             log.exception("request %s failed", request_id)
             error = EngineFailure(f"Internal error while serving request {request_id}; see the server log.")
         if error is not None:
@@ -58,6 +58,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             await context.abort_with_status(error.to_status())
 
     async def GetModelInfo(self, request: spb.GetModelInfoRequest, context) -> spb.GetModelInfoResponse:
+        """The served model, the limits validation applies, and the engine's sampling defaults."""
         p, cfg = self.pipeline, self.config
         info = p.engine.info
         greedy = p.engine.resolve_sampling(SamplingOptions(do_sample=False), random_seed=0)
@@ -85,15 +86,19 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         )
 
     async def Tokenize(self, request: spb.TokenizeRequest, context: grpc.aio.ServicerContext) -> spb.TokenizeResponse:
+        """The token ids Generate would see for the same input, after the same input checks
+        (INVALID_ARGUMENT naming the field, e.g. an image part or a model without a chat template)."""
         which = request.WhichOneof("input")
         try:
             if which is None:
                 raise InvalidArgument("Set text or messages.", field="text")
             if which == "messages":
-                gen = convert.to_generation_request(spb.GenerateRequest(messages=request.messages), "tokenize")
-                ids, rendered = self.pipeline.tokenize(None, gen.messages)
+                body = spb.GenerateRequest(messages=request.messages)
             else:
-                ids, rendered = self.pipeline.tokenize(request.text, None)
+                body = spb.GenerateRequest(text=request.text)
+            req = convert.to_generation_request(body, "tokenize")
+            validate_request(req, self.pipeline.limits)
+            ids, rendered = self.pipeline.tokenize(req.text, req.messages)
         except CoreError as e:
             await context.abort_with_status(e.to_status())
         return spb.TokenizeResponse(token_ids=ids, rendered_prompt=rendered)

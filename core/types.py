@@ -165,12 +165,20 @@ class EngineOutput:
 
 @dataclass(frozen=True, slots=True)
 class EngineInfo:
-    """Static facts and limits of a loaded engine (reported by GetModelInfo).
+    """Static facts and limits of a loaded engine (reported by GetModelInfo, enforced by
+    core.validation).
 
-    `unsupported_sampling_fields` lists SamplingOptions fields the engine cannot honour at a
-    non-neutral value; validation refuses them, as it refuses prompts longer than
-    `max_input_length` (None: only the context bounds them), more than `max_top_logprobs`
-    alternatives, and prompt logprobs where `supports_prompt_logprobs` is false.
+    Attributes:
+        engine: the engine kind ("hf", "trtllm", "trtllm-llm").
+        max_context_length: tokens of one sequence, prompt and generated together.
+        vocab_size: the tokenizer's vocabulary size; valid token ids are below it.
+        max_num_beams: largest beam width (1: no beam search).
+        max_n: most sequences of one request (n, or best_of when larger).
+        unsupported_sampling_fields: SamplingOptions fields the engine cannot honour at a
+            non-neutral value (validation refuses them).
+        max_input_length: longest prompt in tokens (None: only the context bounds it).
+        max_top_logprobs: most alternatives per generated token (0: the chosen token's only).
+        supports_prompt_logprobs: whether OutputOptions.prompt_logprobs can be honoured.
     """
 
     engine: str
@@ -178,7 +186,6 @@ class EngineInfo:
     vocab_size: int
     max_num_beams: int = 1
     max_n: int = 16
-    max_batch_size: int = 32
     unsupported_sampling_fields: frozenset[str] = frozenset()
     max_input_length: int | None = None
     max_top_logprobs: int = 20

@@ -113,10 +113,13 @@ def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, 
 def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limits, default: int) -> int:
     """The max_new_tokens to use for a prompt of prompt_len tokens.
 
-    An unset value takes `default`, lowered to fit the context. A set value must fit.
+    An unset value takes `default`, lowered to fit the context and the configured bound. A set
+    value must fit. min_new_tokens must not exceed the result (StoppingParams.min_new_tokens).
 
     Raises:
-        ContextLengthExceeded: the prompt leaves no room, or prompt + max_new_tokens is too long.
+        ContextLengthExceeded: the prompt is longer than the engine accepts or leaves no room,
+            or prompt + max_new_tokens is too long.
+        InvalidArgument: min_new_tokens exceeds the max_new_tokens in effect.
     """
     ctx = limits.engine.max_context_length
     field = _input_field(req)
@@ -135,19 +138,23 @@ def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limi
         )
     asked = req.stopping.max_new_tokens
     if asked is None:
-        return max(1, min(default, limits.max_new_tokens, ctx - prompt_len))
-    if prompt_len + asked > ctx:
+        max_new = max(1, min(default, limits.max_new_tokens, ctx - prompt_len))
+    elif prompt_len + asked > ctx:
         raise ContextLengthExceeded(
             f"The prompt has {prompt_len} tokens and max_new_tokens is {asked}, which exceeds the model's "
             f"context of {ctx} tokens; ask for at most {ctx - prompt_len} new tokens.",
             field="stopping.max_new_tokens",
         )
+    else:
+        max_new = asked
     min_new = req.stopping.min_new_tokens
-    if min_new is not None and min_new > asked:
+    if min_new is not None and min_new > max_new:
+        given = "" if asked is not None else ", the default for this prompt; set max_new_tokens"
         raise InvalidArgument(
-            f"min_new_tokens ({min_new}) must not exceed max_new_tokens ({asked}).", field="stopping.min_new_tokens"
+            f"min_new_tokens ({min_new}) must not exceed max_new_tokens ({max_new}{given}).",
+            field="stopping.min_new_tokens",
         )
-    return asked
+    return max_new
 
 
 def _input_field(req: GenerationRequest) -> str:

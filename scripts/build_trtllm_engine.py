@@ -254,7 +254,7 @@ def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
     for name in ("tp", "pp", "max_batch_size", "workers"):
         if getattr(args, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be >= 1")
-    context = hf.get("max_position_embeddings") or hf.get("n_positions") if hf else None
+    context = (hf.get("max_position_embeddings") or hf.get("n_positions")) if hf else None
     max_seq_len = args.max_seq_len or context
     if max_seq_len is None and hf:
         problems.append("--max-seq-len is required: config.json has no max_position_embeddings")

@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import sys
 import sysconfig
 import time
@@ -175,19 +176,24 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[3/4] model: {n_params:,} parameters", flush=True)
     losses: list[float] = []
-    if args.train_seconds > 0 and (args.steps is None or args.steps > 0):
+    if args.train_seconds > 0 and args.steps > 0:
         losses = train(model, hf_tok, text, args.train_seconds, args.steps, batch=16, seq=128)
+        if len(losses) < args.steps:
+            print(
+                f"note: the {args.train_seconds:.0f} s cap stopped training after {len(losses)} of {args.steps} "
+                "steps, so this model depends on the machine's speed",
+                flush=True,
+            )
     out = Path(args.output)
     tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # a build that died half-way leaves one behind
+    tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     hf_tok.save_pretrained(tmp)
     (tmp / "trellis_demo.json").write_text(
         json.dumps({"steps": len(losses), "final_loss": losses[-1] if losses else None}, indent=2) + "\n"
     )
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     summary = f"{len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}" if losses else "untrained"

@@ -1,4 +1,4 @@
-"""The token-level engine protocol every engine implements.
+"""The token-level engine protocol every engine implements, and the pieces the engines share.
 
 Engines batch requests in flight and stream token ids with logprobs; everything textual
 (templates, detokenization, stop strings, sessions) lives in the request pipeline. Engines see
@@ -7,23 +7,38 @@ only `core.types` dataclasses, never protobuf.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from core.types import EngineInfo, EngineOutput, EngineRequest, EngineStats, ResolvedSampling, SamplingOptions
+from core.errors import EngineDead, NotReady
+from core.types import (
+    EngineInfo,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    PromptTokenInfo,
+    ResolvedSampling,
+    SamplingOptions,
+)
+
+log = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
     """An in-flight batching engine.
 
     Contract of `generate`:
-      * raises `core.errors.Overloaded` (before yielding) when its queue is full, and
-        `core.errors.NotReady` / `EngineDead` when it cannot take requests;
-      * yields an output with state QUEUED first, then SCHEDULED and PREFILLED when known
-        (an engine that cannot observe them may skip them; the pipeline fills them in), then
-        token outputs; the last output has `finished=True` or carries `error`;
-      * when the consumer stops early (the async generator is closed or cancelled), the request
-        is aborted within one engine step and its resources are freed.
+      * raises, when called, `core.errors.Overloaded` when its queue is full, `NotReady` while
+        starting or shutting down, `EngineDead` once it can serve no more, and
+        `InvalidArgument` for a request it cannot run;
+      * otherwise returns an OutputStream whose first output has state QUEUED, then SCHEDULED
+        and PREFILLED when known (an engine that cannot observe them may skip them; the
+        pipeline fills them in), then token outputs; the last output has `finished=True` or
+        carries `error`;
+      * when the consumer stops early (closes the stream, or is cancelled while waiting), the
+        request is aborted within one engine step and its resources are freed.
     """
 
     info: EngineInfo
@@ -34,8 +49,8 @@ class Engine(Protocol):
     def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
         """Apply this engine's defaults to unset fields (a pure function of the arguments)."""
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Run one request; see the class docstring for the output contract."""
+    def generate(self, request: EngineRequest) -> OutputStream:
+        """Admit one request and stream its outputs; see the class docstring for the contract."""
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (no-op when unknown or finished); takes effect within one step."""
@@ -51,4 +66,130 @@ class Engine(Protocol):
         """Register the callback invoked (on the event loop) when the engine dies."""
 
     async def shutdown(self) -> None:
-        """Stop the loop and free the model; pending requests fail with NotReady."""
+        """Stop the loop and free the model; requests still running end with a NotReady error
+        (or CANCELLED, where the runtime ends them itself), and new ones are refused."""
+
+
+class EngineLifecycle:
+    """Liveness bookkeeping shared by the engines: `alive`, `set_on_dead`, the admission check
+    and the one-time death notice.
+
+    Engines set `_started` and `_alive` once started and `_stopping` when shutdown begins, and
+    call `_mark_dead` (on the event loop) when they can serve no more.
+    """
+
+    kind = "engine"
+
+    def __init__(self) -> None:
+        self._alive = False
+        self._started = False
+        self._stopping = False
+        self._died = False
+        self._on_dead: Callable[[Exception], None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """False before start, once the engine died, and after shutdown."""
+        return self._alive
+
+    def set_on_dead(self, callback: Callable[[Exception], None]) -> None:
+        """Register the callback invoked (on the event loop) when the engine dies."""
+        self._on_dead = callback
+
+    def _check_serving(self) -> None:
+        """Raise unless requests can be admitted now.
+
+        Raises:
+            NotReady: not started yet, or shutting down (UNAVAILABLE: another replica may serve).
+            EngineDead: the engine died (INTERNAL; health is NOT_SERVING by then).
+        """
+        if self._stopping or not self._started:
+            raise NotReady(f"The {self.kind} engine is not serving (starting or shutting down); retry shortly.")
+        if not self._alive:
+            raise EngineDead(f"The {self.kind} engine has stopped and cannot take requests.")
+
+    def _mark_dead(self, error: Exception) -> bool:
+        """Stop admitting requests and, the first time, log the cause and run the on-dead
+        callback. Call on the event loop. Returns whether this was the first time."""
+        self._alive = False
+        if self._died:
+            return False
+        self._died = True
+        log.error("%s engine died: %s", self.kind, error)
+        if self._on_dead is not None:
+            self._on_dead(error)
+        return True
+
+
+class OutputStream:
+    """The outputs of one engine request: what `Engine.generate` returns.
+
+    The engine posts outputs with `put()` on the event loop; the consumer iterates them, the
+    first one given here and the last one final (finished, or carrying an error).
+    `on_close(finished)` runs exactly once: when the final output is handed over
+    (finished=True), or when the consumer closes the stream or is cancelled while waiting,
+    before that (finished=False: the engine must abort the request). Closing a stream that was
+    never iterated releases the request too, which a generator could not promise.
+    """
+
+    def __init__(self, first: EngineOutput, on_close: Callable[[bool], None]):
+        self._queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        self._queue.put_nowait(first)
+        self._on_close = on_close
+        self.closed = False
+
+    def put(self, out: EngineOutput) -> None:
+        """Queue an output for the consumer (dropped once the stream is closed)."""
+        if not self.closed:
+            self._queue.put_nowait(out)
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> EngineOutput:
+        if self.closed:
+            raise StopAsyncIteration
+        try:
+            out = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the consumer is gone
+            self._close(finished=False)
+            raise
+        if out.finished or out.error is not None:
+            self._close(finished=True)
+        return out
+
+    async def aclose(self) -> None:
+        """Stop consuming; aborts the request unless its final output was handed over."""
+        self._close(finished=False)
+
+    def _close(self, finished: bool) -> None:
+        if not self.closed:
+            self.closed = True
+            self._on_close(finished)
+
+
+def prompt_logprobs(logits, prompt: Sequence[int], k: int, vocab: int | None = None) -> list[PromptTokenInfo]:
+    """The logprob of every prompt token given the ones before it, with `k` alternatives each.
+
+    Args:
+        logits: [len(prompt), V] raw logits of the prompt positions (a tensor or nested list;
+            V may be padded past the vocabulary).
+        prompt: the prompt's token ids.
+        k: alternatives per token (0..20).
+        vocab: alternatives are drawn from ids below this (None: all V columns).
+
+    Returns:
+        One PromptTokenInfo per prompt token; the first has no logprob (nothing precedes it).
+    """
+    import torch
+
+    lp = torch.as_tensor(logits).float()[:-1].log_softmax(dim=-1)
+    targets = torch.tensor(list(prompt[1:]), dtype=torch.long, device=lp.device)
+    chosen = lp.gather(1, targets[:, None]).squeeze(1).tolist()
+    tops: list[list[tuple[int, float]]] = [[] for _ in prompt[1:]]
+    if k > 0 and len(targets):
+        vals, idx = lp[:, :vocab].topk(k, dim=-1)
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
+    out = [PromptTokenInfo(prompt[0], None, [])]
+    out += [PromptTokenInfo(t, c, top) for t, c, top in zip(prompt[1:], chosen, tops, strict=True)]
+    return out

@@ -26,12 +26,12 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.hf_cache import SlotKVCache
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
 from core.errors import EngineDead, EngineFailure, InvalidArgument, NotReady, Overloaded
@@ -42,7 +42,6 @@ from core.types import (
     EngineRequest,
     EngineStats,
     FinishReason,
-    PromptTokenInfo,
     RequestState,
     ResolvedSampling,
     SamplingOptions,
@@ -75,12 +74,11 @@ class _Req:
     """A live request (owned by the worker once admitted)."""
 
     req: EngineRequest
-    queue: asyncio.Queue
     reserved_tokens: int
+    outputs: OutputStream
     rows: list[_Row] = field(default_factory=list)
     unfinished: int = 0
     admitted: bool = False
-    done: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -100,7 +98,7 @@ class _Row:
         return self.owner.req.prompt_ids + self.generated
 
 
-class HfEngine:
+class HfEngine(EngineLifecycle):
     """In-flight batching engine over a transformers causal LM.
 
     Args:
@@ -139,6 +137,7 @@ class HfEngine:
     ):
         from transformers import AutoConfig
 
+        super().__init__()
         self._path = str(model_path)
         cfg = AutoConfig.from_pretrained(self._path)
         context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
@@ -148,7 +147,6 @@ class HfEngine:
             vocab_size=int(vocab_size),
             max_num_beams=1,
             max_n=min(max_n, max_batch_size),
-            max_batch_size=max_batch_size,
         )
         self._eos = frozenset(eos_token_ids)
         self._pad = int(pad_token_id if pad_token_id is not None else next(iter(self._eos), 0))
@@ -162,14 +160,12 @@ class HfEngine:
         self._model = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._on_dead: Callable[[Exception], None] | None = None
-        self._alive = False
-        # Shared between the event loop and the worker (guarded by _cv's lock).
+        # Shared between the event loop and the worker (guarded by _cv's lock, as are _alive
+        # and _stopping: admission and the worker's death must not interleave).
         self._cv = threading.Condition()
         self._pending: collections.deque[_Req] = collections.deque()
         self._aborts: set[str] = set()
         self._requests: dict[str, _Req] = {}
-        self._stopping = False
         self._running_requests = 0
         # Worker-only batch state: one slot per running sequence (see core.engine.hf_cache).
         self._slots: list[_Row | None] = [None] * max_batch_size
@@ -195,7 +191,7 @@ class HfEngine:
         """Load the model (in a thread) and start the batching worker."""
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._load)
-        self._alive = True
+        self._started = self._alive = True
         self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
         self._thread.start()
 
@@ -226,15 +222,6 @@ class HfEngine:
             await asyncio.to_thread(self._thread.join)
         self._alive = False
 
-    @property
-    def alive(self) -> bool:
-        """False once the worker died or shut down."""
-        return self._alive
-
-    def set_on_dead(self, callback: Callable[[Exception], None]) -> None:
-        """Called on the event loop when the worker dies."""
-        self._on_dead = callback
-
     def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
         """The generic (LMI "every rolling batch backend") defaults."""
         return resolve_generic(opts, random_seed=random_seed)
@@ -246,27 +233,14 @@ class HfEngine:
 
     # ---------------------------------------------------------------- requests
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Run a request; see core.engine.base.Engine for the output contract."""
-        r = self._admit(request)
-        finished = False
-        try:
-            yield EngineOutput(request.request_id, state=RequestState.QUEUED, time=time.monotonic())
-            while True:
-                out = await r.queue.get()
-                finished = out.finished or out.error is not None
-                yield out
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request.request_id)
+    def generate(self, request: EngineRequest) -> OutputStream:
+        """Admit a request and stream its outputs; see core.engine.base.Engine for the contract.
 
-    def _admit(self, request: EngineRequest) -> _Req:
-        if not self._alive:
-            if self._thread is None:
-                raise NotReady("The engine is still loading; retry shortly.")
-            raise EngineDead("The engine has stopped and cannot take requests.")
+        Raises:
+            NotReady / EngineDead: the engine is not serving.
+            InvalidArgument: more sequences or batch tokens than the batch can ever hold.
+            Overloaded: max_queue_size requests are already waiting.
+        """
         seqs = request.num_sequences
         if seqs > self._max_batch:
             raise InvalidArgument(
@@ -280,10 +254,15 @@ class HfEngine:
                 f"more than this server allows ({self._max_total}); lower max_new_tokens or n.",
                 field="stopping.max_new_tokens",
             )
-        r = _Req(request, asyncio.Queue(), need)
+
+        def on_close(finished: bool) -> None:
+            if not finished:
+                self.abort(request.request_id)
+
+        queued = EngineOutput(request.request_id, state=RequestState.QUEUED, time=time.monotonic())
+        r = _Req(request, need, OutputStream(queued, on_close))
         with self._cv:
-            if self._stopping:
-                raise NotReady("The engine is shutting down.")
+            self._check_serving()
             if request.request_id in self._requests:
                 raise InvalidArgument(
                     f"A request with id '{request.request_id}' is already running.", field="request_id"
@@ -293,7 +272,7 @@ class HfEngine:
             self._pending.append(r)
             self._requests[request.request_id] = r
             self._cv.notify()
-        return r
+        return r.outputs
 
     def abort(self, request_id: str) -> None:
         """Cancel a request at the next step boundary (no-op when unknown or finished)."""
@@ -331,9 +310,9 @@ class HfEngine:
                     self._finish_step(emits)
         except BaseException as e:  # the worker itself broke: the engine is dead
             log.exception("hf engine worker died")
-            self._die(e)
+            self._die(e if isinstance(e, Exception) else EngineDead(repr(e)))
             return
-        self._die(NotReady("The engine shut down."))
+        self._die(NotReady("The engine shut down; retry on another replica."))
 
     def _finish_step(self, emits: list[tuple[_Req, EngineOutput]]) -> None:
         done = [r for r, out in emits if out.finished or out.error is not None]
@@ -349,24 +328,25 @@ class HfEngine:
         if emits and self._loop is not None:
             self._loop.call_soon_threadsafe(_deliver, emits)
 
-    def _die(self, error: BaseException) -> None:
-        self._alive = False
-        exc = error if isinstance(error, Exception) else EngineDead(str(error))
-        emits = []
+    def _die(self, error: Exception) -> None:
+        """The worker is exiting: fail every request left with `error` when it is NotReady (an
+        orderly shutdown), else with EngineDead, and report the death."""
+        crashed = not isinstance(error, NotReady)
         with self._cv:
+            self._alive = False
             live = list(self._requests.values())
             self._requests.clear()
             self._pending.clear()
             self._running_requests = 0
-        for r in live:
-            emits.append(
-                (r, EngineOutput(r.req.request_id, error=EngineDead(f"The engine stopped: {exc}"), finished=True))
-            )
-        if self._loop is not None and not self._loop.is_closed():
-            if emits:
-                self._loop.call_soon_threadsafe(_deliver, emits)
-            if self._on_dead is not None and not isinstance(exc, NotReady):
-                self._loop.call_soon_threadsafe(self._on_dead, exc)
+        failure = EngineDead(f"The engine stopped: {error}") if crashed else error
+        now = time.monotonic()
+        emits = [(r, EngineOutput(r.req.request_id, error=failure, finished=True, time=now)) for r in live]
+        if self._loop is None or self._loop.is_closed():
+            return
+        if emits:
+            self._loop.call_soon_threadsafe(_deliver, emits)
+        if crashed:
+            self._loop.call_soon_threadsafe(self._mark_dead, error)
 
     def _cancel_pending(self, emits) -> None:
         """Under the lock: drop aborted requests that are still waiting."""
@@ -457,9 +437,7 @@ class HfEngine:
         for i, r in enumerate(reqs):
             info = None
             if r.req.prompt_logprobs is not None:
-                info = _prompt_logprobs(
-                    out.logits[i, width - lens[i] :].float(), r.req.prompt_ids, r.req.prompt_logprobs
-                )
+                info = prompt_logprobs(out.logits[i, width - lens[i] :], r.req.prompt_ids, r.req.prompt_logprobs)
             emits.append(
                 (r, EngineOutput(r.req.request_id, state=RequestState.PREFILLED, prompt_logprobs=info, time=done))
             )
@@ -713,21 +691,4 @@ def _cancelled(r: _Req) -> EngineOutput:
 
 def _deliver(emits: list[tuple[_Req, EngineOutput]]) -> None:
     for r, out in emits:
-        if not r.done:
-            r.queue.put_nowait(out)
-            if out.finished or out.error is not None:
-                r.done = True
-
-
-def _prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[PromptTokenInfo]:
-    """Logprob of every prompt token given the ones before it (the first has none)."""
-    lp = logits[:-1].log_softmax(dim=-1)
-    targets = torch.tensor(prompt[1:], device=lp.device)
-    chosen = lp.gather(1, targets[:, None]).squeeze(1).tolist()
-    tops: list[list[tuple[int, float]]] = [[] for _ in prompt[1:]]
-    if k > 0:
-        vals, idx = lp.topk(k, dim=-1)
-        tops = [list(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
-    out = [PromptTokenInfo(prompt[0], None, [])]
-    out += [PromptTokenInfo(t, c, top) for t, c, top in zip(prompt[1:], chosen, tops, strict=True)]
-    return out
+        r.outputs.put(out)

@@ -7,6 +7,8 @@ at start with a message naming the `trtllm` extra.
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -42,15 +44,13 @@ ENGINE_MANIFEST = "trellis-engine.json"
 
 
 def tokenizer_path(config: CoreConfig) -> str:
-    """Where the tokenizer lives: --tokenizer, else the engine manifest's tokenizer_dir, else --model."""
-    import json
-    from pathlib import Path
-
+    """Where the tokenizer lives: --tokenizer, else the engine manifest's tokenizer_dir (relative
+    to the manifest), else --model."""
     if config.tokenizer:
         return config.tokenizer
     manifest = Path(config.model) / ENGINE_MANIFEST
     if manifest.is_file():
         tok_dir = json.loads(manifest.read_text()).get("tokenizer_dir")
         if tok_dir:
-            return str((manifest.parent / tok_dir).resolve()) if not Path(tok_dir).is_absolute() else tok_dir
+            return str((manifest.parent / tok_dir).resolve())
     return config.model

@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import importlib
 import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.registry import ENGINE_MANIFEST
 from core.engine.trtllm_defaults import resolve_trtllm_sampling
 from core.errors import (
@@ -53,7 +55,6 @@ from core.types import (
     EngineRequest,
     EngineStats,
     FinishReason,
-    PromptTokenInfo,
     RequestState,
     ResolvedSampling,
     SamplingOptions,
@@ -63,7 +64,8 @@ from core.types import (
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'trellis[trtllm]'"
-_U64 = (1 << 64) - 1
+SEED_MASK = (1 << 64) - 1
+"""The runtime's seed is an unsigned 64-bit integer; a client's signed seed is reduced to it."""
 _STATE_RANK = {RequestState.QUEUED: 1, RequestState.SCHEDULED: 2, RequestState.PREFILLED: 3}
 
 
@@ -358,7 +360,7 @@ def sampling_kwargs(s: ResolvedSampling, api: BindingApi, *, n: int, min_new_tok
             kw["temperature"] = s.temperature
         if s.min_p is not None and api.min_p:
             kw["min_p"] = s.min_p
-    kw[api.seed] = s.seed & _U64
+    kw[api.seed] = s.seed & SEED_MASK
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         value = getattr(s, name)
         if value is not None:
@@ -388,6 +390,68 @@ def stop_words_for(req: EngineRequest, extra_eos: Iterable[int]) -> list[list[in
             seen.add(key)
             words.append(list(word))
     return words
+
+
+def first_stop_token(req: EngineRequest, tokens: list[int], lps: list[float] | None, *, before: int, extra_eos):
+    """End a sequence at a stop token the runtime was not given.
+
+    With min_new_tokens > 0 no stop tokens go to the runtime (its stop words ignore min_tokens,
+    §7.5), so the engine looks for them itself: the first stop token id, or EOS id other than
+    end_id, past min_new_tokens ends the sequence and is kept in the output, as the runtime
+    keeps stop words. `before` is how many tokens of the sequence came earlier.
+
+    Returns:
+        (tokens kept, their logprobs, STOP_SEQUENCE / EOS / None, the stop token id or None).
+    """
+    eos = frozenset() if req.ignore_eos else extra_eos
+    for i, token in enumerate(tokens):
+        if before + i + 1 > req.min_new_tokens and (token in req.stop_token_ids or token in eos):
+            kept, kept_lps = tokens[: i + 1], (lps[: i + 1] if lps else lps)
+            if token in req.stop_token_ids:
+                return kept, kept_lps, FinishReason.STOP_SEQUENCE, token
+            return kept, kept_lps, FinishReason.EOS, None
+    return tokens, lps, None, None
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The token ids TensorRT-LLM needs besides the prompt.
+
+    Attributes:
+        end_id: the EOS id the runtime stops on (the tokenizer's EOS, else the smallest EOS id).
+        pad_id: the tokenizer's pad id, else end_id.
+        extra_eos: the model's other EOS ids (sent as one-token stop words).
+    """
+
+    end_id: int
+    pad_id: int
+    extra_eos: frozenset[int]
+
+
+def special_ids(tokenizer) -> SpecialIds:
+    """SpecialIds of a core.tokenizer.Tokenizer.
+
+    Raises:
+        RuntimeError: the tokenizer has no EOS token.
+    """
+    eos = tokenizer.hf.eos_token_id
+    if eos is None:
+        eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
+    if eos is None:
+        raise RuntimeError("The tokenizer has no EOS token; TensorRT-LLM needs an end_id")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    return SpecialIds(int(eos), int(pad), frozenset(tokenizer.eos_token_ids) - {int(eos)})
+
+
+def embedding_bias(bias: Mapping[int, float], width: int):
+    """A request's logit_bias as the dense float32 tensor of `width` (the model's padded
+    vocabulary) that TensorRT-LLM adds to the logits (`embedding_bias`)."""
+    import torch
+
+    tensor = torch.zeros(width, dtype=torch.float32)
+    for token, value in bias.items():
+        tensor[token] = value
+    return tensor
 
 
 def new_logprobs(values: Sequence[float] | None, received: int, count: int) -> list[float] | None:
@@ -444,22 +508,14 @@ class _Seq:
 class _Live:
     request: EngineRequest
     rid: int
-    queue: asyncio.Queue
     seqs: list[_Seq]
     stop_words: list[list[int]]
-    local_stops: frozenset[int]
     enqueued: float
+    outputs: OutputStream | None = None  # set right after enqueue
     state: int = 1
     cancel_sent: bool = False
     executor_done: bool = False
-    consumer_done: bool = False
     prompt_info_sent: bool = False
-
-    def put(self, out: EngineOutput) -> None:
-        if not self.consumer_done:
-            self.queue.put_nowait(out)
-            if out.finished or out.error is not None:
-                self.consumer_done = True
 
 
 # ------------------------------------------------------------------------------------ factory
@@ -509,7 +565,7 @@ def run_if_follower_rank(config) -> bool:
 # ------------------------------------------------------------------------------------ engine
 
 
-class TrtllmEngine:
+class TrtllmEngine(EngineLifecycle):
     """In-flight batching over TensorRT-LLM's executor (see the module docstring).
 
     Args:
@@ -522,18 +578,12 @@ class TrtllmEngine:
     kind = "trtllm"
 
     def __init__(self, bindings, layout: EngineLayout, tokenizer, options: TrtllmOptions):
+        super().__init__()
         self._tl = bindings
         self.api = detect_api(bindings)
         self.layout = layout
         self.options = options
-        eos = tokenizer.hf.eos_token_id
-        if eos is None:
-            eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
-        if eos is None:
-            raise RuntimeError("The tokenizer has no EOS token; TensorRT-LLM needs an end_id")
-        self._end_id = int(eos)
-        self._extra_eos = frozenset(tokenizer.eos_token_ids) - {self._end_id}
-        self._pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+        self._ids = special_ids(tokenizer)
         unsupported = {"typical_p"} | (set() if self.api.min_p else {"min_p"})
         max_batch = min(options.max_batch_size, layout.max_batch_size)
         self.info = EngineInfo(
@@ -542,7 +592,6 @@ class TrtllmEngine:
             vocab_size=int(tokenizer.vocab_size),
             max_num_beams=1,
             max_n=min(options.max_n, max_batch) if self.api.num_return_sequences else 1,
-            max_batch_size=max_batch,
             unsupported_sampling_fields=frozenset(unsupported),
             max_input_length=layout.max_input_len,
             max_top_logprobs=0,  # the executor returns only the chosen token's logprob
@@ -560,9 +609,6 @@ class TrtllmEngine:
         self._enqueue_lock = threading.Lock()
         self._live: dict[int, _Live] = {}
         self._by_name: dict[str, _Live] = {}
-        self._alive = False
-        self._stopping = False
-        self._on_dead: Callable[[Exception], None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -586,7 +632,7 @@ class TrtllmEngine:
         self._executor = await asyncio.to_thread(tl.Executor, self.layout.engine_dir, tl.ModelType.DECODER_ONLY, config)
         if not self._executor.can_enqueue_requests():
             raise RuntimeError(f"rank {rank} cannot enqueue requests; only MPI rank 0 serves gRPC")
-        self._alive = True
+        self._started = self._alive = True
         self._thread = threading.Thread(target=self._await_loop, name="trtllm-awaiter", daemon=True)
         self._thread.start()
         log.info(
@@ -611,15 +657,6 @@ class TrtllmEngine:
         self._alive = False
         self._fail_all(NotReady("The engine shut down."))
 
-    @property
-    def alive(self) -> bool:
-        """False once the executor died or shut down."""
-        return self._alive
-
-    def set_on_dead(self, callback: Callable[[Exception], None]) -> None:
-        """Called on the event loop when the executor dies."""
-        self._on_dead = callback
-
     def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
         """TensorRT-LLM's defaults (core.engine.trtllm_defaults)."""
         return resolve_trtllm_sampling(opts, random_seed=random_seed)
@@ -637,24 +674,24 @@ class TrtllmEngine:
 
     # ---------------------------------------------------------------- requests
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Run a request; see core.engine.base.Engine for the output contract."""
-        live = self._submit(request)
-        finished = False
-        try:
-            yield EngineOutput(request.request_id, state=RequestState.QUEUED, time=live.enqueued)
-            while True:
-                out = await live.queue.get()
-                finished = out.finished or out.error is not None
-                yield out
-                if finished:
-                    return
-        finally:
-            live.consumer_done = True
-            if not finished:
-                self._cancel(live)
-            if self._by_name.get(request.request_id) is live:  # the id may be reused at once
-                del self._by_name[request.request_id]
+    def generate(self, request: EngineRequest) -> OutputStream:
+        """Enqueue a request and stream its outputs; see core.engine.base.Engine for the contract.
+
+        Raises:
+            NotReady / EngineDead: the engine is not serving.
+            InvalidArgument: the request id is already running.
+            Overloaded: the executor's queue (or ours, on releases without one) is full.
+            EngineFailure: the executor refused the request.
+        """
+        return self._submit(request).outputs
+
+    def _closed(self, live: _Live, finished: bool) -> None:
+        """The consumer is done: cancel an unfinished request (its bookkeeping stays until the
+        executor's final response, §1.10) and free its id at once."""
+        if not finished:
+            self._cancel(live)
+        if self._by_name.get(live.request.request_id) is live:
+            del self._by_name[live.request.request_id]
 
     def abort(self, request_id: str) -> None:
         """Cancel at once (no polling period); the executor ends it within one step (§1.10)."""
@@ -673,13 +710,11 @@ class TrtllmEngine:
 
     def _submit(self, req: EngineRequest) -> _Live:
         """Check, build and enqueue a request (raises CoreError before anything is yielded)."""
-        if not self._alive:
-            if self._executor is None or self._stopping:
-                raise NotReady("The engine is not serving (starting or shutting down).")
-            raise EngineDead("The TensorRT-LLM executor has stopped and cannot take requests.")
-        self._check(req)
+        self._check_serving()
+        if req.request_id in self._by_name:
+            raise InvalidArgument(f"A request with id '{req.request_id}' is already running.", field="request_id")
         tl = self._tl
-        stop_words = stop_words_for(req, self._extra_eos)
+        stop_words = stop_words_for(req, self._ids.extra_eos)
         sampling = tl.SamplingConfig(
             **sampling_kwargs(req.sampling, self.api, n=req.num_sequences, min_new_tokens=req.min_new_tokens)
         )
@@ -694,18 +729,15 @@ class TrtllmEngine:
             "streaming": True,
             "sampling_config": sampling,
             "output_config": output,
-            "end_id": -1 if req.ignore_eos else self._end_id,  # -1: no end token (what the LLM API sends)
-            "pad_id": self._pad_id,
+            "end_id": -1 if req.ignore_eos else self._ids.end_id,  # -1: no end token (what the LLM API sends)
+            "pad_id": self._ids.pad_id,
         }
         if stop_words:
             kwargs["stop_words"] = stop_words
         if req.bad_words_ids:
             kwargs["bad_words"] = [list(w) for w in req.bad_words_ids]
         if req.logit_bias:
-            kwargs["embedding_bias"] = self._embedding_bias(req.logit_bias)
-        local = frozenset()
-        if req.min_new_tokens > 0:
-            local = frozenset(req.stop_token_ids) | (frozenset() if req.ignore_eos else self._extra_eos)
+            kwargs["embedding_bias"] = embedding_bias(req.logit_bias, self.layout.vocab_size)
         executor_request = tl.Request(**kwargs)
         with self._enqueue_lock:
             if self._local_queue_limit is not None and self.stats().queued >= self._local_queue_limit:
@@ -719,27 +751,15 @@ class TrtllmEngine:
             live = _Live(
                 request=req,
                 rid=rid,
-                queue=asyncio.Queue(),
                 seqs=[_Seq() for _ in range(req.num_sequences)],
                 stop_words=stop_words,
-                local_stops=local,
                 enqueued=time.monotonic(),
             )
+            queued = EngineOutput(req.request_id, state=RequestState.QUEUED, time=live.enqueued)
+            live.outputs = OutputStream(queued, functools.partial(self._closed, live))
             self._live[rid] = live
             self._by_name[req.request_id] = live
         return live
-
-    def _check(self, req: EngineRequest) -> None:
-        if req.request_id in self._by_name:
-            raise InvalidArgument(f"A request with id '{req.request_id}' is already running.", field="request_id")
-
-    def _embedding_bias(self, bias) -> object:
-        import torch
-
-        tensor = torch.zeros(self.layout.vocab_size, dtype=torch.float32)
-        for token, value in bias.items():
-            tensor[token] = value
-        return tensor
 
     # ---------------------------------------------------------------- awaiter thread
 
@@ -768,17 +788,14 @@ class TrtllmEngine:
     # ---------------------------------------------------------------- event-loop side
 
     def _die(self, error: Exception) -> None:
-        if not self._alive:
+        if self._stopping or not self._mark_dead(error):
             return
-        self._alive = False
         self._fail_all(EngineDead(f"The TensorRT-LLM executor stopped: {error}"))
-        if self._on_dead is not None:
-            self._on_dead(error)
 
     def _fail_all(self, error: CoreError) -> None:
         now = time.monotonic()
         for live in list(self._live.values()):
-            live.put(EngineOutput(live.request.request_id, error=error, finished=True, time=now))
+            live.outputs.put(EngineOutput(live.request.request_id, error=error, finished=True, time=now))
         self._live.clear()
         self._by_name.clear()
 
@@ -814,7 +831,7 @@ class TrtllmEngine:
         rank = _STATE_RANK[state]
         if rank > live.state:
             live.state = rank
-            live.put(EngineOutput(live.request.request_id, state=state, time=now))
+            live.outputs.put(EngineOutput(live.request.request_id, state=state, time=now))
 
     def _handle(self, live: _Live, batch: list, now: float) -> None:
         """Turn one batch of a request's responses into EngineOutputs."""
@@ -826,7 +843,7 @@ class TrtllmEngine:
         for response in batch:
             if response.has_error():
                 self._forget(live)
-                live.put(
+                live.outputs.put(
                     EngineOutput(req.request_id, error=classify_error(response.error_msg), finished=True, time=now)
                 )
                 return
@@ -835,7 +852,7 @@ class TrtllmEngine:
             if req.prompt_logprobs is not None and not live.prompt_info_sent:
                 logits = getattr(res, "context_logits", None)
                 if logits is not None:
-                    prompt_info = _prompt_logprobs(logits, req.prompt_ids, req.prompt_logprobs, self.info.vocab_size)
+                    prompt_info = prompt_logprobs(logits, req.prompt_ids, req.prompt_logprobs, self.info.vocab_size)
                     live.prompt_info_sent = True
             index = int(getattr(res, "sequence_index", 0) or 0)
             if index >= len(live.seqs):
@@ -853,8 +870,10 @@ class TrtllmEngine:
             seq_final = bool(getattr(res, "is_sequence_final", res.is_final))
             step = steps.setdefault(index, SequenceStep(index, [], [] if req.logprobs else None))
             reason, stop_token, excluded_end = None, None, False
-            if live.local_stops:
-                tokens, lps, reason, stop_token = self._local_stop(live, seq, tokens, lps)
+            if req.min_new_tokens > 0:
+                tokens, lps, reason, stop_token = first_stop_token(
+                    req, tokens, lps, before=len(seq.generated), extra_eos=self._ids.extra_eos
+                )
             if reason is None and seq_final:
                 reasons = getattr(res, "finish_reasons", None)
                 name = getattr(reasons[0], "name", None) if reasons else None
@@ -889,19 +908,7 @@ class TrtllmEngine:
                 self._cancel(live)
         for out in outputs:
             if out.sequences or out.state is not None or out.finished:
-                live.put(out)
-
-    def _local_stop(self, live: _Live, seq: _Seq, tokens: list[int], lps):
-        """Single stop tokens matched by the engine (min_new_tokens > 0): the first one after
-        min_new_tokens ends the sequence, kept in the output as the executor would."""
-        req = live.request
-        for i, token in enumerate(tokens):
-            if token in live.local_stops and len(seq.generated) + i + 1 > req.min_new_tokens:
-                kept = tokens[: i + 1]
-                if token in req.stop_token_ids:
-                    return kept, (lps[: i + 1] if lps else lps), FinishReason.STOP_SEQUENCE, token
-                return kept, (lps[: i + 1] if lps else lps), FinishReason.EOS, None
-        return tokens, lps, None, None
+                live.outputs.put(out)
 
     def _finish(self, live: _Live, seq: _Seq, name: str | None) -> tuple[FinishReason, int | None, bool]:
         """Map the executor's finish reason (§1.1) to (reason, stop token id, end token excluded).
@@ -925,7 +932,7 @@ class TrtllmEngine:
                 token = matched[0]
                 if token in req.stop_token_ids:
                     return FinishReason.STOP_SEQUENCE, token, False
-                if token in self._extra_eos:
+                if token in self._ids.extra_eos:
                     return FinishReason.EOS, None, False
             return FinishReason.STOP_SEQUENCE, None, False
         if live.cancel_sent:
@@ -943,19 +950,3 @@ def _matched_stop_word(generated: Sequence[int], words: Sequence[Sequence[int]])
         if n and n <= len(generated) and list(generated[-n:]) == list(word) and (best is None or n > len(best)):
             best = list(word)
     return best
-
-
-def _prompt_logprobs(logits, prompt: Sequence[int], k: int, vocab: int) -> list[PromptTokenInfo]:
-    """Prompt token logprobs from context logits [prompt_len, vocab_padded] (§1.7)."""
-    import torch
-
-    lp = torch.as_tensor(logits).float()[:-1].log_softmax(dim=-1)
-    targets = torch.tensor(list(prompt[1:]), dtype=torch.long)
-    chosen = lp.gather(1, targets[:, None]).squeeze(1).tolist() if len(targets) else []
-    tops: list[list[tuple[int, float]]] = [[] for _ in prompt[1:]]
-    if k > 0 and len(targets):
-        vals, idx = lp[:, :vocab].topk(k, dim=-1)
-        tops = [list(zip(i, v, strict=True)) for i, v in zip(idx.tolist(), vals.tolist(), strict=True)]
-    out = [PromptTokenInfo(prompt[0], None, [])]
-    out += [PromptTokenInfo(t, c, top) for t, c, top in zip(prompt[1:], chosen, tops, strict=True)]
-    return out

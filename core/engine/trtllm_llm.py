@@ -19,18 +19,27 @@ Differences from `--engine trtllm`, each because the LLM API has no way to do it
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import json
 import logging
 import time
 import types
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.engine.trtllm import INSTALL_HINT, classify_error
+from core.engine.base import EngineLifecycle, OutputStream
+from core.engine.trtllm import (
+    INSTALL_HINT,
+    SEED_MASK,
+    classify_error,
+    embedding_bias,
+    first_stop_token,
+    special_ids,
+)
 from core.engine.trtllm_defaults import resolve_trtllm_sampling
-from core.errors import EngineDead, EngineFailure, InvalidArgument, NotReady, Overloaded
+from core.errors import CoreError, EngineDead, EngineFailure, InvalidArgument, Overloaded
 from core.types import (
     EngineInfo,
     EngineOutput,
@@ -44,8 +53,6 @@ from core.types import (
 )
 
 log = logging.getLogger(__name__)
-
-_U64 = (1 << 64) - 1
 
 
 def import_llm_api() -> types.SimpleNamespace:
@@ -87,7 +94,7 @@ def llm_sampling_kwargs(
         "end_id": end_id,
         "pad_id": pad_id,
         "n": req.num_sequences,
-        "seed": s.seed & _U64,
+        "seed": s.seed & SEED_MASK,
         "ignore_eos": req.ignore_eos,
         "include_stop_str_in_output": True,
         "detokenize": False,
@@ -148,13 +155,14 @@ class _Seq:
 @dataclass(eq=False, slots=True)
 class _Live:
     request: EngineRequest
-    output: object = None
+    output: object = None  # the LLM's RequestOutput
+    pump: asyncio.Task | None = None  # TrtllmLlmEngine._pump
     seqs: list[_Seq] = field(default_factory=list)
     started: bool = False
     aborted: bool = False
 
 
-class TrtllmLlmEngine:
+class TrtllmLlmEngine(EngineLifecycle):
     """Token-level engine over TensorRT-LLM's LLM API (see the module docstring).
 
     Args:
@@ -167,6 +175,7 @@ class TrtllmLlmEngine:
     kind = "trtllm-llm"
 
     def __init__(self, api, config, tokenizer, *, tokenizer_dir: str):
+        super().__init__()
         self._api = api
         self._config = config
         self._tokenizer_dir = tokenizer_dir
@@ -178,23 +187,13 @@ class TrtllmLlmEngine:
         hf = json.loads(hf_file.read_text())
         if "build_config" in hf:
             raise RuntimeError(f"{config.model} is a TensorRT engine directory; serve it with --engine trtllm")
-        eos = tokenizer.hf.eos_token_id
-        if eos is None:
-            eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
-        if eos is None:
-            raise RuntimeError("The tokenizer has no EOS token; TensorRT-LLM needs an end_id")
-        self._end_id = int(eos)
-        self._extra_eos = frozenset(tokenizer.eos_token_ids) - {self._end_id}
-        self._pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+        self._ids = special_ids(tokenizer)
         self._model_vocab = int(hf.get("vocab_size") or tokenizer.vocab_size)
         self._vocab_size = int(tokenizer.vocab_size)
         context = hf.get("max_position_embeddings") or hf.get("n_positions") or 2048
         self.info = self._make_info(int(context))
         self._llm = None
         self._live: dict[str, _Live] = {}
-        self._alive = False
-        self._stopping = False
-        self._on_dead: Callable[[Exception], None] | None = None
 
     def _make_info(self, context: int) -> EngineInfo:
         cfg = self._config
@@ -204,7 +203,6 @@ class TrtllmLlmEngine:
             vocab_size=self._vocab_size,
             max_num_beams=1,
             max_n=min(cfg.max_n, cfg.max_batch_size),
-            max_batch_size=cfg.max_batch_size,
             unsupported_sampling_fields=frozenset({"typical_p"}),
             max_top_logprobs=0,
             supports_prompt_logprobs=False,
@@ -243,7 +241,7 @@ class TrtllmLlmEngine:
         max_seq_len = getattr(getattr(self._llm, "args", None), "max_seq_len", None)
         if max_seq_len:
             self.info = self._make_info(int(max_seq_len))
-        self._alive = True
+        self._started = self._alive = True
         log.info("trtllm-llm engine: %s (TensorRT-LLM %s)", cfg.model, self._api.version)
 
     async def shutdown(self) -> None:
@@ -258,15 +256,6 @@ class TrtllmLlmEngine:
                 await asyncio.to_thread(self._llm.shutdown)
             except Exception as e:
                 log.warning("LLM shutdown: %s", e)
-
-    @property
-    def alive(self) -> bool:
-        """False once the LLM died or shut down."""
-        return self._alive
-
-    def set_on_dead(self, callback: Callable[[Exception], None]) -> None:
-        """Called on the event loop when the LLM's worker dies."""
-        self._on_dead = callback
 
     def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
         """TensorRT-LLM's defaults (core.engine.trtllm_defaults), shared with --engine trtllm."""
@@ -291,62 +280,69 @@ class TrtllmLlmEngine:
             except Exception as e:
                 log.warning("abort %s: %s", live.request.request_id, e)
 
-    def _die(self, error: Exception) -> None:
-        if self._alive:
-            self._alive = False
-            log.error("TensorRT-LLM LLM failed: %s", error)
-            if self._on_dead is not None:
-                self._on_dead(error)
-
     # ---------------------------------------------------------------- requests
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        """Run a request; see core.engine.base.Engine for the output contract."""
-        live = self._submit(request)
-        finished = False
-        try:
-            yield EngineOutput(request.request_id, state=RequestState.QUEUED, time=time.monotonic())
-            iterator = live.output.__aiter__()
-            while not finished:
-                try:
-                    ro = await iterator.__anext__()
-                except StopAsyncIteration:
-                    break
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    finished = True
-                    yield EngineOutput(
-                        request.request_id, error=self._request_error(e), finished=True, time=time.monotonic()
-                    )
-                    return
-                for out in self._outputs(live, ro):
-                    finished = finished or out.finished
-                    yield out
-            if not finished:
-                finished = True
-                yield EngineOutput(
-                    request.request_id,
-                    error=EngineFailure("The LLM ended the request without finishing it."),
-                    finished=True,
-                )
-        finally:
-            if not finished:
-                self._abort(live)
-            if self._live.get(request.request_id) is live:
-                del self._live[request.request_id]
+    def generate(self, request: EngineRequest) -> OutputStream:
+        """Submit a request and stream its outputs; see core.engine.base.Engine for the contract.
 
-    def _request_error(self, error: Exception):
+        Raises:
+            NotReady / EngineDead: the engine is not serving (EngineDead also when the LLM
+                fails at submission).
+            InvalidArgument: the request id is already running, a multi-token bad word, greedy
+                n > 1, or values the LLM API refuses.
+            Overloaded: --max-queue-size requests have no output yet, or the LLM's queue is full.
+        """
+        live = self._submit(request)
+        queued = EngineOutput(request.request_id, state=RequestState.QUEUED, time=time.monotonic())
+        stream = OutputStream(queued, functools.partial(self._closed, live))
+        live.pump = asyncio.ensure_future(self._pump(live, stream))
+        return stream
+
+    def _closed(self, live: _Live, finished: bool) -> None:
+        """The consumer is done: abort an unfinished request and forget it."""
+        if not finished:
+            self._abort(live)
+        live.pump.cancel()  # no-op once it ended; the LLM ends an aborted request by itself
+        if self._live.get(live.request.request_id) is live:
+            del self._live[live.request.request_id]
+
+    async def _pump(self, live: _Live, stream: OutputStream) -> None:
+        """Post the RequestOutput's updates (§2) to the stream until the final output; any
+        failure becomes the stream's final (error) output, so the consumer never waits forever."""
+        request_id = live.request.request_id
+        updates = aiter(live.output)
+        while True:
+            try:
+                ro = await anext(updates)
+            except StopAsyncIteration:
+                error = EngineFailure("The LLM ended the request without finishing it.")
+                break
+            except Exception as e:
+                error = self._request_error(e)
+                break
+            try:
+                outputs = self._outputs(live, ro)
+            except Exception as e:  # a bug here, not an LLM failure: the engine stays up
+                log.exception("request %s: cannot read the LLM's output", request_id)
+                self._abort(live)
+                error = EngineFailure(f"Cannot read the LLM's output: {e}")
+                break
+            for out in outputs:
+                stream.put(out)
+            if any(out.finished for out in outputs):
+                return
+        stream.put(EngineOutput(request_id, error=error, finished=True, time=time.monotonic()))
+
+    def _request_error(self, error: Exception) -> CoreError:
+        """A per-request RequestError maps like an executor error response; anything else means
+        the LLM itself failed (the engine is then dead)."""
         if type(error).__name__ == "RequestError":
             return classify_error(str(error))
-        self._die(error)
+        self._mark_dead(error)
         return EngineDead(f"The TensorRT-LLM LLM failed: {error}")
 
     def _submit(self, req: EngineRequest) -> _Live:
-        if not self._alive:
-            if self._llm is None or self._stopping:
-                raise NotReady("The engine is not serving (starting or shutting down).")
-            raise EngineDead("The TensorRT-LLM LLM has stopped and cannot take requests.")
+        self._check_serving()
         if req.request_id in self._live:
             raise InvalidArgument(f"A request with id '{req.request_id}' is already running.", field="request_id")
         if any(len(w) > 1 for w in req.bad_words_ids):
@@ -361,14 +357,10 @@ class TrtllmLlmEngine:
         queued = self.stats().queued
         if self._config.max_queue_size and queued >= self._config.max_queue_size:
             raise Overloaded(f"The server is at capacity ({queued} requests waiting); retry later.")
-        kwargs = llm_sampling_kwargs(req, end_id=self._end_id, pad_id=self._pad_id, extra_eos=self._extra_eos)
+        ids = self._ids
+        kwargs = llm_sampling_kwargs(req, end_id=ids.end_id, pad_id=ids.pad_id, extra_eos=ids.extra_eos)
         if req.logit_bias:
-            import torch
-
-            bias = torch.zeros(self._model_vocab, dtype=torch.float32)
-            for token, value in req.logit_bias.items():
-                bias[token] = value
-            kwargs["embedding_bias"] = bias
+            kwargs["embedding_bias"] = embedding_bias(req.logit_bias, self._model_vocab)
         try:
             params = self._api.SamplingParams(**kwargs)
         except ValueError as e:
@@ -381,7 +373,7 @@ class TrtllmLlmEngine:
         except Exception as e:
             if "queue" in str(e).lower():
                 raise Overloaded("The server is at capacity (the TensorRT-LLM queue is full); retry later.") from e
-            self._die(e)
+            self._mark_dead(e)
             raise EngineDead(f"The TensorRT-LLM LLM cannot take requests: {e}") from e
         self._live[req.request_id] = live
         return live
@@ -403,7 +395,9 @@ class TrtllmLlmEngine:
             seq.received = len(ids)
             reason, stop_token, excluded_end = None, None, False
             if req.min_new_tokens > 0:
-                new, lps, reason, stop_token = self._local_stop(req, seq.received - len(new), new, lps)
+                new, lps, reason, stop_token = first_stop_token(
+                    req, new, lps, before=seq.received - len(new), extra_eos=self._ids.extra_eos
+                )
             if reason is None and comp.finish_reason:
                 reason, stop_token, excluded_end = self._finish(req, comp, live)
             step = SequenceStep(comp.index, new, lps)
@@ -426,19 +420,6 @@ class TrtllmLlmEngine:
             if not ro.finished:
                 self._abort(live)
         return [o for o in outputs if o.sequences or o.state is not None or o.finished]
-
-    def _local_stop(self, req: EngineRequest, before: int, tokens: list[int], lps):
-        """With min_new_tokens > 0 no stop tokens go to the runtime (it would stop too early): the
-        first stop token or extra EOS id after min_new_tokens ends the sequence here, kept in
-        the output as the runtime would keep it."""
-        eos = frozenset() if req.ignore_eos else self._extra_eos
-        for i, token in enumerate(tokens):
-            if before + i + 1 > req.min_new_tokens and (token in req.stop_token_ids or token in eos):
-                kept, kept_lps = tokens[: i + 1], (lps[: i + 1] if lps else lps)
-                if token in req.stop_token_ids:
-                    return kept, kept_lps, FinishReason.STOP_SEQUENCE, token
-                return kept, kept_lps, FinishReason.EOS, None
-        return tokens, lps, None, None
 
     def _finish(self, req: EngineRequest, comp, live: _Live) -> tuple[FinishReason, int | None, bool]:
         """'stop' / 'length' / 'timeout' / 'cancelled' (§2) -> (reason, stop token id, end token excluded)."""

@@ -1,2 +1,3 @@
 """Shared gateway machinery: configuration, the core client, the gRPC-to-HTTP status table,
-wire framing, the first-message streaming rule, and the aiohttp app/server helpers."""
+wire framing, shape and type helpers for the schemas, the first-message streaming rule with the
+relay loop of streamed responses, and the aiohttp app/server helpers."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
-
-log = logging.getLogger(__name__)
 
 
 def make_base_app(config: GatewayConfig, middlewares=()) -> web.Application:
@@ -23,6 +22,36 @@ def make_base_app(config: GatewayConfig, middlewares=()) -> web.Application:
 def core_client(request: web.Request) -> CoreClient:
     """The app's core client."""
     return request.app[CORE_CLIENT_KEY]
+
+
+def option(request: web.Request, name: str, default: Any = None) -> Any:
+    """A gateway-specific option (argparse dest) of the app's GatewayConfig."""
+    return request.app[CONFIG_KEY].option(name, default)
+
+
+def error_middleware(render: Callable[[int, str], web.Response]):
+    """A middleware that answers aiohttp's own HTTP errors (unknown path 404, wrong method 405,
+    body over --max-body-bytes 413) with `render(status, message)`, the schema's error shape,
+    instead of aiohttp's plain text.
+
+    The message names the method and path for 404 and 405 ("Not Found: GET /v2/nothing"), and
+    is aiohttp's explanation otherwise ("Maximum request body size 1024 exceeded, ...").
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            if exc.status in (404, 405) or exc.text in (None, f"{exc.status}: {exc.reason}"):
+                message = f"{exc.reason}: {request.method} {request.path}"
+            else:
+                message = exc.text
+            return render(exc.status, message)
+
+    return middleware
 
 
 async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -10,7 +10,10 @@ from gateways.common.status import GatewayError
 
 SSE_CONTENT_TYPE = "text/event-stream"
 JSONLINES_CONTENT_TYPE = "application/jsonlines"
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+# One encoder for every record: json.dumps with arguments builds a new encoder per call, and
+# each streamed token is one call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def loads(raw: bytes | str, what: str = "The request body") -> Any:
@@ -33,8 +36,8 @@ def _reject_constant(name: str) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    """Compact JSON that keeps non-ASCII text as is."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON that keeps non-ASCII text as is (what every gateway sends)."""
+    return _ENCODER.encode(obj)
 
 
 def sse_event(obj: Any) -> bytes:

@@ -22,19 +22,11 @@ from typing import Any
 from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.app import core_client
+from gateways.common.app import core_client, option
 from gateways.common.core_client import CONFIG_KEY, CoreClient
-from gateways.common.framing import (
-    JSONLINES_CONTENT_TYPE,
-    SSE_CONTENT_TYPE,
-    SSE_HEADERS,
-    dumps,
-    jsonline,
-    loads,
-    sse_event,
-)
+from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE, dumps, jsonline, loads, sse_event
 from gateways.common.status import GatewayError
-from gateways.common.streaming import CoreStream, collect
+from gateways.common.streaming import CoreStream, collect, relay, stream_response
 from gateways.lmi.errors import (
     LMI_STATUS_OVERRIDES,
     PayloadError,
@@ -51,35 +43,34 @@ from gateways.lmi.translate import (
     collect_messages,
     dynamic_delta,
     dynamic_line,
-    ended_early,
     given_parameters,
-    refuse_unsupported,
     render_dynamic,
     render_options,
     render_response,
     to_generate_request,
 )
+from gateways.openai.routes import handle_chat
 
 log = logging.getLogger(__name__)
 
 
 async def invocations(request: web.Request) -> web.StreamResponse:
     """`POST /invocations`."""
-    return await _invoke(request, model=None)
+    return await _invoke(request, model=None, dynamic=_dynamic_batching(request))
 
 
 async def predictions(request: web.Request) -> web.StreamResponse:
     """`POST /predictions/{model_name}`: 404 in the LMI error shape unless `model_name` is the
     served model (GetModelInfo.model_name)."""
     name = request.match_info["model_name"]
-    dynamic = _option(request, "batching") == "dynamic"
+    dynamic = _dynamic_batching(request)
     try:
         info = await core_client(request).model_info()
     except GatewayError as e:
         return _fail(e, dynamic=dynamic)
     if name != info.model_name:
         return _fail(model_not_found(name, info.model_name), dynamic=dynamic)
-    return await _invoke(request, model=name)
+    return await _invoke(request, model=name, dynamic=dynamic)
 
 
 async def ping(request: web.Request) -> web.Response:
@@ -90,8 +81,7 @@ async def ping(request: web.Request) -> web.Response:
     return web.json_response({"status": "Unhealthy"}, status=503)
 
 
-async def _invoke(request: web.Request, *, model: str | None) -> web.StreamResponse:
-    dynamic = _option(request, "batching") == "dynamic"
+async def _invoke(request: web.Request, *, model: str | None, dynamic: bool) -> web.StreamResponse:
     try:
         body = await _read_json(request)
     except GatewayError as e:
@@ -125,8 +115,8 @@ def _fail(err: GatewayError, *, dynamic: bool = False) -> web.Response:
     return render_before_stream(err, dynamic=dynamic)
 
 
-def _option(request: web.Request, name: str) -> Any:
-    return request.app[CONFIG_KEY].option(name)
+def _dynamic_batching(request: web.Request) -> bool:
+    return option(request, "batching") == "dynamic"
 
 
 def _sse(request: web.Request) -> bool:
@@ -138,24 +128,17 @@ def _sse(request: web.Request) -> bool:
         return True
     if JSONLINES_CONTENT_TYPE in accept:
         return False
-    formatter = _option(request, "output_formatter")
+    formatter = option(request, "output_formatter")
     if formatter:
         return formatter == "sse"
-    return bool(_option(request, "tgi_compat"))
-
-
-async def _start_stream(request: web.Request, sse: bool) -> web.StreamResponse:
-    resp = web.StreamResponse(headers=SSE_HEADERS if sse else {"Cache-Control": "no-cache"})
-    resp.content_type = SSE_CONTENT_TYPE if sse else JSONLINES_CONTENT_TYPE
-    await resp.prepare(request)
-    return resp
+    return bool(option(request, "tgi_compat"))
 
 
 # ------------------------------------------------------------------------------ rolling batch
 
 
 async def _rolling(request: web.Request, body: Any, model: str | None) -> web.StreamResponse:
-    tgi_compat = bool(_option(request, "tgi_compat"))
+    tgi_compat = bool(option(request, "tgi_compat"))
     try:
         req = parse_rolling(body)
         params = req.parameters
@@ -178,25 +161,23 @@ async def _rolling(request: web.Request, body: Any, model: str | None) -> web.St
         return _fail(with_lmi_param(e, given))
     sse = _sse(request)
     frame = sse_event if sse else jsonline
-    resp = web.StreamResponse()
-    try:
-        resp = await _start_stream(request, sse)
-        renderer = StreamRenderer(opts)
-        try:
-            async for msg in stream:
-                for record in renderer.feed(msg):
-                    await resp.write(frame(record))
-            renderer.close()
-        except GatewayError as e:
-            err = with_lmi_param(e, given)
-            log.warning("request %s failed mid-stream: %s %s", grpc_req.request_id, err.code.name, err.message)
-            await resp.write(frame(render_in_stream(err, tgi_compat=tgi_compat)))
-        await resp.write_eof()
-    except ConnectionResetError:
-        log.info("request %s: the client went away", grpc_req.request_id)
-    finally:
-        stream.cancel()
-    return resp
+    renderer = StreamRenderer(opts)
+
+    def render(msg: spb.GenerateResponse) -> bytes:
+        records = renderer.feed(msg)
+        return frame(records[0]) if len(records) == 1 else b"".join(map(frame, records))
+
+    def render_error(err: GatewayError) -> bytes:
+        return frame(render_in_stream(with_lmi_param(err, given), tgi_compat=tgi_compat))
+
+    return await relay(
+        request,
+        stream,
+        render,
+        render_error,
+        content_type=SSE_CONTENT_TYPE if sse else JSONLINES_CONTENT_TYPE,
+        request_id=grpc_req.request_id,
+    )
 
 
 # ------------------------------------------------------------------------------ dynamic batch
@@ -207,8 +188,7 @@ async def _dynamic(request: web.Request, body: Any, model: str | None) -> web.St
         req = parse_dynamic(body)
         params = req.parameters
         inputs = [req.inputs] if isinstance(req.inputs, str) else req.inputs
-        stream = req.stream if req.stream is not None else bool(_option(request, "enable_streaming"))
-        refuse_unsupported(params, stream=False, dynamic=True)
+        stream = req.stream if req.stream is not None else bool(option(request, "enable_streaming"))
         request_id = uuid.uuid4().hex
         grpc_reqs = [
             to_generate_request(
@@ -239,9 +219,9 @@ async def _dynamic(request: web.Request, body: Any, model: str | None) -> web.St
         return _fail(with_lmi_param(e, given), dynamic=True)
     queue: asyncio.Queue[tuple[int, str | GatewayError | None]] = asyncio.Queue()
     pumps = [asyncio.create_task(_pump(i, s, queue)) for i, s in enumerate(streams)]
-    resp = web.StreamResponse()
+    resp = stream_response(JSONLINES_CONTENT_TYPE)
     try:
-        resp = await _start_stream(request, sse=False)
+        await resp.prepare(request)
         remaining = len(streams)
         while remaining:
             items = [await queue.get()]
@@ -275,16 +255,13 @@ async def _dynamic(request: web.Request, body: Any, model: str | None) -> web.St
 
 
 async def _pump(index: int, stream: CoreStream, queue: asyncio.Queue) -> None:
-    """Forward one input's text deltas to the shared queue; None marks its end."""
-    finished = False
+    """Forward one input's text deltas to the shared queue; None marks its end, a GatewayError
+    its failure."""
     try:
         async for msg in stream:
             text = dynamic_delta(msg)
             if text:
                 queue.put_nowait((index, text))
-            finished = finished or msg.HasField("usage")
-        if not finished:
-            raise ended_early()
     except GatewayError as e:
         queue.put_nowait((index, e))
         return
@@ -323,8 +300,6 @@ async def _chat(request: web.Request, body: dict) -> web.StreamResponse:
     """A chat completions body on /invocations: the OpenAI gateway's chat handler renders it,
     streamed as jsonlines unless the output formatter is SSE (seed
     `lmi-chat-completions-schema.md`), with LMI's finish reasons."""
-    from gateways.openai.routes import handle_chat  # the OpenAI gateway owns chat translation
-
     framing = "sse" if _sse(request) else "jsonlines"
     return await handle_chat(
         request, body, framing=framing, finish_reasons="lmi", status_overrides=LMI_STATUS_OVERRIDES

@@ -14,18 +14,12 @@ parameter we do not know is never silently dropped. Every shape or type problem 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gateways.common.schema import Int32, Int64, field_path, json_type
 from gateways.lmi.errors import PayloadError
-
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-
-# Proto int32 / int64 fields: a value outside the wire range is a type problem, not a range rule.
-Int32 = Annotated[int, Field(ge=-(2**31), le=INT32_MAX)]
-Int64 = Annotated[int, Field(ge=-(2**63), le=INT64_MAX)]
 
 
 class GenerationParameters(BaseModel):
@@ -79,16 +73,12 @@ class GenerationParameters(BaseModel):
     grammar: dict[str, Any] | None = None
 
 
-class RollingBatchRequest(BaseModel):
-    """A rolling-batch request: `{inputs: string, parameters?, stream?}` (seed "Request Schema").
-
-    `parameters` is always a GenerationParameters after validation (absent or null: all unset);
-    `stream` None means false.
-    """
+class _Request(BaseModel):
+    """What both batching schemas share: `parameters` (absent or null: all unset, so it is always
+    a GenerationParameters after validation) and `stream` (None: not given)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    inputs: str
     parameters: GenerationParameters | None = Field(default=None, validate_default=True)
     stream: bool | None = None
 
@@ -98,21 +88,19 @@ class RollingBatchRequest(BaseModel):
         return value or GenerationParameters()
 
 
-class DynamicBatchRequest(BaseModel):
+class RollingBatchRequest(_Request):
+    """A rolling-batch request: `{inputs: string, parameters?, stream?}` (seed "Request Schema");
+    `stream` None means false."""
+
+    inputs: str
+
+
+class DynamicBatchRequest(_Request):
     """A dynamic-batch request: `inputs` is one string or a list of strings (seed "Dynamic
     Batch/Static Batch Schema"). `stream` is accepted per request as an override of the
     gateway's `--enable-streaming` option (None: use the option)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
     inputs: str | list[str]
-    parameters: GenerationParameters | None = Field(default=None, validate_default=True)
-    stream: bool | None = None
-
-    @field_validator("parameters")
-    @classmethod
-    def _fill_parameters(cls, value: GenerationParameters | None) -> GenerationParameters:
-        return value or GenerationParameters()
 
 
 def is_chat_request(body: Any) -> bool:
@@ -153,7 +141,7 @@ def parse_dynamic(body: Any) -> DynamicBatchRequest:
 
 def _require_object(body: Any) -> None:
     if not isinstance(body, dict):
-        raise PayloadError(f"The request body must be a JSON object, got {_json_type(body)}.")
+        raise PayloadError(f"The request body must be a JSON object, got {json_type(body)}.")
     if "inputs" not in body:
         raise PayloadError("The request body has no 'inputs' field.", param="inputs")
 
@@ -163,35 +151,9 @@ def _validate(model: type[BaseModel], body: dict) -> Any:
         return model.model_validate(body)
     except ValidationError as e:
         # For a union (str | list[str]) each member reports; the deepest location is the most specific.
-        errors = e.errors(include_url=False)
-        err = max(errors, key=lambda x: len(x["loc"]))
-        where = _loc(err["loc"])
+        err = max(e.errors(include_url=False), key=lambda x: len(x["loc"]))
+        where = field_path(err["loc"])
         if err["type"] == "extra_forbidden":
             what = "generation parameter" if where.startswith("parameters.") else "request field"
             raise PayloadError(f"{where} is not a known {what}.", param=where) from None
         raise PayloadError(f"{where}: {err['msg']}.", param=where) from None
-
-
-def _loc(loc: tuple) -> str:
-    """'parameters.stop_sequences[1]' from pydantic's loc, without union member tags."""
-    out = ""
-    for i, part in enumerate(loc):
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif i == 0 or (i == 1 and loc[0] == "parameters"):
-            out += ("." if out else "") + part
-    return out
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if value is None:
-        return "null"
-    return type(value).__name__

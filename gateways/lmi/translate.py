@@ -5,7 +5,10 @@ Request side: `render_options` decides what the response will show, `to_generate
 `inputs` + GenerationParameters (seed "GenerationParameters") onto one `GenerateRequest`.
 Response side: `StreamRenderer` turns Generate messages into jsonlines/SSE records as they
 arrive (seed "Response Schema", streaming), `collect_messages` + `render_response` build the
-non-streaming body, and the `dynamic_*` helpers render the dynamic-batch schema.
+non-streaming body, and the `dynamic_*` helpers render the dynamic-batch schema. They take the
+messages of a complete stream (gateways.common.streaming.CoreStream checks that the final
+message came). A sequence the core cancelled or failed is an error here (`check_finish`): LMI
+has no finish_reason for it.
 
 Token texts. A record's `text` is the part of the sequence's text that arrived with that token:
 the core sends UTF-8-safe text deltas per message (holding back partial characters and possible
@@ -21,11 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.schema import copy_given
 from gateways.common.status import GatewayError
+from gateways.common.streaming import sequence_error
 from gateways.lmi.schema import GenerationParameters
 
 #: The schema's max_new_tokens default (seed "GenerationParameters": default = 30), set
@@ -54,6 +58,13 @@ _SAMPLING_PASS_THROUGH = (
     "seed",
     "num_beams",
 )
+# LMI parameter -> StoppingParams field, passed through when given.
+_STOPPING_RENAMED = {
+    "min_length": "min_new_tokens",
+    "ignore_eos_token": "ignore_eos",
+    "include_stop_str_in_output": "include_stop_str_in_output",
+    "truncate": "truncate_input_tokens",
+}
 # Parameters whose output the dynamic-batch schema ({generated_text} only) cannot carry.
 _ROLLING_ONLY = ("details", "decoder_input_details", "prompt_logprobs", "logprobs", "top_n_tokens")
 
@@ -187,10 +198,7 @@ def to_generate_request(
     if model:
         req.model = model
     s, st, o = req.sampling, req.stopping, req.output
-    for name in _SAMPLING_PASS_THROUGH:
-        value = getattr(p, name)
-        if value is not None:
-            setattr(s, name, value)
+    copy_given(p, s, _SAMPLING_PASS_THROUGH)
     if opts.tgi_compat and p.do_sample is False:
         s.ClearField("do_sample")
     if p.top_k is not None and p.top_k != -1:
@@ -209,17 +217,10 @@ def to_generate_request(
         s.bad_words.extend(p.bad_sequences)
 
     st.max_new_tokens = DEFAULT_MAX_NEW_TOKENS if p.max_new_tokens is None else p.max_new_tokens
-    if p.min_length is not None:
-        st.min_new_tokens = p.min_length
+    copy_given(p, st, _STOPPING_RENAMED)
     st.stop.extend(stop_sequences(p))
     if p.stop_token_ids:
         st.stop_token_ids.extend(p.stop_token_ids)
-    if p.ignore_eos_token is not None:
-        st.ignore_eos = p.ignore_eos_token
-    if p.include_stop_str_in_output is not None:
-        st.include_stop_str_in_output = p.include_stop_str_in_output
-    if p.truncate is not None:
-        st.truncate_input_tokens = p.truncate
 
     top = [v for v in (p.logprobs, p.top_n_tokens) if v is not None]
     o.logprobs = opts.stream or opts.details or opts.num_sequences > 1 or bool(top)
@@ -230,10 +231,7 @@ def to_generate_request(
         o.prompt_logprobs = _merge(prompt)
     if p.return_full_text:
         o.echo = True
-    if p.skip_special_tokens is not None:
-        o.skip_special_tokens = p.skip_special_tokens
-    if p.spaces_between_special_tokens is not None:
-        o.spaces_between_special_tokens = p.spaces_between_special_tokens
+    copy_given(p, o, ("skip_special_tokens", "spaces_between_special_tokens"))
     return req
 
 
@@ -312,15 +310,11 @@ def check_finish(out: pb.SequenceOutput) -> None:
     """Raise for a sequence the core ended without a result.
 
     Raises:
-        GatewayError: FINISH_REASON_CANCELLED (the core cancelled the request, e.g. while
-            draining: UNAVAILABLE) or FINISH_REASON_ERROR (INTERNAL).
+        GatewayError: FINISH_REASON_CANCELLED (UNAVAILABLE) or FINISH_REASON_ERROR (INTERNAL);
+            see gateways.common.streaming.sequence_error.
     """
-    if out.finish_reason == pb.FINISH_REASON_CANCELLED:
-        raise GatewayError(
-            grpc.StatusCode.UNAVAILABLE, "The model server cancelled the request before it finished; retry it."
-        )
-    if out.finish_reason == pb.FINISH_REASON_ERROR:
-        raise GatewayError(grpc.StatusCode.INTERNAL, "The model server failed while generating.")
+    if out.finish_reason and (err := sequence_error(out.finish_reason)) is not None:
+        raise err
 
 
 def _seed(msg: spb.GenerateResponse) -> int | None:
@@ -339,7 +333,7 @@ class StreamRenderer:
     Each generated token becomes one `{"token": {...}}` record (plus `top_tokens` when asked);
     the record of the last token also carries `generated_text` and, when details are on,
     `details` without `tokens` (seed "Response Schema", streaming). The caller frames each
-    record as a jsonlines line or an SSE event and writes it at once.
+    record as a jsonlines line or an SSE event and writes a message's records at once.
     """
 
     def __init__(self, opts: RenderOptions):
@@ -350,7 +344,6 @@ class StreamRenderer:
         self._finish = 0
         self._prompt_text = ""
         self._prefill: list[dict[str, Any]] = []
-        self.finished = False
 
     def feed(self, msg: spb.GenerateResponse) -> list[dict[str, Any]]:
         """Records for one message (often none: lifecycle-only messages).
@@ -367,38 +360,33 @@ class StreamRenderer:
         for out in msg.outputs:
             if out.index != 0:
                 continue
-            check_finish(out)
+            if out.finish_reason:
+                check_finish(out)
+                self._finish = out.finish_reason
             self._parts.append(out.text)
-            pairs = aligned(out, self._carry)
-            self._carry = "" if pairs else self._carry + out.text
-            for tok, text in pairs:
+            tokens = out.tokens
+            if not tokens:
+                self._carry += out.text
+                continue
+            self._generated += len(tokens)
+            last = len(tokens) - 1
+            for i, tok in enumerate(tokens):
+                text = self._carry + out.text if i == last else ""
                 rec: dict[str, Any] = {"token": token_record(tok, text, tgi_compat=opts.tgi_compat)}
                 if opts.top_tokens:
                     rec["top_tokens"] = alternative_records(tok, tgi_compat=opts.tgi_compat)
                 records.append(rec)
-            self._generated += len(out.tokens)
-            if out.finish_reason:
-                self._finish = out.finish_reason
+            self._carry = ""
         if msg.HasField("usage"):
-            self.finished = True
             if not records:
                 # A sequence that ends without a token of its own (not produced by length, EOS or
                 # stop endings) still needs a last record to carry generated_text and details.
                 records.append({"token": _terminal_token(self._carry, opts.tgi_compat)})
-            last = records[-1]
-            last["generated_text"] = self.generated_text
+            last_record = records[-1]
+            last_record["generated_text"] = self.generated_text
             if opts.details:
-                last["details"] = self._details(msg)
+                last_record["details"] = self._details(msg)
         return records
-
-    def close(self) -> None:
-        """Check that the stream ended with its final message.
-
-        Raises:
-            GatewayError: INTERNAL, the core's stream ended early.
-        """
-        if not self.finished:
-            raise ended_early()
 
     @property
     def generated_text(self) -> str:
@@ -450,16 +438,14 @@ class Collected:
 
 
 def collect_messages(messages: Iterable[spb.GenerateResponse]) -> Collected:
-    """Fold a finished Generate stream per sequence: text, tokens with their text share,
+    """Fold a complete Generate stream per sequence: text, tokens with their text share,
     finish reason, cumulative logprob; plus prompt text/tokens and the (TGI-reported) seed.
 
     Raises:
-        GatewayError: a sequence was cancelled by the core or failed (check_finish); the stream
-            has no final message (INTERNAL).
+        GatewayError: a sequence was cancelled by the core or failed (check_finish).
     """
     c = Collected()
     carry: dict[int, str] = {}
-    finished = False
     for msg in messages:
         if msg.HasField("prompt_text"):
             c.prompt_text = msg.prompt_text
@@ -483,17 +469,9 @@ def collect_messages(messages: Iterable[spb.GenerateResponse]) -> Collected:
                 seq.cumulative_logprob = out.cumulative_logprob
         if msg.HasField("usage"):
             c.seed = _seed(msg)
-            finished = True
-    if not finished:
-        raise ended_early()
     if 0 not in c.sequences:
         c.sequences[0] = SequenceResult(0)
     return c
-
-
-def ended_early() -> GatewayError:
-    """The error for a Generate stream that ended without its final message (INTERNAL)."""
-    return GatewayError(grpc.StatusCode.INTERNAL, "The model server ended the response before it finished.")
 
 
 def ranked(c: Collected) -> list[SequenceResult]:

@@ -27,12 +27,6 @@ from gateways.common.status import GatewayError
 _TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
 
-def http_status(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> int:
-    """The HTTP status of an error: the caller's overrides, then the common table
-    (gateways.common.status.GRPC_TO_HTTP)."""
-    return err.http_status(overrides)
-
-
 def error_type(status: int) -> str:
     """OpenAI's error `type` for an HTTP status."""
     if status in _TYPES:
@@ -51,7 +45,7 @@ def _code(err: GatewayError) -> str | None:
 
 def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None) -> web.Response:
     """An error response with OpenAI's body, for errors found outside a GatewayError (routing,
-    body size, unreadable JSON)."""
+    body size, an unknown model on `/v1/models/{model}`)."""
     return web.json_response(error_object(message, status, param=param, code=code), status=status, dumps=dumps)
 
 
@@ -60,8 +54,7 @@ def render_before_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, 
 
     `err.param` must already be in OpenAI's spelling.
     """
-    status = http_status(err, overrides)
-    return error_response(status, err.message, param=err.param, code=_code(err))
+    return error_response(err.http_status(overrides), err.message, param=err.param, code=_code(err))
 
 
 def render_in_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> dict[str, Any]:
@@ -69,4 +62,4 @@ def render_in_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int]
 
     `type` still follows the status the error would have had before the stream started.
     """
-    return error_object(err.message, http_status(err, overrides), param=err.param, code=_code(err))
+    return error_object(err.message, err.http_status(overrides), param=err.param, code=_code(err))

@@ -9,9 +9,9 @@ errors in OpenAI's shape). The LMI gateway calls it for `POST /invocations` when
 
 Streaming follows the first-message rule (`CoreStream.open` before `prepare()`): anything that
 fails before the core's first message is a proper status with the error body; after it the
-error goes in-band. Each Generate message is written (and so flushed) as it arrives, and the
-gRPC call is cancelled in a `finally`, so a client that disconnects (aiohttp then cancels the
-handler) cancels the core's request.
+error goes in-band. `gateways.common.streaming.relay` writes each Generate message's chunks as
+they arrive and cancels the gRPC call in a `finally`, so a client that disconnects (aiohttp
+then cancels the handler) cancels the core's request.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common import framing as wire
-from gateways.common.app import core_client
+from gateways.common.app import core_client, error_middleware
 from gateways.common.status import GatewayError
-from gateways.common.streaming import CoreStream, collect
+from gateways.common.streaming import CoreStream, collect, relay
 from gateways.openai import errors, schema, translate
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ CREATED_KEY = web.AppKey("openai_created", int)
 def encode(chunks: list[dict[str, Any]], framing: str) -> bytes:
     """Chunk objects on the wire: SSE `data: <json>` events, or one JSON object per line."""
     frame = wire.sse_event if framing == "sse" else wire.jsonline
-    return b"".join(frame(c) for c in chunks)
+    if len(chunks) == 1:  # the usual case: one choice with news per message
+        return frame(chunks[0])
+    return b"".join(map(frame, chunks))
 
 
 def end_of_stream(framing: str) -> bytes:
@@ -49,20 +51,10 @@ def end_of_stream(framing: str) -> bytes:
     return wire.sse_done() if framing == "sse" else b""
 
 
-async def read_json(request: web.Request) -> Any:
-    """The request body parsed as JSON (NaN and Infinity are not JSON and are refused).
-
-    Raises:
-        GatewayError: INVALID_ARGUMENT, the body is not valid UTF-8 JSON.
-        web.HTTPRequestEntityTooLarge: the body exceeds the configured size.
-    """
-    return wire.loads(await request.read())
-
-
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """`POST /v1/chat/completions` (OpenAI SSE framing and finish reasons)."""
     try:
-        body = await read_json(request)
+        body = wire.loads(await request.read())
     except GatewayError as err:
         return errors.render_before_stream(err)
     return await handle_chat(request, body)
@@ -70,7 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def handle_chat(
     request: web.Request,
-    body: dict,
+    body: Any,
     *,
     framing: str = "sse",
     finish_reasons: str = "openai",
@@ -80,7 +72,7 @@ async def handle_chat(
 
     Args:
         request: the aiohttp request (its app holds the core client).
-        body: the already-parsed JSON body.
+        body: the already-parsed JSON body (any JSON value; a non-object is a 400).
         framing: "sse" (OpenAI: `text/event-stream`, `data: <chunk>` events, then
             `data: [DONE]`) or "jsonlines" (LMI: `application/jsonlines`, one chunk object per
             line, no [DONE]). Only used when the body asks for `stream`.
@@ -119,73 +111,36 @@ async def handle_chat(
             stream = await CoreStream.open(client.generate(generate_request))
         else:
             messages = await collect(client.generate(generate_request))
-            return web.json_response(_completion(messages, state), headers=headers, dumps=wire.dumps)
+            return web.json_response(translate.to_completion(messages, state), headers=headers, dumps=wire.dumps)
     except GatewayError as err:
         err.param = translate.to_openai_param(err.param, req)
         log.info("chat completion %s failed: %s %s (param %s)", completion_id, err.code.name, err.message, err.param)
         response = errors.render_before_stream(err, status_overrides)
         response.headers.update(headers)
         return response
-    return await _stream(request, stream, state, req, framing, status_overrides, headers)
 
+    def render(msg: spb.GenerateResponse) -> bytes:
+        chunks = translate.to_chunks(msg, state)
+        return encode(chunks, framing) if chunks else b""
 
-def _ended_early() -> GatewayError:
-    return GatewayError(grpc.StatusCode.INTERNAL, "The model server ended the response early.")
+    def end() -> bytes:
+        usage = encode([translate.usage_chunk(state)], framing) if state.include_usage else b""
+        return usage + end_of_stream(framing)
 
+    def render_error(err: GatewayError) -> bytes:
+        err.param = translate.to_openai_param(err.param, req)
+        return encode([errors.render_in_stream(err, status_overrides)], framing) + end_of_stream(framing)
 
-def _completion(messages: list[spb.GenerateResponse], state: translate.StreamState) -> dict[str, Any]:
-    """The chat.completion object; GatewayError (INTERNAL) if the stream had no final message."""
-    try:
-        return translate.to_completion(messages, state)
-    except ValueError:
-        raise _ended_early() from None
-
-
-def _closing_chunks(state: translate.StreamState) -> list[dict[str, Any]]:
-    """What follows the last Generate message: the usage chunk when asked for.
-
-    Raises:
-        GatewayError: INTERNAL, the stream ended without its final message.
-    """
-    if state.usage is None:
-        raise _ended_early()
-    return [translate.usage_chunk(state)] if state.include_usage else []
-
-
-async def _stream(
-    request: web.Request,
-    stream: CoreStream,
-    state: translate.StreamState,
-    req: schema.ChatCompletionRequest,
-    framing: str,
-    status_overrides: Mapping[grpc.StatusCode, int] | None,
-    headers: dict[str, str],
-) -> web.StreamResponse:
-    """Write the chunks of an open Generate stream as they arrive; cancel the call at the end.
-
-    A write to a client that left raises ConnectionError, which aiohttp ignores quietly.
-    """
-    resp = web.StreamResponse(headers={**headers, **(wire.SSE_HEADERS if framing == "sse" else {})})
-    resp.content_type = wire.SSE_CONTENT_TYPE if framing == "sse" else wire.JSONLINES_CONTENT_TYPE
-    try:
-        await resp.prepare(request)
-        try:
-            async for msg in stream:
-                chunks = translate.to_chunks(msg, state)
-                if chunks:
-                    await resp.write(encode(chunks, framing))
-            if closing := _closing_chunks(state):
-                await resp.write(encode(closing, framing))
-        except GatewayError as err:
-            err.param = translate.to_openai_param(err.param, req)
-            log.info("chat completion %s failed mid-stream: %s %s", state.completion_id, err.code.name, err.message)
-            await resp.write(encode([errors.render_in_stream(err, status_overrides)], framing))
-        if tail := end_of_stream(framing):
-            await resp.write(tail)
-        await resp.write_eof()
-    finally:  # also on a client disconnect: the handler's cancellation or a failed write
-        stream.cancel()
-    return resp
+    return await relay(
+        request,
+        stream,
+        render,
+        render_error,
+        content_type=wire.SSE_CONTENT_TYPE if framing == "sse" else wire.JSONLINES_CONTENT_TYPE,
+        headers=headers,
+        end=end,
+        request_id=completion_id,
+    )
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -225,20 +180,8 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "not_serving"}, status=503)
 
 
-@web.middleware
-async def openai_error_middleware(request: web.Request, handler) -> web.StreamResponse:
-    """Render routing and body-size failures (404, 405, 413) in OpenAI's error shape instead of
-    aiohttp's plain text."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        if exc.status in (404, 405):
-            message = f"{exc.reason}: {request.method} {request.path}"
-        else:
-            message = exc.text or exc.reason
-        return errors.error_response(exc.status, message)
+#: Routing and body-size failures (404, 405, 413) in OpenAI's error shape.
+openai_error_middleware = error_middleware(errors.error_response)
 
 
 def add_routes(app: web.Application) -> None:

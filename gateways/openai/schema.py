@@ -24,17 +24,17 @@ from typing import Annotated, Any, Literal
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP = 4  # OpenAI's limit on `stop` strings.
 MAX_TEMPERATURE = 2.0  # OpenAI's upper bound; the core only requires >= 0.
 
-Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 _TOKEN_ID = re.compile(r"-?[0-9]+")
+# Discriminator values of content parts, which pydantic puts in error locations after the index.
+_PART_TYPES = ("text", "image_url")
 
 # Fields OpenAI defines that have no effect on generation here; accepted and ignored (`user`
 # too, but it is type-checked as a field of the seed's table).
@@ -152,7 +152,7 @@ class ChatCompletionRequest(_Wire):
     max_tokens: Int32 | None = None
     max_completion_tokens: Int32 | None = None
     n: Int32 | None = None
-    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -250,25 +250,8 @@ def _check_message(m: Message, i: int) -> None:
 
 
 def _param(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location in OpenAI's spelling: "messages[0].content[1].type".
-
-    Union-member tags in the location (e.g. "str", "list[...]", a dict key) are not fields and
-    are left out, and so is a content part's discriminator tag (its "type" value, right after
-    the part's index).
-    """
-    out = ""
-    for i, p in enumerate(loc):
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif _is_type_tag(p) or (i and isinstance(loc[i - 1], int) and p in ("text", "image_url")):
-            continue
-        else:
-            out += f".{p}" if out else p
-    return out
-
-
-def _is_type_tag(p: str) -> bool:
-    return p in ("str", "int", "float", "bool", "dict", "list") or not p.islower() or any(c in p for c in "[-")
+    """A pydantic error location in OpenAI's spelling: "messages[0].content[1].type"."""
+    return field_path(loc, tags=_PART_TYPES)
 
 
 def _to_gateway_error(e: ValidationError) -> GatewayError:

@@ -4,6 +4,8 @@ Request: `to_generate_request` maps a checked ChatCompletionRequest to a Generat
 core renders `messages` with the model's own chat template). Response: `to_chunks` turns one
 GenerateResponse into `chat.completion.chunk` objects (streaming), `to_completion` turns a
 whole stream into one `chat.completion` object, `usage_chunk` is the `include_usage` chunk.
+They take the messages of a complete stream: gateways.common.streaming.CoreStream checks that
+the final message (the one with usage) came.
 Errors: `to_openai_param` maps the core's field paths back to OpenAI's parameter names.
 
 Nothing here reads a clock or draws an id: the completion id, `created` and the model name are
@@ -16,13 +18,14 @@ Where we follow OpenAI rather than the seed's examples (`shared/seeds/lmi-chat-c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.schema import copy_given
 from gateways.openai.schema import ChatCompletionRequest, ImagePart, Message
 
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -88,10 +91,7 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
         request_id: the id the core logs and echoes (the completion id).
     """
     sampling = pb.SamplingParams(do_sample=req.temperature != 0)
-    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n"):
-        value = getattr(req, name)
-        if value is not None:
-            setattr(sampling, name, value)
+    copy_given(req, sampling, ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n"))
     for key, bias in (req.logit_bias or {}).items():
         sampling.logit_bias[int(key)] = bias
     stopping = pb.StoppingParams(stop=req.stop_list)
@@ -160,6 +160,9 @@ class StreamState:
         include_usage: whether chunks carry `usage` (null until the usage chunk).
         role_sent: choice indexes whose first delta (carrying the role) was sent.
         usage: the final message's usage, once it arrived.
+
+    Raises:
+        ValueError: `finish_reasons` is not a key of FINISH_REASONS.
     """
 
     completion_id: str
@@ -170,17 +173,13 @@ class StreamState:
     include_usage: bool = False
     role_sent: set[int] = field(default_factory=set)
     usage: pb.Usage | None = None
+    # FINISH_REASONS[finish_reasons], looked up once per request rather than once per chunk.
+    reason_names: Mapping[int, str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.finish_reasons not in FINISH_REASONS:
             raise ValueError(f"finish_reasons must be one of {sorted(FINISH_REASONS)}, got {self.finish_reasons!r}")
-
-
-def finish_reason(reason: int, vocabulary: str) -> str | None:
-    """The wire finish_reason of a proto FinishReason (None while unfinished)."""
-    if reason == pb.FINISH_REASON_UNSPECIFIED:
-        return None
-    return FINISH_REASONS[vocabulary][reason]
+        self.reason_names = FINISH_REASONS[self.finish_reasons]
 
 
 def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
@@ -225,8 +224,9 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
     if msg.HasField("usage"):
         state.usage = msg.usage
     chunks = []
+    reason_names = state.reason_names
     for out in msg.outputs:
-        reason = finish_reason(out.finish_reason, state.finish_reasons)
+        reason = reason_names.get(out.finish_reason)  # None while unfinished (UNSPECIFIED is not a key)
         entries = logprobs_content(out) if state.logprobs else []
         if not out.text and not entries and reason is None:
             continue
@@ -273,10 +273,8 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
     """The `chat.completion` object for a whole Generate stream (non-streaming response).
 
     Shape: `{id, object, created, model, choices: [{index, message: {role, content}, logprobs,
-    finish_reason}], usage}`, choices in index order.
-
-    Raises:
-        ValueError: the stream had no final message (no usage).
+    finish_reason}], usage}`, choices in index order. `messages` is a complete stream (its last
+    message carries usage), as `gateways.common.streaming.collect` returns it.
     """
     text: dict[int, list[str]] = {}
     entries: dict[int, list[dict[str, Any]]] = {}
@@ -288,11 +286,9 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
             text.setdefault(out.index, []).append(out.text)
             if state.logprobs:
                 entries.setdefault(out.index, []).extend(logprobs_content(out))
-            reason = finish_reason(out.finish_reason, state.finish_reasons)
+            reason = state.reason_names.get(out.finish_reason)
             if reason is not None or out.index not in reasons:
                 reasons[out.index] = reason
-    if state.usage is None:
-        raise ValueError("the Generate stream ended without its final message")
     choices = [
         {
             "index": i,

@@ -9,19 +9,19 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import re
 
 from aiohttp import web
 
 from gateways.common.app import make_base_app
 from gateways.common.config import GatewayConfig
 from gateways.triton.routes import SERVER_VERSION_KEY, add_routes, json_errors
+from gateways.triton.translate import is_version
 
 DEFAULT_PORT = 8001
 
 
 def _model_version(text: str) -> str:
-    if not re.fullmatch(r"[0-9]{1,18}", text) or int(text) == 0:
+    if not is_version(text):
         raise argparse.ArgumentTypeError(f"a model version is an integer greater than 0, got {text!r}")
     return str(int(text))
 

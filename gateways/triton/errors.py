@@ -15,13 +15,12 @@ from aiohttp import web
 
 from gateways.common.framing import dumps, sse_event
 from gateways.common.status import GatewayError
-from gateways.triton.schema import ErrorResponse
 from gateways.triton.translate import client_message
 
 
 def error_response(status: int, message: str) -> web.Response:
-    """`{"error": message}` with `status`, as application/json."""
-    return web.json_response(ErrorResponse(error=message).dump(), status=status, dumps=dumps)
+    """`$generate_error_response`, `{"error": message}`, with `status`, as application/json."""
+    return web.json_response({"error": message}, status=status, dumps=dumps)
 
 
 def render_before_stream(err: GatewayError, names: Mapping[str, str] | None = None) -> web.Response:
@@ -32,4 +31,4 @@ def render_before_stream(err: GatewayError, names: Mapping[str, str] | None = No
 
 def render_in_stream(err: GatewayError, names: Mapping[str, str] | None = None) -> bytes:
     """The error as the SSE event that ends a started /generate_stream response."""
-    return sse_event(ErrorResponse(error=client_message(err, names)).dump())
+    return sse_event({"error": client_message(err, names)})

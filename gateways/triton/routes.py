@@ -3,8 +3,8 @@
 Handlers are thin: check the URL's model and version, parse, translate (gateways.triton.translate),
 call the core, render. Streaming follows the first-message rule (gateways.common.streaming): the
 status is chosen before the first byte; afterwards errors go in-band (gateways.triton.errors).
-Every Generate call is cancelled in a `finally`, so a client that disconnects cancels its core
-request (handler cancellation is on).
+Every Generate call is cancelled in a `finally` (`collect`, `relay`), so a client that
+disconnects cancels its core request (handler cancellation is on).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import logging
 import uuid
 
 from aiohttp import web
+from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.app import core_client
-from gateways.common.core_client import CONFIG_KEY
-from gateways.common.framing import SSE_HEADERS, dumps, loads, sse_event
+from gateways.common.app import core_client, error_middleware, option
+from gateways.common.framing import SSE_CONTENT_TYPE, dumps, loads, sse_event
 from gateways.common.status import GatewayError
-from gateways.common.streaming import CoreStream, collect
+from gateways.common.streaming import CoreStream, collect, relay
 from gateways.triton import errors, translate
 from gateways.triton.translate import ResponseRenderer, ServedModel
 
@@ -39,17 +39,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v2", server_metadata)
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Render aiohttp's own errors (unknown path 404, wrong method 405, body too large 413) as
-    `{"error": msg}`, the shape Triton uses for every error."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        default = f"{e.status}: {e.reason}"
-        return errors.error_response(e.status, e.reason if e.text in (None, default) else e.text)
+#: aiohttp's own errors (unknown path 404, wrong method 405, body too large 413) as
+#: `{"error": msg}`, the shape Triton uses for every error.
+json_errors = error_middleware(errors.error_response)
 
 
 async def _served(request: web.Request) -> ServedModel:
@@ -59,7 +51,7 @@ async def _served(request: web.Request) -> ServedModel:
         GatewayError: the core cannot be reached (UNAVAILABLE -> 503).
     """
     info = await core_client(request).model_info()
-    version = request.app[CONFIG_KEY].option("model_version") or info.model_version
+    version = option(request, "model_version") or info.model_version
     return ServedModel(name=info.model_name, version=version, engine=info.engine)
 
 
@@ -93,7 +85,7 @@ async def _prepare(request: web.Request) -> tuple[translate.Translation, Respons
         body,
         model=served.name,
         request_id=f"triton-{uuid.uuid4().hex}",
-        ignore_unknown=bool(request.app[CONFIG_KEY].option("ignore_unknown_parameters", False)),
+        ignore_unknown=bool(option(request, "ignore_unknown_parameters", False)),
     )
     if tr.ignored:
         log.debug("request %s: ignored unknown parameters %s", tr.request.request_id, ", ".join(tr.ignored))
@@ -124,22 +116,20 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
         stream = await CoreStream.open(core_client(request).generate(tr.request))
     except GatewayError as e:
         return errors.render_before_stream(e, names)
-    resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
-    resp.content_type = "text/event-stream"
-    resp.charset = "utf-8"
-    try:
-        await resp.prepare(request)
-        try:
-            async for msg in stream:
-                event = renderer.event(msg)
-                if event is not None:
-                    await resp.write(sse_event(event))
-        except GatewayError as e:
-            await resp.write(errors.render_in_stream(e, names))
-    finally:
-        stream.cancel()
-    await resp.write_eof()
-    return resp
+
+    def render(msg: spb.GenerateResponse) -> bytes:
+        event = renderer.event(msg)
+        return b"" if event is None else sse_event(event)
+
+    return await relay(
+        request,
+        stream,
+        render,
+        lambda err: errors.render_in_stream(err, names),
+        content_type=SSE_CONTENT_TYPE,
+        charset="utf-8",
+        request_id=tr.request.request_id,
+    )
 
 
 async def live(request: web.Request) -> web.Response:

@@ -10,9 +10,9 @@ TensorRT-LLM ensemble declares its inputs (`all_models/inflight_batcher_llm/ense
 integers, floats, booleans, and word lists (a string or an array of strings). This module checks
 only shapes and JSON types; value ranges are the core's (`core/validation.py`).
 
-Responses (seed "Generate Response JSON Object", plus the TensorRT-LLM ensemble's optional
-outputs) and the KServe v2 server/model metadata objects are pydantic models, rendered with
-`dump()` so that unset optional members are left out.
+The KServe v2 server/model metadata objects are pydantic models, rendered with `dump()`. The
+generate response objects are plain dicts built in translate.py (`ResponseRenderer`), since
+one is built per streamed token.
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from gateways.common.schema import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, json_type
 from gateways.common.status import GatewayError
-
-INT32_RANGE = (-(2**31), 2**31 - 1)
-INT64_RANGE = (-(2**63), 2**63 - 1)
 
 #: Top-level members with a meaning of their own; every other top-level member is a parameter.
 RESERVED_MEMBERS = ("id", "text_input", "parameters")
@@ -123,23 +121,6 @@ UNSUPPORTED: dict[str, Any] = {
 }
 
 
-def json_type(value: Any) -> str:
-    """The JSON type name of a decoded value, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
 @dataclass(frozen=True)
 class RequestEnvelope:
     """The request body split into its parts.
@@ -228,14 +209,14 @@ def check_value(name: str, kind: Kind, value: Any) -> Any:
         if not math.isfinite(value) or not value.is_integer():
             raise GatewayError.invalid(f"Parameter '{name}' must be an integer, got {value!r}.", name)
         value = int(value)
-    lo, hi = INT32_RANGE if kind is Kind.INT32 else INT64_RANGE
+    lo, hi = (INT32_MIN, INT32_MAX) if kind is Kind.INT32 else (INT64_MIN, INT64_MAX)
     if not lo <= value <= hi:
         bits = 32 if kind is Kind.INT32 else 64
         raise GatewayError.invalid(f"Parameter '{name}' must be a {bits}-bit integer, got {value}.", name)
     return value
 
 
-# ----------------------------------------------------------------------------- responses
+# ----------------------------------------------------------------------------- metadata
 
 
 class _Wire(BaseModel):
@@ -244,30 +225,6 @@ class _Wire(BaseModel):
     def dump(self) -> dict[str, Any]:
         """The JSON object, without members left unset (None)."""
         return self.model_dump(exclude_none=True)
-
-
-class GenerateResponse(_Wire):
-    """`$generate_response`: the /generate body and each /generate_stream event.
-
-    `id` only when the request had one (seed v2); `output_log_probs` (per-token natural-log
-    probabilities, <= 0) and `cum_log_probs` (their sum) only with `return_log_probs`;
-    `finish_reason` on the last event ("stop", "length", "timeout", "cancelled": TensorRT-LLM
-    LLM API names).
-    """
-
-    id: str | None = None
-    model_name: str
-    model_version: str
-    text_output: str
-    output_log_probs: list[float] | None = None
-    cum_log_probs: float | None = None
-    finish_reason: str | None = None
-
-
-class ErrorResponse(_Wire):
-    """`$generate_error_response` (seed "Generate Response JSON Error Object")."""
-
-    error: str
 
 
 class TensorMetadata(_Wire):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 from trellis.generate.v1 import generate_pb2 as pb
@@ -42,6 +42,12 @@ DEFAULT_NAMES: dict[str, str] = {
 }
 
 _VERSION = re.compile(r"[0-9]{1,18}")
+
+
+def is_version(text: str) -> bool:
+    """Whether `text` is a model version: an integer greater than 0, as Triton's model
+    repository versions are (at most 18 digits, so it fits int64)."""
+    return bool(_VERSION.fullmatch(text)) and int(text) != 0
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,7 @@ def check_target(model: str, version: str | None, served: ServedModel) -> None:
         GatewayError: INVALID_ARGUMENT for a malformed version (400); NOT_FOUND for another
             model or version (404).
     """
-    if version is not None and (not _VERSION.fullmatch(version) or int(version) == 0):
+    if version is not None and not is_version(version):
         raise GatewayError.invalid(
             f"Failed to get model version from specified version string '{version}': "
             "a version must be an integer greater than 0.",
@@ -94,7 +100,7 @@ def check_target(model: str, version: str | None, served: ServedModel) -> None:
             f"Request for unknown model: '{model}' is not found; this server serves '{served.name}'.",
             param="model_name",
         )
-    if version is not None and not (_VERSION.fullmatch(served.version) and int(version) == int(served.version)):
+    if version is not None and not (is_version(served.version) and int(version) == int(served.version)):
         raise GatewayError(
             grpc.StatusCode.NOT_FOUND,
             f"Request for unknown model: '{model}' version {version} is not found; "
@@ -218,22 +224,31 @@ def client_message(error: GatewayError, names: Mapping[str, str] | None) -> str:
 # ----------------------------------------------------------------------------- responses
 
 
-@dataclass
 class ResponseRenderer:
-    """Builds `$generate_response` objects from Generate stream messages.
+    """Builds `$generate_response` objects (seed "Generate Response JSON Object") from Generate
+    stream messages: `{id?, model_name, model_version, text_output}`, plus `output_log_probs`
+    (per-token natural-log probabilities, <= 0) and `cum_log_probs` (their sum) with
+    `return_log_probs`, plus `finish_reason` on the last one (FINISH_REASONS). `id` is there
+    only when the request had one (seed v2).
 
     For /generate_stream, `event(msg)` gives one object per message that carries output (the
-    text delta, its tokens' log probs, the running cumulative log prob, and finish_reason on the
-    last one); the echoed prompt text, which the core sends on its first message, goes out with
-    the first event. For /generate, `response(messages)` gives the single object.
+    text delta, its tokens' log probs, the running cumulative log prob); the echoed prompt text,
+    which the core sends on its first message, goes out with the first event. For /generate,
+    `response(messages)` gives the single object for a complete stream.
+
+    Args:
+        model_name, model_version: the served model, echoed in every object.
+        client_id: the request's `id` (None: absent).
+        logprobs: the request set `return_log_probs`.
     """
 
-    model_name: str
-    model_version: str
-    client_id: str | None = None
-    logprobs: bool = False
-    _pending_prompt: str = field(default="", init=False)
-    _cumulative: float = field(default=0.0, init=False)
+    def __init__(self, model_name: str, model_version: str, *, client_id: str | None = None, logprobs: bool = False):
+        self._head: dict = {"model_name": model_name, "model_version": model_version}
+        if client_id is not None:
+            self._head = {"id": client_id, **self._head}
+        self.logprobs = logprobs
+        self._pending_prompt = ""
+        self._cumulative = 0.0
 
     def event(self, msg: spb.GenerateResponse) -> dict | None:
         """The event for one stream message, or None when it carries no output (lifecycle states)."""
@@ -241,18 +256,23 @@ class ResponseRenderer:
             self._pending_prompt += msg.prompt_text
         if not msg.outputs:
             return None
-        text = self._pending_prompt + "".join(o.text for o in msg.outputs)
+        # This schema asks for one sequence, so a message has at most one output.
+        out = msg.outputs[0]
+        obj = {**self._head, "text_output": self._pending_prompt + out.text}
         self._pending_prompt = ""
-        logprobs = _token_logprobs(msg.outputs)
-        self._cumulative += sum(logprobs)
-        finish = _finish(msg.outputs)
-        cumulative = _final_cumulative(msg.outputs)
-        if cumulative is not None:
-            self._cumulative = cumulative
-        return self._object(text, logprobs, self._cumulative, finish)
+        if self.logprobs:
+            logprobs = [t.logprob for t in out.tokens if t.HasField("logprob")]
+            self._cumulative = (
+                out.cumulative_logprob if out.HasField("cumulative_logprob") else self._cumulative + sum(logprobs)
+            )
+            obj["output_log_probs"] = logprobs
+            obj["cum_log_probs"] = self._cumulative
+        if out.finish_reason:
+            obj["finish_reason"] = FINISH_REASONS.get(out.finish_reason, "stop")
+        return obj
 
     def response(self, messages: Iterable[spb.GenerateResponse]) -> dict:
-        """The single /generate object for a whole stream's messages."""
+        """The single /generate object for a complete stream's messages."""
         parts: list[str] = []
         logprobs: list[float] = []
         finish = None
@@ -260,43 +280,20 @@ class ResponseRenderer:
         for msg in messages:
             if msg.HasField("prompt_text"):
                 parts.append(msg.prompt_text)
-            parts.extend(o.text for o in msg.outputs)
-            logprobs += _token_logprobs(msg.outputs)
-            finish = _finish(msg.outputs) or finish
-            final = _final_cumulative(msg.outputs)
-            cumulative = final if final is not None else cumulative
-        if cumulative is None:
-            cumulative = sum(logprobs)
-        return self._object("".join(parts), logprobs, cumulative, finish)
-
-    def _object(self, text: str, logprobs: list[float], cumulative: float, finish: str | None) -> dict:
-        return schema.GenerateResponse(
-            id=self.client_id,
-            model_name=self.model_name,
-            model_version=self.model_version,
-            text_output=text,
-            output_log_probs=logprobs if self.logprobs else None,
-            cum_log_probs=cumulative if self.logprobs else None,
-            finish_reason=finish,
-        ).dump()
-
-
-def _token_logprobs(outputs: Iterable[pb.SequenceOutput]) -> list[float]:
-    return [t.logprob for o in outputs for t in o.tokens if t.HasField("logprob")]
-
-
-def _finish(outputs: Iterable[pb.SequenceOutput]) -> str | None:
-    for o in outputs:
-        if o.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
-            return FINISH_REASONS.get(o.finish_reason, "stop")
-    return None
-
-
-def _final_cumulative(outputs: Iterable[pb.SequenceOutput]) -> float | None:
-    for o in outputs:
-        if o.HasField("cumulative_logprob"):
-            return o.cumulative_logprob
-    return None
+            for out in msg.outputs:
+                parts.append(out.text)
+                logprobs += [t.logprob for t in out.tokens if t.HasField("logprob")]
+                if out.finish_reason:
+                    finish = FINISH_REASONS.get(out.finish_reason, "stop")
+                if out.HasField("cumulative_logprob"):
+                    cumulative = out.cumulative_logprob
+        obj = {**self._head, "text_output": "".join(parts)}
+        if self.logprobs:
+            obj["output_log_probs"] = logprobs
+            obj["cum_log_probs"] = sum(logprobs) if cumulative is None else cumulative
+        if finish is not None:
+            obj["finish_reason"] = finish
+        return obj
 
 
 # ----------------------------------------------------------------------------- metadata

@@ -12,18 +12,13 @@ carry (`seed`, `stop`, ...) is never silently dropped.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateways.common.framing import loads
+from gateways.common.schema import Int32, field_path
 from gateways.common.status import GatewayError
-
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-
-# The proto's integer fields are int32; a JSON integer outside that range cannot be sent at all,
-# so it is a type error here, not a range error for the core.
-Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
 
 
 class GenerationConfig(BaseModel):
@@ -115,22 +110,11 @@ _PHRASES = {
 }
 
 
-def field_path(loc: tuple[Any, ...]) -> str:
-    """`("prompts", 2, "request_id")` -> `"prompts[2].request_id"`."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def first_error(error: ValidationError) -> tuple[str, str]:
     """The first offending field's path and what is wrong with it, e.g.
     `("prompts[0].prompt", "must be a string")`."""
     first = error.errors(include_url=False)[0]
-    return field_path(tuple(first["loc"])), _PHRASES.get(first["type"], first["msg"])
+    return field_path(first["loc"]), _PHRASES.get(first["type"], first["msg"])
 
 
 def parse_frame(text: str, *, max_prompts: int) -> WsRequest:

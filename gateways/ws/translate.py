@@ -11,7 +11,9 @@ whose text delta is non-empty gives one PROGRESS event (when stream_response); a
 delta is empty (the core holds back an incomplete UTF-8 character or a special token it leaves
 out) gives none, so the PROGRESS texts always concatenate to the generated text. COMPLETE is
 built from the final message (the one carrying `usage`) by `to_complete`, which the route calls
-once the call has ended cleanly.
+once the call has ended cleanly (gateways.common.streaming.CoreStream checks that the final
+message came). A sequence the core cancelled or failed is an ERROR (the protocol has no finish
+reason for it).
 
 No I/O, clocks or ids in here: the route owns the socket and passes `PromptState` in.
 """
@@ -20,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import grpc
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.status import GatewayError
+from gateways.common.schema import copy_given
+from gateways.common.streaming import sequence_error
 from gateways.ws.schema import GenerationConfig, PromptItem, WsRequest
 
 ACCEPTED = "ACCEPTED"
@@ -76,11 +78,7 @@ def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationC
     req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id)
     if item.prompt:
         req.text = item.prompt
-    sampling = req.sampling
-    for name in _SAMPLING_FIELDS:
-        value = getattr(cfg, name)
-        if value is not None:
-            setattr(sampling, name, value)
+    copy_given(cfg, req.sampling, _SAMPLING_FIELDS)
     if cfg.max_new_tokens is not None:
         req.stopping.max_new_tokens = cfg.max_new_tokens
     if not body.new_tokens_only:
@@ -119,7 +117,12 @@ class PromptState:
 
 
 def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
-    """Events for one Generate message (lifecycle and PROGRESS; never COMPLETE), updating `state`."""
+    """Events for one Generate message (lifecycle and PROGRESS; never COMPLETE), updating `state`.
+
+    Raises:
+        GatewayError: the core cancelled the sequence (UNAVAILABLE) or failed it (INTERNAL);
+            see gateways.common.streaming.sequence_error.
+    """
     if msg.HasField("prompt_text"):
         state.input_text = msg.prompt_text
     events: list[dict] = []
@@ -136,7 +139,9 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
             state.parts.append(out.text)
             if state.stream_response:
                 events.append({"request_id": state.request_id, "type": PROGRESS, "text": out.text})
-        if out.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+        if out.finish_reason:
+            if (err := sequence_error(out.finish_reason)) is not None:
+                raise err
             state.finish_reason = out.finish_reason
     if msg.HasField("usage"):
         state.final = msg
@@ -144,23 +149,15 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
 
 
 def to_complete(state: PromptState) -> dict:
-    """The COMPLETE event (seed "Type COMPLETE") of a prompt whose call ended cleanly.
+    """The COMPLETE event (seed "Type COMPLETE") of a prompt whose call ended cleanly, so
+    `state.final` is set.
 
     `text` is the generated text (only_new_tokens) or the input sequence followed by it;
     `new_tokens_count` is usage.completion_tokens; `is_eos` is finish_reason EOS;
     `execution_time` is the core's timing.total_ms in seconds (arrival at the core to the final
     message, which excludes the gateway hop).
-
-    Raises:
-        GatewayError: INTERNAL when the stream ended without a final message.
     """
     final = state.final
-    if final is None:
-        raise GatewayError(
-            grpc.StatusCode.INTERNAL,
-            "The model server ended the generation without a final result.",
-            reason="INCOMPLETE_STREAM",
-        )
     generated = "".join(state.parts)
     return {
         "request_id": state.request_id,

@@ -98,6 +98,7 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
     m.fake_rank = rank
     m.fake_instances = []
     m.fake_leader_shutdown = threading.Event()
+    m.fake_follower_waiting = threading.Event()  # a non-leader rank is blocked in shutdown()
     m.fake_first_request_id = first_request_id if first_request_id is not None else random.randrange(1, 1 << 20)
     if era != "E0":
         m.__version__ = VERSIONS[era]  # §1 "trtllm.__version__ is the C++ version string (E1+)"
@@ -735,6 +736,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             """Blocks until the loop exits; idempotent; wakes blocked await_responses (§1.2).
             On a non-leader rank it blocks until the leader shuts down (§1.14)."""
             if not self._leader:
+                m.fake_follower_waiting.set()
                 m.fake_leader_shutdown.wait()
             with self._cv:
                 self._shutdown = True

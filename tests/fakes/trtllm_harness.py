@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
@@ -61,13 +60,3 @@ def text_of(messages, index: int = 0) -> str:
 def finish_of(messages, index: int = 0):
     """The last output of sequence `index` (carries finish_reason and stop fields)."""
     return [o for m in messages for o in m.outputs if o.index == index][-1]
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll `predicate` until it holds (raises AssertionError after `limit` seconds)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + limit
-    while not predicate():
-        if loop.time() > end:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)

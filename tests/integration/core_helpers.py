@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
+
+from core.types import EngineStats
 
 
 def request(body: dict[str, Any]) -> spb.GenerateRequest:
@@ -51,16 +55,25 @@ def bad_request_field(error: grpc.aio.AioRpcError) -> str | None:
     return None
 
 
-async def wait_idle(engine, limit_s: float = 10.0) -> None:
+async def wait_for(predicate: Callable[[], bool]) -> None:
+    """Poll `predicate` until it holds. No time limit of its own: the test's timeout bounds it,
+    so a slow machine cannot fail a test that waits for something that does happen."""
+    # Polling: the state read here changes on engine threads that signal no asyncio event.
+    while not predicate():  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
+
+
+async def wait_idle(engine) -> None:
     """Wait until the engine reports no active and no queued request."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while True:
-        stats = engine.stats()
-        if stats.active == 0 and stats.queued == 0:
-            return
-        assert loop.time() < deadline, f"engine still busy: {stats}"
-        await asyncio.sleep(0.02)
+    await wait_for(lambda: engine.stats() == EngineStats(0, 0))
+
+
+async def wait_health(address: str, status: int, service: str = "") -> None:
+    """Wait until grpc.health.v1 reports `status` for `service` (Watch streams every change)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        async for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=service)):
+            if reply.status == status:
+                return
 
 
 FINISH = pb.FinishReason

@@ -19,7 +19,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from core.server import start_core
 from core.tokenizer import Tokenizer
 from tests.conftest import core_config
-from tests.integration.core_helpers import bad_request_field, generate, request, sequences, wait_idle
+from tests.integration.core_helpers import bad_request_field, generate, request, sequences, wait_for, wait_idle
 
 GREEDY = {"stopping": {"maxNewTokens": 12, "ignoreEos": True}}
 
@@ -233,6 +233,17 @@ async def test_continue_generation_session(stub):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_a_session_that_ends_on_eos_is_deleted(stub):
+    sid = f"eos-{random.random()}"
+    await generate(stub, body("Once", sessionId=sid))
+    eos = {"sampling": {"logitBias": {"2": 100.0}}, "stopping": {"maxNewTokens": 4}}
+    msgs = await generate(stub, {"sessionId": sid, **eos})
+    assert msgs[0].session_continued and sequences(msgs)[0]["finish"] == pb.FINISH_REASON_EOS
+    with pytest.raises(grpc.aio.AioRpcError) as e:  # EOS ended the conversation: nothing to continue
+        await generate(stub, {"sessionId": sid, **GREEDY})
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 INVALID = [
     ({"text": ""}, grpc.StatusCode.INVALID_ARGUMENT, "text"),
     ({}, grpc.StatusCode.INVALID_ARGUMENT, "text"),
@@ -264,6 +275,7 @@ INVALID = [
     ({"text": "x", "stopping": {"maxNewTokens": 1024}}, grpc.StatusCode.INVALID_ARGUMENT, "stopping.max_new_tokens"),
     ({"text": "x " * 1100}, grpc.StatusCode.INVALID_ARGUMENT, "text"),
     ({"text": "x", "stopping": {"stop": ["a"] * 17}}, grpc.StatusCode.INVALID_ARGUMENT, "stopping.stop"),
+    ({"text": "x", "stopping": {"minNewTokens": 31}}, grpc.StatusCode.INVALID_ARGUMENT, "stopping.min_new_tokens"),
     (
         {"messages": {"messages": [{"role": "user", "content": [{"imageUrl": {"url": "http://x/y.png"}}]}]}},
         grpc.StatusCode.INVALID_ARGUMENT,
@@ -294,30 +306,38 @@ async def test_get_model_info_and_tokenize(stub, tokenizer):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.Tokenize(spb.TokenizeRequest())
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    image = pb.ChatMessage(role="user", content=[pb.ContentPart(image_url=pb.ImageUrl(url="http://x/y.png"))])
+    with pytest.raises(grpc.aio.AioRpcError) as e:  # refused as Generate refuses it, not dropped
+        await stub.Tokenize(spb.TokenizeRequest(messages=pb.ChatMessages(messages=[image])))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and bad_request_field(e.value) == "messages[0].content"
 
 
 async def test_cancelled_streams_leave_nothing_behind(core, stub):
-    long = request({"text": "cancel me", "stopping": {"maxNewTokens": 400, "ignoreEos": True}})
+    long = {"text": "cancel me", "stopping": {"maxNewTokens": 400, "ignoreEos": True}}
+    sessions = [f"cancelled-{i}-{random.random()}" for i in range(10)]
 
-    async def cancel_after(reads: int):
-        call = stub.Generate(long)
+    async def cancel_after(i: int, reads: int):
+        call = stub.Generate(request({**long, "sessionId": sessions[i]} if i < len(sessions) else long))
         for _ in range(reads):
             await call.read()
         call.cancel()
 
     rng = random.Random(0)
-    await asyncio.gather(*(cancel_after(rng.choice([0, 1, 2, 4, 6])) for _ in range(100)))
+    await asyncio.gather(*(cancel_after(i, rng.choice([0, 1, 2, 4, 6])) for i in range(100)))
     await wait_idle(core.engine)
-    # the engine still serves afterwards
+    # the engine still serves afterwards, and no session is left busy
     assert (await generate(stub, body()))[-1].usage.completion_tokens == 12
+    for sid in sessions:
+        assert (await generate(stub, body(stopping={"maxNewTokens": 1}, sessionId=sid)))[-1].HasField("usage")
 
 
 async def test_queue_full_is_resource_exhausted_before_any_message(tiny_model_dir):
-    server = await start_core(core_config(tiny_model_dir, max_batch_size=1, max_queue_size=1))
+    server = await start_core(core_config(tiny_model_dir, max_batch_size=1, max_queue_size=1, max_total_tokens=800))
     try:
         channel = grpc.aio.insecure_channel(server.address)
         stub = spb_grpc.GenerateServiceStub(channel)
-        long = request({"text": "x", "stopping": {"maxNewTokens": 300, "ignoreEos": True}})
+        # long enough to outlast every check below, which it is cancelled after
+        long = request({"text": "x", "stopping": {"maxNewTokens": 790, "ignoreEos": True}})
         running = stub.Generate(long)
         while (await running.read()).state != pb.GENERATE_STATE_GENERATING:
             pass
@@ -326,8 +346,12 @@ async def test_queue_full_is_resource_exhausted_before_any_message(tiny_model_di
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await generate(stub, body())
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.aio.AioRpcError) as e:  # more than --max-total-tokens can ever hold
+            await generate(stub, body(stopping={"maxNewTokens": 900}))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad_request_field(e.value) == "stopping.max_new_tokens"
         waiting.cancel()
-        await wait_queue_empty(server.engine)
+        await wait_for(lambda: server.engine.stats().queued == 0)
         # a time limit also ends a request that never left the queue
         msgs = await generate(stub, body(stopping={"timeLimitMs": 200}))
         assert msgs[-1].HasField("usage") and msgs[-1].usage.completion_tokens == 0
@@ -337,14 +361,6 @@ async def test_queue_full_is_resource_exhausted_before_any_message(tiny_model_di
         await channel.close()
     finally:
         await server.stop(0)
-
-
-async def wait_queue_empty(engine) -> None:
-    for _ in range(1000):
-        if not engine.stats().queued:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the queue did not empty")
 
 
 def _grpcurl(*args: str) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import aiohttp
 import pytest
@@ -18,6 +17,7 @@ from text_generation.errors import BadRequestError
 
 from core.server import start_core
 from tests.conftest import core_config
+from tests.integration.core_helpers import wait_idle
 from tests.integration.test_gateway_lmi_golden import check_records, load_case, match, parse_records
 
 Q = "What is Deep Learning?"
@@ -327,30 +327,20 @@ async def test_malformed_bodies_are_424(http, lmi, raw, fragment):
     assert body["code"] == 424 and fragment in body["error"]
 
 
-async def wait_idle(core) -> tuple[int, int]:
-    """Poll the core's engine until nothing runs or waits (giving up after 20 s)."""
-    deadline = time.monotonic() + 20
-    while True:
-        stats = core.engine.stats()
-        if (stats.active, stats.queued) == (0, 0) or time.monotonic() > deadline:
-            return stats.active, stats.queued
-        await asyncio.sleep(0.02)
-
-
 async def test_disconnect_cancels_the_core_request(http, lmi, core, monkeypatch):
     # The engine is called with abort() only for a request that did not run to its end, so
     # recording the calls (and passing them on) tells a cancel from a natural finish.
     aborted = []
     real_abort = core.engine.abort
     monkeypatch.setattr(core.engine, "abort", lambda rid: (aborted.append(rid), real_abort(rid)))
-    assert await wait_idle(core) == (0, 0)
+    await wait_idle(core.engine)
     body = {"inputs": Q, "parameters": {"max_new_tokens": 1000, "ignore_eos_token": True}, "stream": True}
     resp = await http.post(lmi + "/invocations", json=body)
     assert resp.status == 200
     await resp.content.readline()
     assert core.engine.stats().active == 1
     resp.close()  # drop the connection mid-stream
-    assert await wait_idle(core) == (0, 0)
+    await wait_idle(core.engine)
     assert len(aborted) == 1
 
 

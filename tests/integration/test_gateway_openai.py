@@ -15,15 +15,11 @@ import json
 from pathlib import Path
 
 import aiohttp
-import grpc
 import openai
 import pytest
 import pytest_asyncio
 
-from gateways.common.app import make_base_app, start_app
-from gateways.common.config import GatewayConfig
-from gateways.openai import handle_chat
-from gateways.openai.routes import read_json
+from tests.integration.core_helpers import wait_idle
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "openai"
 MODEL = "tiny"
@@ -37,24 +33,10 @@ async def base_url(start_gateway) -> str:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def lmi_url(core):
-    """A minimal LMI-style app: POST /invocations -> handle_chat with jsonlines framing and LMI
-    finish reasons, as the LMI gateway mounts it."""
-
-    async def invocations(request):
-        return await handle_chat(
-            request,
-            await read_json(request),
-            framing="jsonlines",
-            finish_reasons="lmi",
-            status_overrides={grpc.StatusCode.RESOURCE_EXHAUSTED: 503},
-        )
-
-    app = make_base_app(GatewayConfig(name="lmi", core=core.address))
-    app.router.add_post("/invocations", invocations)
-    runner, port = await start_app(app, "127.0.0.1", 0)
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+async def lmi_url(start_gateway) -> str:
+    """The LMI gateway, which answers chat bodies on POST /invocations with this gateway's
+    handle_chat (jsonlines framing, LMI finish reasons)."""
+    return await start_gateway("lmi")
 
 
 @pytest_asyncio.fixture
@@ -224,7 +206,7 @@ async def test_streaming_wire_format(base_url):
 
 async def test_streaming_flushes_as_tokens_arrive(base_url, core):
     """Chunks reach the client one by one while the core is still generating the rest."""
-    await wait_idle(core)
+    await wait_idle(core.engine)
     body = {"model": MODEL, "messages": HI, "max_tokens": 1000, "ignore_eos": True, "logit_bias": BAN, "stream": True}
     async with aiohttp.ClientSession() as s, s.post(f"{base_url}/v1/chat/completions", json=body) as r:
         events = [await r.content.readuntil(b"\n\n") for _ in range(5)]
@@ -232,7 +214,7 @@ async def test_streaming_flushes_as_tokens_arrive(base_url, core):
     chunks = [json.loads(e[len(b"data: ") :]) for e in events]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
-    await wait_idle(core)  # leaving cancelled the rest
+    await wait_idle(core.engine)  # leaving cancelled the rest
 
 
 # --------------------------------------------------------------------------- n, stop, seed
@@ -423,20 +405,8 @@ async def test_lmi_framing_and_finish_reasons(lmi_url):
 # --------------------------------------------------------------------------- disconnects
 
 
-async def wait_idle(core, limit_s=60.0):
-    """Poll the core's engine until nothing runs or waits."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while True:
-        stats = core.engine.stats()
-        if stats.active == 0 and stats.queued == 0:
-            return
-        assert loop.time() < deadline, f"the core still has work: {stats}"
-        await asyncio.sleep(0.05)
-
-
 async def test_disconnect_mid_stream_cancels_the_core_request(aclient, core):
-    await wait_idle(core)
+    await wait_idle(core.engine)
     stream = await aclient.chat.completions.create(
         model=MODEL, messages=HI, max_tokens=1000, logit_bias=BAN, stream=True, extra_body={"ignore_eos": True}
     )
@@ -444,11 +414,11 @@ async def test_disconnect_mid_stream_cancels_the_core_request(aclient, core):
     assert first.choices[0].delta.role == "assistant"
     assert core.engine.stats().active == 1
     await stream.close()
-    await wait_idle(core)
+    await wait_idle(core.engine)
 
 
 async def test_disconnect_while_waiting_for_a_completion_cancels_it(aclient, core):
-    await wait_idle(core)
+    await wait_idle(core.engine)
     task = asyncio.create_task(
         aclient.chat.completions.create(
             model=MODEL, messages=HI, max_tokens=1000, logit_bias=BAN, extra_body={"ignore_eos": True}
@@ -462,4 +432,4 @@ async def test_disconnect_while_waiting_for_a_completion_cancels_it(aclient, cor
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await wait_idle(core)
+    await wait_idle(core.engine)

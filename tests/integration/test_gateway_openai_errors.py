@@ -10,16 +10,11 @@ import asyncio
 import json
 
 import aiohttp
-import grpc
 import openai
 import pytest
 import pytest_asyncio
 
 from core.server import start_core
-from gateways.common.app import make_base_app, start_app
-from gateways.common.config import GatewayConfig
-from gateways.openai import handle_chat
-from gateways.openai.routes import read_json
 from tests.conftest import core_config
 
 MODEL = "tiny"
@@ -34,25 +29,6 @@ async def base_url(start_gateway) -> str:
 
 def sdk(url: str, cls=openai.AsyncOpenAI):
     return cls(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
-async def start_lmi_app(core_address: str):
-    """POST /invocations -> handle_chat as the LMI gateway mounts it (jsonlines, LMI finish
-    reasons, 503 for a full queue)."""
-
-    async def invocations(request):
-        return await handle_chat(
-            request,
-            await read_json(request),
-            framing="jsonlines",
-            finish_reasons="lmi",
-            status_overrides={grpc.StatusCode.RESOURCE_EXHAUSTED: 503},
-        )
-
-    app = make_base_app(GatewayConfig(name="lmi", core=core_address))
-    app.router.add_post("/invocations", invocations)
-    runner, port = await start_app(app, "127.0.0.1", 0)
-    return runner, f"http://127.0.0.1:{port}"
 
 
 IMAGE = [
@@ -267,6 +243,8 @@ async def test_unreachable_core(start_gateway):
             assert info.value.status_code == 503 and info.value.type == "server_error"
         with pytest.raises(openai.InternalServerError):
             await client.models.list()
+        with pytest.raises(openai.InternalServerError):
+            await client.models.retrieve(MODEL)
     async with aiohttp.ClientSession() as s, s.get(f"{url}/health") as r:
         assert r.status == 503
 
@@ -283,7 +261,6 @@ async def test_deadline(start_gateway):
 
 async def test_full_queue_is_429_and_503_for_lmi(start_gateway, tiny_model_dir):
     busy = await start_core(core_config(tiny_model_dir, max_queue_size=0))
-    runner = None
     try:
         url = await start_gateway("openai", core=busy.address)
         async with sdk(url) as client:
@@ -291,13 +268,11 @@ async def test_full_queue_is_429_and_503_for_lmi(start_gateway, tiny_model_dir):
                 with pytest.raises(openai.RateLimitError) as info:
                     await client.chat.completions.create(model=MODEL, messages=HI, stream=stream)
                 assert info.value.type == "rate_limit_error" and info.value.code == "queue_full"
-        runner, lmi = await start_lmi_app(busy.address)
+        lmi = await start_gateway("lmi", core=busy.address)
         async with aiohttp.ClientSession() as s, s.post(f"{lmi}/invocations", json={"messages": HI}) as r:
             assert r.status == 503
             assert (await r.json())["error"]["code"] == "queue_full"
     finally:
-        if runner is not None:
-            await runner.cleanup()
         await busy.stop(0)
 
 
@@ -310,11 +285,10 @@ async def test_failure_after_the_stream_started_is_in_band(start_gateway, tiny_m
     in-band error (SSE: `data: {"error": ...}` then `data: [DONE]`; jsonlines: an error line;
     the SDK raises APIError while iterating)."""
     doomed = await start_core(core_config(tiny_model_dir))
-    runner = None
     body = {"model": MODEL, "messages": HI, "max_tokens": 1000, "ignore_eos": True, "logit_bias": BAN, "stream": True}
     try:
         url = await start_gateway("openai", core=doomed.address)
-        runner, lmi = await start_lmi_app(doomed.address)
+        lmi = await start_gateway("lmi", core=doomed.address)
         async with aiohttp.ClientSession() as s, sdk(url) as client:
             sse = await s.post(f"{url}/v1/chat/completions", json=body)
             jsonl = await s.post(f"{lmi}/invocations", json=body)
@@ -347,6 +321,4 @@ async def test_failure_after_the_stream_started_is_in_band(start_gateway, tiny_m
                     pass
             assert info.value.type == "server_error"
     finally:
-        if runner is not None:
-            await runner.cleanup()
         await doomed.stop(0)

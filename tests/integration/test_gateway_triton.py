@@ -22,6 +22,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.server import start_core
 from tests.conftest import core_config
+from tests.integration.core_helpers import wait_idle
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "triton"
 PROMPT = "client input"
@@ -74,16 +75,6 @@ async def _next_event(resp: aiohttp.ClientResponse) -> dict:
         assert line, "stream ended before an event"
         if line.startswith(b"data: "):
             return json.loads(line[len(b"data: ") :])
-
-
-async def _wait_idle(engine, limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while True:
-        stats = engine.stats()
-        if stats.active == 0 and stats.queued == 0:
-            return
-        assert time.monotonic() < deadline, f"core request still running: {stats}"
-        await asyncio.sleep(0.05)
 
 
 # ----------------------------------------------------------------------------- golden files
@@ -170,6 +161,7 @@ async def test_stream_and_non_stream_agree_for_greedy(http, base):
 async def test_without_return_log_probs_there_are_none(http, base):
     for route in ("generate", "generate_stream"):
         out = await _generate(http, base, {"text_input": PROMPT, "max_tokens": 2, "return_log_probs": False}, route)
+        assert out
         for obj in out if isinstance(out, list) else [out]:
             assert "output_log_probs" not in obj and "cum_log_probs" not in obj
 
@@ -323,15 +315,15 @@ async def test_empty_prompt_is_refused_by_the_core(http, base):
         ({"text_input": PROMPT, "parameters": {"bar": True}}, "Unknown parameter 'bar'"),
         ({"text_input": PROMPT, "num_return_sequences": 2}, "'num_return_sequences' is not supported"),
         ({"text_input": PROMPT, "return_context_logits": True}, "'return_context_logits' is not supported"),
-        ({"text_input": PROMPT, "temperature": "0.5"}, "'temperature' must be a number, got string"),
+        ({"text_input": PROMPT, "temperature": "0.5"}, "'temperature' must be a number, got a string"),
         ({"text_input": PROMPT, "top_k": 2.5}, "'top_k' must be an integer, got 2.5"),
-        ({"text_input": PROMPT, "max_tokens": "5"}, "'max_tokens' must be an integer, got string"),
-        ({"text_input": PROMPT, "return_log_probs": 1}, "'return_log_probs' must be a boolean, got number"),
+        ({"text_input": PROMPT, "max_tokens": "5"}, "'max_tokens' must be an integer, got a string"),
+        ({"text_input": PROMPT, "return_log_probs": 1}, "'return_log_probs' must be a boolean, got a number"),
         ({"text_input": PROMPT, "stream": "yes"}, "'stream' must be a boolean"),
         ({"text_input": PROMPT, "stop_words": {"a": 1}}, "'stop_words' must be a string or an array of strings"),
         ({"text_input": PROMPT, "max_tokens": 1, "max_new_tokens": 1}, "same thing"),
-        ({"id": 42, "text_input": PROMPT}, "'id' must be a string, got number"),
-        ({"text_input": ["a"]}, "'text_input' must be a string, got array"),
+        ({"id": 42, "text_input": PROMPT}, "'id' must be a string, got a number"),
+        ({"text_input": ["a"]}, "'text_input' must be a string, got an array"),
         ({"parameters": {"max_tokens": 1}}, "no 'text_input'"),
         ({"text_input": PROMPT, "parameters": [1]}, "'parameters' must be an object"),
         ([PROMPT], "must be a JSON object"),
@@ -374,9 +366,9 @@ async def test_body_over_the_limit_is_413(http, start_gateway):
 
 async def test_unknown_routes_and_methods_answer_json(http, base):
     async with http.get(f"{base}/v2/nothing/here") as resp:
-        assert (resp.status, await resp.json()) == (404, {"error": "Not Found"})
+        assert (resp.status, await resp.json()) == (404, {"error": "Not Found: GET /v2/nothing/here"})
     async with http.get(f"{base}/v2/models/tiny/generate") as resp:
-        assert (resp.status, await resp.json()) == (405, {"error": "Method Not Allowed"})
+        assert (resp.status, await resp.json()) == (405, {"error": "Method Not Allowed: GET /v2/models/tiny/generate"})
 
 
 # ----------------------------------------------------------------------------- model and version
@@ -493,18 +485,18 @@ def aborts(core, monkeypatch) -> list[str]:
 
 
 async def test_disconnect_mid_stream_cancels_the_core_request(http, base, core, aborts):
-    await _wait_idle(core.engine)
+    await wait_idle(core.engine)
     body = {"text_input": PROMPT, "max_tokens": 1000}
     async with http.post(f"{base}/v2/models/tiny/generate_stream", json=body) as resp:
         await _next_event(resp)
         assert core.engine.stats().active == 1
         resp.close()  # drop the connection mid-stream
-    await _wait_idle(core.engine)
+    await wait_idle(core.engine)
     assert len(aborts) == 1 and aborts[0].startswith("triton-")
 
 
 async def test_disconnect_during_generate_cancels_the_core_request(base, core, aborts):
-    await _wait_idle(core.engine)
+    await wait_idle(core.engine)
 
     async def call():
         async with aiohttp.ClientSession() as session:
@@ -518,5 +510,5 @@ async def test_disconnect_during_generate_cancels_the_core_request(base, core, a
     task.cancel()  # closes the client's connection
     with pytest.raises(asyncio.CancelledError):
         await task
-    await _wait_idle(core.engine)
+    await wait_idle(core.engine)
     assert len(aborts) == 1 and aborts[0].startswith("triton-")

@@ -3,9 +3,10 @@ model) and a real gateway on loopback, driven by the `websockets` client library
 
 Covers the seed's event sequence per prompt (batches of 1 and 4, both routes), stream_response
 false, only_new_tokens false, defaults from a .env file, every refused-frame case, per-prompt
-errors (num_beams, no session to continue, another socket holding the request_id, core down,
-failures scripted by a stand-in core), socket close and server shutdown cancelling every call,
-two batches in flight on one socket, and the ping/pong keepalive.
+errors (num_beams, no session to continue, another socket holding the request_id, core down),
+socket close and server shutdown cancelling every call, two batches in flight on one socket,
+and the ping/pong keepalive. Failures only a stand-in core produces are tested in
+test_gateway_core_failures.py.
 """
 
 from __future__ import annotations
@@ -13,38 +14,25 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
+from pathlib import Path
 
 import aiohttp
-import grpc
 import pytest
 import pytest_asyncio
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
-from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 import gateways.ws
 from gateways.common.app import start_app
 from gateways.common.config import GatewayConfig
+from tests.integration.core_helpers import wait_idle
 
 WAIT = 60.0  # seconds a test waits for a frame before failing (a guard against hangs, not a timing check)
 LONG = 1000  # new tokens: a generation that is still running when a test acts on it
-SEED_PAYLOAD = {
-    "prompts": [{"request_id": "2835f3c5", "prompt": "[INST] Generate a very long poem about 1000 cats [/INST]\n\n"}],
-    "only_new_tokens": True,
-    "stream_response": True,
-    "generation_config": {
-        "num_beams": 1,
-        "do_sample": True,
-        "temperature": 1,
-        "top_p": 1,
-        "top_k": 50,
-        "max_new_tokens": 100,
-        "repetition_penalty": 1,
-        "length_penalty": 1,
-    },
-}
+SEED_EXAMPLE = Path(__file__).resolve().parents[1] / "golden" / "ws" / "seed_example.json"
+SEED_PAYLOAD = json.loads(SEED_EXAMPLE.read_text())["payload"]  # the seed's queue-generation payload
 KEYS = {
     "ACCEPTED": {"request_id", "type"},
     "STARTED": {"request_id", "type"},
@@ -98,9 +86,13 @@ async def run(ws, payload: dict, frames: list | None = None) -> dict[str, list[d
 
 
 async def refused(ws, frame: str | bytes) -> str:
-    """Send a frame that must be refused; the answer's error text."""
+    """Send a frame that must be refused; the answer's error text. Event frames of prompts
+    already running on the socket may come first (the order of the two is not defined) and are
+    skipped."""
     await ws.send(frame)
     answer = await recv(ws)
+    while all("request_id" in entry for entry in answer):
+        answer = await recv(ws)
     assert len(answer) == 1 and set(answer[0]) == {"error"}, answer
     assert isinstance(answer[0]["error"], str) and answer[0]["error"]
     return answer[0]["error"]
@@ -126,18 +118,6 @@ def check_lifecycle(events: list[dict], *, streaming: bool = True, max_new_token
     if max_new_tokens is not None:
         assert complete["new_tokens_count"] == max_new_tokens  # the tiny model never reaches EOS here
     return complete
-
-
-async def wait_idle(core) -> None:
-    """Wait until the core's engine has no active or queued request (fails after WAIT seconds)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT
-    while True:
-        stats = core.engine.stats()
-        if stats.active == 0 and stats.queued == 0:
-            return
-        assert loop.time() < deadline, f"requests still running in the core: {stats}"
-        await asyncio.sleep(0.05)
 
 
 def greedy(max_new_tokens: int, **extra) -> dict:
@@ -335,7 +315,7 @@ async def test_request_id_in_flight_on_the_socket_is_refused(small_gateway, core
         assert (await recv(ws))[0] == {"request_id": "busy", "type": "ACCEPTED"}
         error = await refused(ws, json.dumps(batch(("other", "x"), ("busy", "again"))))
         assert error.startswith("request_id: 'busy' is already in flight on this socket")
-    await wait_idle(core)
+    await wait_idle(core.engine)
 
 
 async def test_in_flight_limit_refuses_the_whole_batch(small_gateway, core):
@@ -343,7 +323,7 @@ async def test_in_flight_limit_refuses_the_whole_batch(small_gateway, core):
         await ws.send(json.dumps(batch(*[(f"lim{i}", "Hello world") for i in range(3)], **greedy(LONG))))
         error = await refused(ws, json.dumps(batch(("lim3", "x"), ("lim4", "y"))))
         assert error.startswith("prompts: 3 prompts are in flight on this socket and the batch adds 2; at most 4")
-    await wait_idle(core)
+    await wait_idle(core.engine)
 
 
 async def test_frame_over_the_size_limit_closes_with_1009(small_gateway):
@@ -408,7 +388,7 @@ async def test_request_id_generating_on_another_socket(gateway, core):
         events = await run(second, batch(("shared-id", "Hello world"), **greedy(2)))
     assert [e["type"] for e in events["shared-id"]] == ["ERROR"]
     assert events["shared-id"][0]["error"].startswith("request_id: 'shared-id' is already generating")
-    await wait_idle(core)
+    await wait_idle(core.engine)
 
 
 async def test_core_unreachable_is_a_per_prompt_error(start_gateway):
@@ -419,44 +399,6 @@ async def test_core_unreachable_is_a_per_prompt_error(start_gateway):
     for rid in ("down-a", "down-b"):
         assert [e["type"] for e in events[rid]] == ["ERROR"]
         assert events[rid][0]["error"]
-
-
-class _ScriptedCore(spb_grpc.GenerateServiceServicer):
-    """A stand-in core for failures the real one cannot be made to produce on demand: the
-    request_id picks the script."""
-
-    async def Generate(self, request, context):
-        yield spb.GenerateResponse(request_id=request.request_id, state=pb.GENERATE_STATE_QUEUED)
-        yield spb.GenerateResponse(request_id=request.request_id, state=pb.GENERATE_STATE_SCHEDULED)
-        if request.request_id == "fail-mid-stream":
-            await context.abort(grpc.StatusCode.INTERNAL, "The engine failed this request.")
-        # "no-final": the stream ends without the final message
-
-
-@pytest_asyncio.fixture(scope="module")
-async def scripted_core():
-    server = grpc.aio.server()
-    spb_grpc.add_GenerateServiceServicer_to_server(_ScriptedCore(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    yield f"127.0.0.1:{port}"
-    await server.stop(0)
-
-
-async def test_failures_after_admission_follow_the_lifecycle_events(start_gateway, scripted_core):
-    url = await start_gateway("ws", env_file="", core=scripted_core)
-    async with connect(ws_url(url)) as ws:
-        events = await run(ws, batch(("fail-mid-stream", "x"), ("no-final", "y")))
-    assert events["fail-mid-stream"] == [
-        {"request_id": "fail-mid-stream", "type": "ACCEPTED"},
-        {"request_id": "fail-mid-stream", "type": "STARTED"},
-        {"request_id": "fail-mid-stream", "type": "ERROR", "error": "The engine failed this request."},
-    ]
-    assert events["no-final"][-1] == {
-        "request_id": "no-final",
-        "type": "ERROR",
-        "error": "The model server ended the generation without a final result.",
-    }
 
 
 # ---------------------------------------------------------------------------------------- cancellation
@@ -470,7 +412,7 @@ async def test_closing_the_socket_cancels_every_call(gateway, core):
         while len(seen) < 4:  # every prompt is generating
             seen |= {e["request_id"] for e in await recv(ws) if e["type"] == "PROGRESS"}
         assert core.engine.stats().active > 0
-    await wait_idle(core)
+    await wait_idle(core.engine)
 
 
 async def test_dropped_connection_cancels_every_call(gateway, core):
@@ -483,7 +425,7 @@ async def test_dropped_connection_cancels_every_call(gateway, core):
             if any(e["type"] == "PROGRESS" for e in json.loads(msg.data)):
                 break
         ws._response.connection.transport.abort()  # no public API drops a connection without a close frame
-    await wait_idle(core)
+    await wait_idle(core.engine)
 
 
 async def test_server_shutdown_closes_sockets_with_1001(core):
@@ -500,7 +442,7 @@ async def test_server_shutdown_closes_sockets_with_1001(core):
             assert info.value.rcvd is not None and info.value.rcvd.code == 1001
     finally:
         await runner.cleanup()
-    await wait_idle(core)
+    await wait_idle(core.engine)
 
 
 # ---------------------------------------------------------------------------------------- keepalive

@@ -18,7 +18,8 @@ from websockets.asyncio.client import connect
 
 from core.server import start_core
 from tests.conftest import core_config
-from tests.integration.test_gateway_ws import LONG, batch, check_lifecycle, greedy, recv, run, wait_idle, ws_url
+from tests.integration.core_helpers import wait_idle
+from tests.integration.test_gateway_ws import LONG, WAIT, batch, check_lifecycle, greedy, recv, run, ws_url
 
 EOS = 2
 # Greedy on the tiny model changes its repeated token within the first 16 new tokens, so a
@@ -119,12 +120,15 @@ async def test_generation_cut_short_by_closing_the_socket_can_be_continued(gatew
         streamed = ""
         while len(streamed) < 20:
             streamed += "".join(e["text"] for e in await recv(ws) if e["type"] == "PROGRESS")
-    await wait_idle(core)
+    await wait_idle(core.engine)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
     async with connect(ws_url(gateway)) as ws:
-        for _ in range(50):  # the core releases the session right after it aborts the request
+        while True:  # the core releases the session right after it aborts the request
             events = (await run(ws, batch(("cut-1", ""), only_new_tokens=False, **greedy(2))))["cut-1"]
             if events[-1]["type"] != "ERROR" or "already generating" not in events[-1]["error"]:
                 break
-            await asyncio.sleep(0.1)
+            assert loop.time() < deadline, events
+            await asyncio.sleep(0.05)
     check_lifecycle(events, max_new_tokens=2)
     assert events[2]["text"].startswith(PROMPT + streamed)  # everything generated before the close

@@ -31,9 +31,9 @@ from tests.fakes.trtllm_harness import (
     serve_engine,
     text_of,
     tokens_of,
-    wait_for,
 )
 from tests.fakes.trtllm_model import FakeModel
+from tests.integration.core_helpers import wait_for, wait_health, wait_idle
 
 ERAS = ["E0", "E1", "E2"]
 MODEL = FakeModel(4096)
@@ -270,7 +270,7 @@ async def test_stop_string_matched_on_text(monkeypatch, tokenizer, engine_out):
         assert last.finish_reason == pb.FINISH_REASON_STOP_SEQUENCE and last.stop_sequence == stop
         assert text_of(msgs) == full[:p]
         assert tokenizer.encode(stop, add_special_tokens=False) in sent(server).stop_words
-        await wait_for(lambda: server.engine.stats() == type(server.engine.stats())(0, 0))
+        await wait_idle(server.engine)
 
 
 @pytest.mark.parametrize("era", ERAS)
@@ -324,7 +324,7 @@ async def test_min_new_tokens_defers_stop_tokens_to_the_engine(monkeypatch, toke
         assert r.stop_words is None and r.sampling_config.min_tokens == 2
         rid = max(executor_of(server).fake_requests)
         await wait_for(lambda: rid in executor_of(server).fake_cancel_calls)  # the engine stopped it
-        await wait_for(lambda: server.engine.stats() == type(server.engine.stats())(0, 0))
+        await wait_idle(server.engine)
         # A stop token inside the first min_new_tokens does not stop.
         j = _first_unique(greedy, 0)
         msgs = await collect(
@@ -458,8 +458,7 @@ async def test_cancel_reaches_the_executor_and_leaks_nothing(monkeypatch, tokeni
         await wait_for(lambda: rid in ex.fake_cancel_calls)
         await wait_for(lambda: ex.fake_live_count == 0)
         await wait_for(lambda: not server.engine._live)
-        stats = server.engine.stats()
-        assert (stats.active, stats.queued) == (0, 0)
+        await wait_idle(server.engine)
         assert ex.fake_cancel_calls.count(rid) == 1
 
 
@@ -529,35 +528,26 @@ async def test_forward_failure_is_internal(monkeypatch, tokenizer, engine_out):
                     executor_of(server).fake_fail_forward()
         assert e.value.code() == grpc.StatusCode.INTERNAL
         assert "forwardAsync" in e.value.details()
-        health = health_pb2_grpc.HealthStub(grpc.aio.insecure_channel(server.address))
-        assert (await health.Check(health_pb2.HealthCheckRequest())).status == health_pb2.HealthCheckResponse.SERVING
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            status = (await health.Check(health_pb2.HealthCheckRequest())).status
+        assert status == health_pb2.HealthCheckResponse.SERVING  # one failed step does not kill the engine
 
 
 async def test_dead_executor_flips_health(monkeypatch, tokenizer, engine_out):
     trtllm_executor.install(monkeypatch, "E2")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
-        channel = grpc.aio.insecure_channel(server.address)
-        health = health_pb2_grpc.HealthStub(channel)
         call = stub.Generate(request(stopping={"max_new_tokens": 400, "ignore_eos": True}))
         await call.read()
         executor_of(server).fake_kill()
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await read_rest(call)
         assert e.value.code() == grpc.StatusCode.INTERNAL
-
-        async def status():
-            return (await health.Check(health_pb2.HealthCheckRequest())).status
-
-        for _ in range(200):
-            if await status() == health_pb2.HealthCheckResponse.NOT_SERVING:
-                break
-            await asyncio.sleep(0.01)
-        assert await status() == health_pb2.HealthCheckResponse.NOT_SERVING
+        await wait_health(server.address, health_pb2.HealthCheckResponse.NOT_SERVING)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub, request())
         assert e.value.code() == grpc.StatusCode.INTERNAL
         assert GatewayError.from_rpc_error(e.value).reason == "ENGINE_DEAD"
-        await channel.close()
 
 
 # --------------------------------------------------------------------------------- lifecycle, info
@@ -667,11 +657,11 @@ def test_follower_rank_waits_for_the_leader(monkeypatch, tmp_path, tiny_model_di
     result = []
     worker = threading.Thread(target=lambda: result.append(trtllm.run_if_follower_rank(core_config(out))))
     worker.start()
-    worker.join(0.3)
-    assert worker.is_alive()  # blocked in shutdown() until the leader stops
+    tl.fake_follower_waiting.wait()
+    assert worker.is_alive() and result == []  # blocked in shutdown() until the leader stops
     assert tl.fake_instances and not tl.fake_instances[0].can_enqueue_requests()
     tl.fake_leader_shutdown.set()
-    worker.join(5)
+    worker.join()
     assert result == [True]
     mpi.MPI.COMM_WORLD.Get_rank = lambda: 0
     assert trtllm.run_if_follower_rank(core_config(out)) is False
@@ -715,9 +705,8 @@ async def test_time_limit_ends_a_request_stuck_in_the_queue(monkeypatch, tokeniz
         ex = executor_of(server)
         ex.fake_pause()
         try:
-            msgs = await asyncio.wait_for(
-                collect(stub, request(stopping={"max_new_tokens": 4, "time_limit_ms": 100})), timeout=2.0
-            )
+            msgs = await collect(stub, request(stopping={"max_new_tokens": 4, "time_limit_ms": 100}))
             assert finish_of(msgs).finish_reason == pb.FINISH_REASON_TIME_LIMIT
+            assert not tokens_of(msgs) and msgs[-1].usage.completion_tokens == 0
         finally:
             ex.fake_resume()

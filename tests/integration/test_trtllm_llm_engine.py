@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import types
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
@@ -20,8 +19,9 @@ from gateways.common.status import GatewayError
 from tests.conftest import core_config
 from tests.fakes import trtllm_executor
 from tests.fakes import trtllm_llm as fake_llm
-from tests.fakes.trtllm_harness import collect, finish_of, serve_engine, text_of, tokens_of, wait_for
+from tests.fakes.trtllm_harness import collect, finish_of, serve_engine, text_of, tokens_of
 from tests.fakes.trtllm_model import FakeModel
+from tests.integration.core_helpers import wait_for, wait_health
 
 MODEL = FakeModel(4096)
 
@@ -194,19 +194,11 @@ async def test_errors_and_dead_worker(fake, tokenizer, tiny_model_dir):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await read_rest(call)
         assert e.value.code() == grpc.StatusCode.INTERNAL
-        channel = grpc.aio.insecure_channel(server.address)
-        health = health_pb2_grpc.HealthStub(channel)
         llm_of(fake).fake_kill()
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub, request())
         assert e.value.code() == grpc.StatusCode.INTERNAL
-        for _ in range(200):
-            status = (await health.Check(health_pb2.HealthCheckRequest())).status
-            if status == health_pb2.HealthCheckResponse.NOT_SERVING:
-                break
-            await asyncio.sleep(0.01)
-        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
-        await channel.close()
+        await wait_health(server.address, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 def test_build_refuses_engine_dirs_and_missing_package(monkeypatch, tokenizer, tiny_model_dir, tmp_path):
@@ -282,3 +274,36 @@ def test_engines_need_an_eos_token(fake, tiny_model_dir):
     )
     with pytest.raises(RuntimeError, match="no EOS token"):
         trtllm.TrtllmEngine(trtllm_executor.make_module("E2"), layout, no_eos, trtllm.TrtllmOptions())
+
+
+async def test_a_request_output_that_ends_without_a_final_update_is_internal(fake, tokenizer, tiny_model_dir):
+    class EndsEarly:  # a RequestOutput whose updates stop before one says finished
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise StopAsyncIteration
+
+        def abort(self):
+            pass
+
+    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (server, stub):
+        llm_of(fake).generate_async = lambda *args, **kwargs: EndsEarly()
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub, request())
+        assert e.value.code() == grpc.StatusCode.INTERNAL and "without finishing" in e.value.details()
+        assert server.engine.alive and not server.engine._live
+
+
+async def test_a_bug_reading_an_update_fails_the_request_not_the_engine(fake, tokenizer, tiny_model_dir, monkeypatch):
+    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (server, stub):
+
+        def broken(live, ro):
+            raise KeyError("sequence_index")
+
+        monkeypatch.setattr(server.engine, "_outputs", broken)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub, request())
+        assert e.value.code() == grpc.StatusCode.INTERNAL and "Cannot read the LLM's output" in e.value.details()
+        ex = llm_of(fake).fake_executor
+        assert server.engine.alive and max(ex.fake_requests) in ex.fake_cancel_calls

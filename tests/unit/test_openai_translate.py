@@ -155,8 +155,8 @@ FINISH = [
 
 @pytest.mark.parametrize("reason, openai, lmi", FINISH)
 def test_finish_reasons(reason, openai, lmi):
-    assert translate.finish_reason(reason, "openai") == openai
-    assert translate.finish_reason(reason, "lmi") == lmi
+    assert translate.StreamState("c", 1, "m").reason_names.get(reason) == openai
+    assert translate.StreamState("c", 1, "m", finish_reasons="lmi").reason_names.get(reason) == lmi
 
 
 def test_every_proto_finish_reason_is_mapped():
@@ -335,11 +335,6 @@ def test_to_completion_logprobs():
     assert [t["token"] for t in got["choices"][0]["logprobs"]["content"]] == ["He", "llo"]
     assert [t["token"] for t in got["choices"][1]["logprobs"]["content"]] == ["W", "o"]
     assert [c["finish_reason"] for c in got["choices"]] == ["length", "eos_token"]
-
-
-def test_to_completion_needs_the_final_message():
-    with pytest.raises(ValueError):
-        translate.to_completion([_msg(m) for m in STREAM[:-1]], _state())
 
 
 def test_state_for_takes_options_from_the_request():

@@ -298,7 +298,7 @@ def test_shutdown_wakes_a_blocked_awaiter(engine_dir):
     waiter.join(0.1)
     assert waiter.is_alive()  # no timeout: blocks
     ex.shutdown()
-    waiter.join(5)
+    waiter.join()
     assert got == [[]]
 
 

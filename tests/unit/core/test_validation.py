@@ -135,10 +135,19 @@ def test_engine_input_limit_names_the_input_field():
     assert info.value.field == "token_ids"
 
 
-def test_min_new_tokens_must_not_exceed_max_new_tokens():
+@pytest.mark.parametrize(
+    "stopping, prompt_len",
+    [
+        (T(max_new_tokens=5, min_new_tokens=6), 3),
+        (T(min_new_tokens=31), 3),  # above the default max_new_tokens
+        (T(min_new_tokens=20), 90),  # above the default lowered to fit the context
+    ],
+)
+def test_min_new_tokens_must_not_exceed_the_max_new_tokens_in_effect(stopping, prompt_len):
     with pytest.raises(InvalidArgument) as info:
-        resolve_max_new_tokens(req(stopping=T(max_new_tokens=5, min_new_tokens=6)), 3, LIMITS, default=30)
+        resolve_max_new_tokens(req(stopping=stopping), prompt_len, LIMITS, default=30)
     assert info.value.field == "stopping.min_new_tokens"
+    assert resolve_max_new_tokens(req(stopping=T(min_new_tokens=10)), prompt_len, LIMITS, default=30) >= 10
 
 
 @pytest.mark.parametrize(

@@ -276,13 +276,16 @@ def test_to_complete(state_kw, msgs, expected):
     assert translate.to_complete(state) == expected
 
 
-def test_to_complete_without_final_message_is_an_error():
+@pytest.mark.parametrize(
+    "finish, code",
+    [(pb.FINISH_REASON_CANCELLED, grpc.StatusCode.UNAVAILABLE), (pb.FINISH_REASON_ERROR, grpc.StatusCode.INTERNAL)],
+)
+def test_a_sequence_the_core_cut_short_is_an_error_not_a_complete(finish, code):
     state = _state()
-    translate.to_events(Q, state)
+    cut = spb.GenerateResponse(request_id="r", outputs=[pb.SequenceOutput(index=0, text="x", finish_reason=finish)])
     with pytest.raises(GatewayError) as info:
-        translate.to_complete(state)
-    assert info.value.code is grpc.StatusCode.INTERNAL
-    assert info.value.reason == "INCOMPLETE_STREAM"
+        translate.to_events(cut, state)
+    assert info.value.code is code
 
 
 @pytest.mark.parametrize(

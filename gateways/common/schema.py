@@ -1,0 +1,85 @@
+"""Shape and type helpers shared by the gateways' schema and translate modules.
+
+Gateways check only JSON shapes and types (DESIGN.md principle 3). What every schema needs for
+that lives here: the proto's integer widths as pydantic types, JSON type names and field paths
+for error messages, and the copy of the fields a client set onto a proto message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Annotated, Any
+
+from google.protobuf.message import Message
+from pydantic import BaseModel, Field
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# The proto's int32 / int64 fields: a JSON integer outside their range cannot be sent at all, so
+# it is a type error found by the gateway, not a range error for the core.
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+
+# pydantic's names for union members in an error location ("str", "list[str]",
+# "function-after[...]", a model's class name): they are not fields of the request.
+_PLAIN_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list"})
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a decoded value with its article, for messages: "a string", "an array",
+    "a number", "a boolean", "an object", "null"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def field_path(loc: Iterable[int | str], *, tags: Collection[str] = ()) -> str:
+    """A pydantic error location as the client's field path: `("prompts", 2, "request_id")` ->
+    `"prompts[2].request_id"`.
+
+    Union member tags are left out (`("parameters", "stop_sequences", "list[str]", 1)` ->
+    `"parameters.stop_sequences[1]"`), and so are discriminator values in `tags` that follow a
+    list index (OpenAI's content parts: `("content", 1, "text", "text")` -> `"content[1].text"`).
+    """
+    out = ""
+    previous: int | str | None = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not (_is_union_tag(part) or (isinstance(previous, int) and part in tags)):
+            out += f".{part}" if out else part
+        previous = part
+    return out
+
+
+def _is_union_tag(part: str) -> bool:
+    return part in _PLAIN_TYPE_TAGS or not part.islower() or "[" in part or "-" in part
+
+
+def copy_given(source: BaseModel, target: Message, names: Iterable[str] | Mapping[str, str]) -> None:
+    """Set fields of the proto message `target` from the attributes of `source` the client gave
+    (not None); unset ones stay unset, so the core's engine defaults apply to them (DESIGN.md
+    "Sampling defaults are the engine's").
+
+    Args:
+        source: a checked wire model.
+        target: e.g. `request.sampling`.
+        names: attribute names that are also the proto field names, or a mapping from the
+            attribute name to the proto field name (`{"ignore_eos_token": "ignore_eos"}`).
+    """
+    pairs = names.items() if isinstance(names, Mapping) else ((name, name) for name in names)
+    for attr, proto_field in pairs:
+        value = getattr(source, attr)
+        if value is not None:
+            setattr(target, proto_field, value)
