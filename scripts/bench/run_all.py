@@ -207,7 +207,7 @@ def main() -> int:
                         str(core.popen.pid),
                         "--gateway-pid",
                         str(gw.popen.pid),
-                        "--output",
+                        "--json-out",
                         str(ws_json),
                     ],
                     check=True,
@@ -311,8 +311,8 @@ def print_summary(s: dict) -> None:
     if "websocket" in s:
         w = s["websocket"]
         print(
-            f"websocket: {w.get('events_per_s', float('nan')):.0f} events/s; gateway/core CPU "
-            f"{w.get('gateway_to_core_cpu_ratio', float('nan')):.2f}"
+            f"websocket: {w['events_per_s']:.0f} events/s; gateway CPU / core CPU "
+            f"{w['cpu_share']['gateway_over_core']:.3f}"
         )
     if "baseline" in s:
         b = s["baseline"]
