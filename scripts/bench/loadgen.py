@@ -92,6 +92,34 @@ def _pct(values: list[float]) -> dict[str, float]:
     }
 
 
+class Timeline:
+    """Arrival times of one request's token-carrying messages."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last = 0.0
+        self.tokens = 0
+        self.itl: list[float] = []
+
+    def arrived(self, tokens: int) -> None:
+        """Record a message carrying `tokens` tokens (messages without tokens are not counted)."""
+        if not tokens:
+            return
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.itl.append(now - self.last)
+        self.last = now
+        self.tokens += tokens
+
+    def sample(self) -> Sample:
+        """The request's timings, once its stream ended."""
+        end = time.perf_counter()
+        return Sample(ttft=(self.first or end) - self.start, e2e=end - self.start, tokens=self.tokens, itl=self.itl)
+
+
 class Client:
     """One protocol's streaming call; `run(prompt)` returns a Sample."""
 
@@ -128,22 +156,10 @@ class GrpcClient(Client):
             req = spb.GenerateRequest(messages=msgs, stopping=stopping)
         else:
             req = spb.GenerateRequest(text=prompt, stopping=stopping)
-        t0 = time.perf_counter()
-        first = last = None
-        tokens = 0
-        itl = []
+        timeline = Timeline()
         async for msg in self.stub.Generate(req):
-            n = sum(len(o.tokens) for o in msg.outputs)
-            if n:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    itl.append(now - last)
-                last = now
-                tokens += n
-        end = time.perf_counter()
-        return Sample(ttft=(first or end) - t0, e2e=end - t0, tokens=tokens, itl=itl)
+            timeline.arrived(sum(len(o.tokens) for o in msg.outputs))
+        return timeline.sample()
 
 
 class HttpClient(Client):
@@ -169,25 +185,13 @@ class HttpClient(Client):
 
     async def run(self, prompt: str) -> Sample:
         url, body = self.request(prompt)
-        t0 = time.perf_counter()
-        first = last = None
-        tokens = 0
-        itl = []
+        timeline = Timeline()
         async with self.session.post(url, json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
             async for line in resp.content:
-                n = self.tokens_in(line.strip())
-                if n:
-                    now = time.perf_counter()
-                    if first is None:
-                        first = now
-                    else:
-                        itl.append(now - last)
-                    last = now
-                    tokens += n
-        end = time.perf_counter()
-        return Sample(ttft=(first or end) - t0, e2e=end - t0, tokens=tokens, itl=itl)
+                timeline.arrived(self.tokens_in(line.strip()))
+        return timeline.sample()
 
 
 class OpenAIClient(HttpClient):
