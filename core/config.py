@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.engine.registry import ENGINES
+
 ENV_PREFIX = "TRELLIS_CORE_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -106,6 +108,11 @@ class CoreConfig:
     trt_await_timeout_ms: int = 5
     trt_tensor_parallel_size: int = 1
     trt_pipeline_parallel_size: int = 1
+    # Mock engine options (ignored by other engines).
+    mock_step_ms: float = 10.0
+    mock_prefill_ms_per_token: float = 0.0
+    mock_eos_probability: float = 0.0
+    mock_context_length: int = 0
 
     @property
     def served_model_name(self) -> str:
@@ -127,7 +134,7 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
     )
     d = CoreConfig(model="")
     p.add_argument("--model", required=True, help="HF checkpoint directory, or TensorRT-LLM engine directory")
-    p.add_argument("--engine", default=d.engine, choices=["hf", "trtllm", "trtllm-llm"], help="engine kind")
+    p.add_argument("--engine", default=d.engine, choices=list(ENGINES), help="engine kind")
     p.add_argument("--model-name", default=d.model_name, help="served model name (default: directory name)")
     p.add_argument("--model-version", default=d.model_version, help="version label reported by GetModelInfo")
     p.add_argument("--tokenizer", default=d.tokenizer, help="tokenizer directory (default: from the model)")
@@ -245,6 +252,30 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         type=int,
         default=d.trt_pipeline_parallel_size,
         help="TensorRT-LLM LLM API (--engine trtllm-llm): pipeline-parallel stages",
+    )
+    p.add_argument(
+        "--mock-step-ms",
+        type=float,
+        default=d.mock_step_ms,
+        help="mock engine (--engine mock): duration of one decode step in ms (0: back to back)",
+    )
+    p.add_argument(
+        "--mock-prefill-ms-per-token",
+        type=float,
+        default=d.mock_prefill_ms_per_token,
+        help="mock engine: extra step time per prompt token admitted in the step, in ms",
+    )
+    p.add_argument(
+        "--mock-eos-probability",
+        type=float,
+        default=d.mock_eos_probability,
+        help="mock engine: probability of drawing EOS at each generated token, in [0, 1]",
+    )
+    p.add_argument(
+        "--mock-context-length",
+        type=int,
+        default=d.mock_context_length,
+        help="mock engine: context length in tokens (0: the model's config.json, else 4096)",
     )
     return p
 

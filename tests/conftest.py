@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny model built locally, an in-process core on 127.0.0.1:0, gRPC stubs,
-and a factory that starts any gateway in-process against that core."""
+a factory that starts any gateway in-process against that core, and a factory of cores on the
+mock engine (no model: for load, fleet and reliability tests)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core.config import CoreConfig
 from core.server import CoreServer, start_core
+from core.tokenizer import Tokenizer
 from gateways.common.app import start_app
 from gateways.common.config import GatewayConfig
 
@@ -74,6 +76,35 @@ async def stub(core) -> AsyncIterator[spb_grpc.GenerateServiceStub]:
 
 
 GatewayFactory = Callable[..., Awaitable[str]]
+MockCoreFactory = Callable[..., Awaitable[CoreServer]]
+
+
+@pytest_asyncio.fixture(scope="session")
+async def start_mock_core(tiny_model_dir) -> AsyncIterator[MockCoreFactory]:
+    """Factory: `await start_mock_core(mock_step_ms=5, max_batch_size=4)` starts an in-process core
+    on the mock engine (`--engine mock`, the tiny model's tokenizer, served as model 'mock') on
+    127.0.0.1:0 and returns the running CoreServer. Keyword arguments override CoreConfig fields
+    (defaults: 2 ms steps, EOS never drawn, batch 64, queue 256). Every core started is stopped
+    at session end; a test may stop one earlier with `await core.stop(0)`."""
+    tokenizer = Tokenizer.load(tiny_model_dir)
+    started: list[CoreServer] = []
+
+    async def factory(**overrides: Any) -> CoreServer:
+        values: dict[str, Any] = dict(engine="mock", model_name="mock", mock_step_ms=2.0, max_batch_size=64)
+        values.update(overrides)
+        server = await start_core(core_config(tiny_model_dir, **values), tokenizer=tokenizer)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        await server.stop(0)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def mock_core(start_mock_core) -> CoreServer:
+    """The shared in-process mock-engine core (2 ms steps, batch 64, served as model 'mock')."""
+    return await start_mock_core()
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 # name -> "module:factory"; each factory is `build(config, tokenizer) -> Engine`.
 ENGINES = {
     "hf": "core.engine.hf:build",
+    "mock": "core.engine.mock:build",
     "trtllm": "core.engine.trtllm:build",
     "trtllm-llm": "core.engine.trtllm_llm:build",
 }

@@ -1,0 +1,514 @@
+"""Mock engine: in-flight batching with a model that costs nothing (`--engine mock`).
+
+For load tests, overhead measurements and multi-core tests without a model, the idea of NVIDIA
+Dynamo's "mocker" (docs.nvidia.com/dynamo, "Live Simulation with Mocker"), reduced to what the
+core's overhead depends on: a running batch stepped at a fixed cadence, a bounded waiting queue,
+and admission at step boundaries. It needs only a tokenizer.
+
+Scheduling: one timer on the event loop drives the batch, with no task or thread per request.
+At each step boundary it applies aborts, emits the step's token of every running sequence
+(with PREFILLED and the first token for requests admitted at the previous boundary), and admits
+waiting requests FIFO while their sequences fit `max_batch_size` (SCHEDULED). A step lasts
+`step_ms`, plus `prefill_ms_per_token` for every prompt token admitted at its start. Boundaries
+keep a fixed cadence while the event loop keeps up; once the loop falls a whole step behind,
+the cadence restarts from the late boundary, so an overloaded host shows up as longer steps
+(the `steps` counter and the clients' time per output token tell the achieved rate).
+
+Tokens: every sequence draws from its own `random.Random`, keyed by the prompt (greedy, so
+equal prompts give equal outputs, as a deterministic model would) or by the prompt, the seed
+and the sequence index (sampling), so a seeded request reproduces whatever else is in the
+batch. Draws are uniform over the vocabulary's non-special tokens that are whole UTF-8 text on
+their own, so every token streams as one text delta. At each token, EOS is drawn with
+probability `eos_probability` (a request stops on it unless ignore_eos is set or fewer than
+min_new_tokens were generated); stop token ids end a sequence when drawn (never below
+min_new_tokens), and max_new_tokens and the context length bound it. The draws of a sequence
+do not depend on its stopping options, so the same seed gives the same prefix with or without
+them.
+
+Logprobs are synthetic but well-formed, from a second generator per sequence: each step has a
+geometric distribution over ranks, P(rank i) = a (1 - a)^i with a in [0.4, 0.95) drawn per step;
+the chosen token is rank 0 when greedy and a rank drawn from that distribution when sampling;
+top_logprobs lists ranks 0..k-1 (the chosen token at its rank, distinct other tokens
+elsewhere), so values are <= 0, sorted descending, and the chosen logprob equals its entry.
+Prompt logprobs are built the same way from the prompt.
+
+Sampling parameters other than do_sample and seed (temperature, top_k, top_p, penalties,
+logit_bias, bad_words) are validated and reported as usual but do not shape the draws.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import logging
+import math
+import random
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.engine.base import EngineLifecycle, OutputStream
+from core.errors import EngineFailure, InvalidArgument, NotReady, Overloaded
+from core.sampling import resolve_generic
+from core.types import (
+    EngineInfo,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    PromptTokenInfo,
+    RequestState,
+    ResolvedSampling,
+    SamplingOptions,
+    SequenceStep,
+)
+
+if TYPE_CHECKING:
+    from core.config import CoreConfig
+    from core.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT_LENGTH = 4096
+MAX_TOP_LOGPROBS = 20
+# Cap on the rank of a sampled token in the synthetic distribution (P(rank >= 64) < 0.6^64).
+_MAX_RANK = 64
+_LOGPROB_SALT = 0x5EED_10C9_2B0B
+
+
+def build(config: CoreConfig, tokenizer: Tokenizer) -> MockEngine:
+    """Engine factory for `--engine mock` (see core.engine.registry).
+
+    Raises:
+        ValueError: a mock flag out of range, or a tokenizer without ordinary tokens.
+    """
+    return MockEngine(
+        tokenizer,
+        step_ms=config.mock_step_ms,
+        prefill_ms_per_token=config.mock_prefill_ms_per_token,
+        eos_probability=config.mock_eos_probability,
+        max_context_length=config.mock_context_length or context_length_of(config.model),
+        max_batch_size=config.max_batch_size,
+        max_queue_size=config.max_queue_size,
+        max_n=config.max_n,
+    )
+
+
+def context_length_of(model_dir: str | Path) -> int:
+    """The context length named by `model_dir/config.json` (max_position_embeddings,
+    n_positions or max_seq_len), else DEFAULT_CONTEXT_LENGTH (e.g. a tokenizer-only directory)."""
+    path = Path(model_dir) / "config.json"
+    if path.is_file():
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cfg = {}
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+            value = cfg.get(key) if isinstance(cfg, dict) else None
+            if isinstance(value, int) and value > 1:
+                return value
+    return DEFAULT_CONTEXT_LENGTH
+
+
+@dataclass(eq=False, slots=True)
+class _Row:
+    """One sequence of a running request."""
+
+    index: int
+    rng: random.Random
+    lp_rng: random.Random | None
+    generated: int = 0
+    finished: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Req:
+    """A live request: waiting in the queue, then in the running batch."""
+
+    req: EngineRequest
+    outputs: OutputStream
+    sampled: bool
+    stops_on_eos: bool
+    rows: list[_Row] = field(default_factory=list)
+    unfinished: int = 0
+    prefilled: bool = False
+    cancelled: bool = False
+
+
+class MockEngine(EngineLifecycle):
+    """In-flight batching engine whose model step only waits (see the module docstring).
+
+    Args:
+        tokenizer: the served tokenizer (vocabulary, special tokens, EOS ids).
+        step_ms: duration of one decode step in milliseconds (0: steps run back to back).
+        prefill_ms_per_token: extra step time per prompt token admitted at the step's start.
+        eos_probability: per-token probability of drawing EOS, in [0, 1].
+        max_context_length: tokens of one sequence, prompt and generated together.
+        max_batch_size: sequences in the running batch.
+        max_queue_size: waiting requests; one more raises Overloaded (RESOURCE_EXHAUSTED).
+        max_n: sequences per request.
+
+    Attributes:
+        steps: engine steps completed since start (steps that had requests in the batch).
+
+    Raises:
+        ValueError: an argument out of range, or no ordinary token in the vocabulary.
+    """
+
+    kind = "mock"
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        step_ms: float = 10.0,
+        prefill_ms_per_token: float = 0.0,
+        eos_probability: float = 0.0,
+        max_context_length: int = DEFAULT_CONTEXT_LENGTH,
+        max_batch_size: int = 32,
+        max_queue_size: int = 256,
+        max_n: int = 16,
+    ) -> None:
+        super().__init__()
+        if not (math.isfinite(step_ms) and step_ms >= 0):
+            raise ValueError(f"mock step time must be >= 0 ms, got {step_ms}")
+        if not (math.isfinite(prefill_ms_per_token) and prefill_ms_per_token >= 0):
+            raise ValueError(f"mock prefill time per token must be >= 0 ms, got {prefill_ms_per_token}")
+        if not 0.0 <= eos_probability <= 1.0:
+            raise ValueError(f"mock EOS probability must be in [0, 1], got {eos_probability}")
+        if max_context_length < 2:
+            raise ValueError(f"mock context length must be at least 2 tokens, got {max_context_length}")
+        if max_batch_size < 1 or max_queue_size < 0:
+            raise ValueError("max batch size must be >= 1 and max queue size >= 0")
+        self._vocab = _ordinary_tokens(tokenizer)
+        if not self._vocab:
+            raise ValueError("the tokenizer has no ordinary (non-special, whole UTF-8) token to generate")
+        self._nvocab = len(self._vocab)
+        eos = sorted(tokenizer.eos_token_ids)
+        primary = getattr(tokenizer.hf, "eos_token_id", None)
+        self._eos_id: int | None = primary if isinstance(primary, int) and primary in eos else (eos[0] if eos else None)
+        self._step_s = step_ms / 1000.0
+        self._prefill_s = prefill_ms_per_token / 1000.0
+        self._eos_p = eos_probability if self._eos_id is not None else 0.0
+        self._ctx = max_context_length
+        self._max_batch = max_batch_size
+        self._max_queue = max_queue_size
+        self.info = EngineInfo(
+            engine=self.kind,
+            max_context_length=max_context_length,
+            vocab_size=tokenizer.vocab_size,
+            max_num_beams=1,
+            max_n=min(max_n, max_batch_size),
+            max_top_logprobs=min(MAX_TOP_LOGPROBS, self._nvocab - 1),
+        )
+        self.steps = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.Handle | None = None
+        self._deadline = 0.0
+        self._requests: dict[str, _Req] = {}
+        self._pending: collections.deque[_Req] = collections.deque()
+        self._running: list[_Req] = []
+        self._running_rows = 0
+        self._aborts: set[str] = set()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Start serving on the running event loop (nothing to load)."""
+        self._loop = asyncio.get_running_loop()
+        self._started = self._alive = True
+        log.info(
+            "mock engine: step %.3g ms, prefill %.3g ms/token, EOS probability %g, context %d, %d ordinary tokens",
+            self._step_s * 1000,
+            self._prefill_s * 1000,
+            self._eos_p,
+            self._ctx,
+            self._nvocab,
+        )
+
+    async def shutdown(self) -> None:
+        """Stop stepping; requests still queued or running end with NotReady."""
+        self._stopping = True
+        self._alive = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        error = NotReady("The engine shut down; retry on another replica.")
+        now = time.monotonic()
+        for r in self._requests.values():
+            r.outputs.put(EngineOutput(r.req.request_id, error=error, finished=True, time=now))
+        self._requests.clear()
+        self._pending.clear()
+        self._running = []
+        self._running_rows = 0
+        self._aborts.clear()
+
+    def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
+        """The generic (LMI "every rolling batch backend") defaults, as the HF engine."""
+        return resolve_generic(opts, random_seed=random_seed)
+
+    def stats(self) -> EngineStats:
+        """Requests in the running batch and in the queue."""
+        return EngineStats(active=len(self._running), queued=len(self._pending))
+
+    # ---------------------------------------------------------------- requests
+
+    def generate(self, request: EngineRequest) -> OutputStream:
+        """Queue a request and stream its outputs; see core.engine.base.Engine for the contract.
+
+        Raises:
+            NotReady / EngineDead: the engine is not serving.
+            InvalidArgument: more sequences than the batch holds, or a duplicate request id.
+            Overloaded: max_queue_size requests are already waiting.
+        """
+        self._check_serving()
+        seqs = request.num_sequences
+        if seqs > self._max_batch:
+            raise InvalidArgument(
+                f"The request asks for {seqs} sequences, more than the batch holds ({self._max_batch}).",
+                field="sampling.n",
+            )
+        if request.request_id in self._requests:
+            raise InvalidArgument(f"A request with id '{request.request_id}' is already running.", field="request_id")
+        if len(self._pending) >= self._max_queue:
+            raise Overloaded(f"The server is at capacity ({self._max_queue} requests waiting); retry later.")
+        request_id = request.request_id
+
+        def on_close(finished: bool) -> None:
+            if not finished:
+                self.abort(request_id)
+
+        queued = EngineOutput(request_id, state=RequestState.QUEUED, time=time.monotonic())
+        r = _Req(
+            request,
+            OutputStream(queued, on_close),
+            sampled=request.sampling.do_sample,
+            stops_on_eos=not request.ignore_eos and self._eos_p > 0.0,
+        )
+        self._requests[request_id] = r
+        self._pending.append(r)
+        if self._timer is None and self._loop is not None:  # idle: the next step starts now
+            self._deadline = self._loop.time()
+            self._timer = self._loop.call_soon(self._boundary)
+        return r.outputs
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request at the next step boundary (no-op when unknown or finished)."""
+        if request_id in self._requests:
+            self._aborts.add(request_id)
+
+    # ---------------------------------------------------------------- stepping
+
+    def _boundary(self) -> None:
+        """End the current step and start the next one (runs on the event loop's timer)."""
+        self._timer = None
+        loop = self._loop
+        if self._stopping or loop is None:
+            return
+        now = time.monotonic()
+        admitted_tokens = 0
+        try:
+            if self._aborts:
+                self._apply_aborts(now)
+            if self._running:
+                self.steps += 1
+                self._emit_step(now)
+            if self._pending:
+                admitted_tokens = self._admit(now)
+        except Exception as e:  # a failed step fails the requests in it, not the engine
+            log.exception("mock engine step failed")
+            self._fail_running(e, now)
+        if not (self._running or self._pending):
+            return  # idle: generate() wakes the engine
+        duration = self._step_s + self._prefill_s * admitted_tokens
+        now_l = loop.time()
+        nxt = self._deadline + duration
+        if nxt < now_l:  # more than a step behind: this step stretched, restart the cadence
+            nxt = now_l + duration
+        self._deadline = nxt
+        self._timer = loop.call_at(nxt, self._boundary)
+
+    def _apply_aborts(self, now: float) -> None:
+        aborted = [self._requests.pop(rid) for rid in self._aborts if rid in self._requests]
+        self._aborts.clear()
+        for r in aborted:
+            r.cancelled = True
+            r.outputs.put(_cancelled(r, now))
+        self._pending = collections.deque(r for r in self._pending if not r.cancelled)
+        kept = [r for r in self._running if not r.cancelled]
+        if len(kept) != len(self._running):
+            self._running = kept
+            self._running_rows = sum(len(r.rows) for r in kept)
+
+    def _emit_step(self, now: float) -> None:
+        """One token for every unfinished sequence in the batch; finished requests leave it."""
+        done = False
+        for r in self._running:
+            steps = [self._next_token(r, row) for row in r.rows if not row.finished]
+            out = EngineOutput(r.req.request_id, sequences=steps, finished=r.unfinished == 0, time=now)
+            if not r.prefilled:
+                r.prefilled = True
+                out.state = RequestState.PREFILLED
+                if r.req.prompt_logprobs is not None:
+                    out.prompt_logprobs = self._prompt_logprobs(r.req)
+            r.outputs.put(out)
+            if out.finished:
+                done = True
+                del self._requests[r.req.request_id]
+        if done:
+            self._running = [r for r in self._running if r.unfinished]
+            self._running_rows = sum(len(r.rows) for r in self._running)
+
+    def _admit(self, now: float) -> int:
+        """Move waiting requests into the batch while their sequences fit (FIFO, so a large
+        request is never overtaken). Returns the prompt tokens admitted."""
+        tokens = 0
+        pending = self._pending
+        while pending and self._running_rows + pending[0].req.num_sequences <= self._max_batch:
+            r = pending.popleft()
+            r.rows = _rows(r.req, with_logprobs=r.req.logprobs)
+            r.unfinished = len(r.rows)
+            self._running.append(r)
+            self._running_rows += len(r.rows)
+            tokens += len(r.req.prompt_ids)
+            r.outputs.put(EngineOutput(r.req.request_id, state=RequestState.SCHEDULED, time=now))
+        return tokens
+
+    def _fail_running(self, error: Exception, now: float) -> None:
+        failure = EngineFailure(f"Generation failed: {error}")
+        for r in self._running:
+            self._requests.pop(r.req.request_id, None)
+            r.outputs.put(EngineOutput(r.req.request_id, error=failure, finished=True, time=now))
+        self._running = []
+        self._running_rows = 0
+
+    # ---------------------------------------------------------------- tokens
+
+    def _next_token(self, r: _Req, row: _Row) -> SequenceStep:
+        """Draw one token of `row` and decide whether it ends the sequence."""
+        req = r.req
+        rng = row.rng
+        n = row.generated + 1
+        row.generated = n
+        # Both draws happen at every token, so the stream of a sequence does not depend on its
+        # stopping options.
+        eos_drawn = self._eos_p > 0.0 and rng.random() < self._eos_p
+        vocab, nvocab = self._vocab, self._nvocab
+        token = vocab[int(rng.random() * nvocab)]
+        stop_ids = req.stop_token_ids
+        below_min = n <= req.min_new_tokens
+        if below_min and token in stop_ids:  # suppressed, as a model bans them below min_new_tokens
+            token = _redraw(rng, vocab, stop_ids)
+        reason: FinishReason | None = None
+        stop_id: int | None = None
+        if eos_drawn and r.stops_on_eos and not below_min and self._eos_id is not None:
+            token = self._eos_id
+            reason = FinishReason.EOS
+        elif not below_min and token in stop_ids:
+            reason = FinishReason.STOP_SEQUENCE
+            stop_id = token
+        elif n >= req.max_new_tokens or len(req.prompt_ids) + n >= self._ctx:
+            reason = FinishReason.LENGTH
+        step = SequenceStep(row.index, [token], finish_reason=reason, stop_token_id=stop_id)
+        if row.lp_rng is not None:
+            lp, top = self._synthetic_logprob(row.lp_rng, token, req.top_logprobs, sampled=r.sampled)
+            step.logprobs = [lp]
+            step.top_logprobs = [top]
+        if reason is not None:
+            row.finished = True
+            r.unfinished -= 1
+        return step
+
+    def _synthetic_logprob(
+        self, rng: random.Random, token: int, k: int, *, sampled: bool
+    ) -> tuple[float, list[tuple[int, float]]]:
+        """The logprob of `token` and the top `k` alternatives of one synthetic step."""
+        a = 0.4 + 0.55 * rng.random()
+        log_a, log_rest = math.log(a), math.log1p(-a)
+        rank = 0
+        if sampled:
+            while rank < _MAX_RANK and rng.random() >= a:
+                rank += 1
+        chosen = log_a + rank * log_rest
+        top: list[tuple[int, float]] = []
+        used = {token}
+        vocab, nvocab = self._vocab, self._nvocab
+        for i in range(k):
+            if i == rank:
+                top.append((token, chosen))
+                continue
+            alt = vocab[int(rng.random() * nvocab)]
+            while alt in used:  # k < nvocab (EngineInfo.max_top_logprobs), so this ends
+                alt = vocab[int(rng.random() * nvocab)]
+            used.add(alt)
+            top.append((alt, log_a + i * log_rest))
+        return chosen, top
+
+    def _prompt_logprobs(self, req: EngineRequest) -> list[PromptTokenInfo]:
+        """Synthetic logprobs of every prompt token after the first (which has none)."""
+        rng = random.Random(_key(_prompt_digest(req.prompt_ids), b"prompt"))
+        k = req.prompt_logprobs or 0
+        out = [PromptTokenInfo(req.prompt_ids[0], None, [])]
+        for token in req.prompt_ids[1:]:
+            lp, top = self._synthetic_logprob(rng, token, k, sampled=True)
+            out.append(PromptTokenInfo(token, lp, top))
+        return out
+
+
+def _rows(req: EngineRequest, *, with_logprobs: bool) -> list[_Row]:
+    """The sequences of a request, each with its generators (see the module docstring)."""
+    digest = _prompt_digest(req.prompt_ids)
+    rows = []
+    for k in range(req.num_sequences):
+        if req.sampling.do_sample:
+            key = _key(digest, ((req.sampling.seed + k) & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little"))
+        else:
+            key = _key(digest, b"greedy")
+        lp_rng = random.Random(key ^ _LOGPROB_SALT) if with_logprobs else None
+        rows.append(_Row(k, random.Random(key), lp_rng))
+    return rows
+
+
+def _prompt_digest(prompt_ids: list[int]) -> bytes:
+    return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
+
+
+def _key(digest: bytes, salt: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(digest + salt, digest_size=16).digest(), "little")
+
+
+def _redraw(rng: random.Random, vocab: list[int], banned: frozenset[int]) -> int:
+    """A token outside `banned` (a few draws, then the first allowed one in vocabulary order)."""
+    for _ in range(32):
+        token = vocab[int(rng.random() * len(vocab))]
+        if token not in banned:
+            return token
+    return next((t for t in vocab if t not in banned), vocab[0])
+
+
+def _ordinary_tokens(tokenizer: Tokenizer) -> list[int]:
+    """Ids of the non-special tokens whose bytes are non-empty, complete UTF-8 text."""
+    tokens = []
+    for i in range(tokenizer.vocab_size):
+        if tokenizer.is_special(i):
+            continue
+        raw = tokenizer.token_bytes(i)
+        if not raw:
+            continue
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        tokens.append(i)
+    return tokens
+
+
+def _cancelled(r: _Req, now: float) -> EngineOutput:
+    """The final output of an aborted request: CANCELLED for every unfinished sequence."""
+    live = [row.index for row in r.rows if not row.finished] if r.rows else range(r.req.num_sequences)
+    steps = [SequenceStep(i, [], finish_reason=FinishReason.CANCELLED) for i in live]
+    return EngineOutput(r.req.request_id, sequences=steps, finished=True, time=now)
