@@ -50,7 +50,7 @@ class EnvArgumentParser(argparse.ArgumentParser):
             raw = self.environ[name]
             try:
                 action.default = _convert(action, raw)
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
                 self.error(f"environment variable {name}={raw!r}: {e}")
             action.required = False
         return super().parse_args(args, namespace)
@@ -68,6 +68,29 @@ def _convert(action: argparse.Action, raw: str):
     if action.choices is not None and value not in action.choices:
         raise ValueError(f"expected one of {', '.join(map(str, action.choices))}")
     return value
+
+
+def _non_negative(raw: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = _float(raw)
+    if not 0.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {raw!r}")
+    return value
+
+
+def _probability(raw: str) -> float:
+    """argparse type: a float in [0, 1]."""
+    value = _float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {raw!r}")
+    return value
+
+
+def _float(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
 
 
 @dataclass(frozen=True)
@@ -255,19 +278,19 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
     )
     p.add_argument(
         "--mock-step-ms",
-        type=float,
+        type=_non_negative,
         default=d.mock_step_ms,
         help="mock engine (--engine mock): duration of one decode step in ms (0: back to back)",
     )
     p.add_argument(
         "--mock-prefill-ms-per-token",
-        type=float,
+        type=_non_negative,
         default=d.mock_prefill_ms_per_token,
         help="mock engine: extra step time per prompt token admitted in the step, in ms",
     )
     p.add_argument(
         "--mock-eos-probability",
-        type=float,
+        type=_probability,
         default=d.mock_eos_probability,
         help="mock engine: probability of drawing EOS at each generated token, in [0, 1]",
     )

@@ -36,3 +36,28 @@ def test_model_is_required(capsys):
     with pytest.raises(SystemExit):
         load([], {})
     assert "--model" in capsys.readouterr().err
+
+
+def test_mock_engine_flags():
+    c = load(["--model", "/m", "--engine", "mock", "--mock-step-ms", "2.5", "--mock-eos-probability", "0.1"], {})
+    assert (c.engine, c.mock_step_ms, c.mock_eos_probability, c.mock_prefill_ms_per_token) == ("mock", 2.5, 0.1, 0.0)
+    c = load(
+        ["--model", "/m"], {"TRELLIS_CORE_MOCK_PREFILL_MS_PER_TOKEN": "0.02", "TRELLIS_CORE_MOCK_CONTEXT_LENGTH": "64"}
+    )
+    assert (c.mock_prefill_ms_per_token, c.mock_context_length) == (0.02, 64)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--mock-eos-probability", "2"], {}, "must be in [0, 1]"),
+        (["--mock-step-ms", "nan"], {}, "finite number >= 0"),
+        (["--mock-step-ms", "soon"], {}, "expected a number"),
+        ([], {"TRELLIS_CORE_MOCK_PREFILL_MS_PER_TOKEN": "-1"}, "TRELLIS_CORE_MOCK_PREFILL_MS_PER_TOKEN"),
+    ],
+)
+def test_mock_engine_flags_out_of_range_are_usage_errors(argv, env, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        load(["--model", "/m", *argv], env)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
