@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint proto proto-check bench venv model clean
+.PHONY: run test lint proto proto-check bench bench-overhead venv model clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,10 @@ test: proto-check lint
 bench: $(STAMP) $(GEN) model
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) scripts/bench/run_all.py --model $(MODEL)
+
+# The serving-overhead section alone (mock engine, about 3 minutes).
+bench-overhead: $(STAMP) $(GEN) model
+	$(PY) scripts/bench/run_all.py --model $(MODEL) --only overhead
 
 clean:
 	rm -rf $(VENV) models bench-results .pytest_cache .ruff_cache

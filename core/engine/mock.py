@@ -154,6 +154,8 @@ class MockEngine(EngineLifecycle):
 
     Attributes:
         steps: engine steps completed since start (steps that had requests in the batch).
+        step_cpu_s: CPU seconds the event loop's thread spent in step boundaries since start
+            (drawing tokens and handing every output to its stream): the engine's own cost.
 
     Raises:
         ValueError: an argument out of range, or no ordinary token in the vocabulary.
@@ -206,6 +208,7 @@ class MockEngine(EngineLifecycle):
             max_top_logprobs=min(MAX_TOP_LOGPROBS, self._nvocab - 1),
         )
         self.steps = 0
+        self.step_cpu_s = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.Handle | None = None
         self._deadline = 0.0
@@ -309,6 +312,7 @@ class MockEngine(EngineLifecycle):
         loop = self._loop
         if self._stopping or loop is None:
             return
+        cpu0 = time.thread_time()
         now = time.monotonic()
         admitted_tokens = 0
         try:
@@ -322,6 +326,7 @@ class MockEngine(EngineLifecycle):
         except Exception as e:  # a failed step fails the requests in it, not the engine
             log.exception("mock engine step failed")
             self._fail_running(e, now)
+        self.step_cpu_s += time.thread_time() - cpu0
         if not (self._running or self._pending):
             return  # idle: generate() wakes the engine
         duration = self._step_s + self._prefill_s * admitted_tokens

@@ -12,6 +12,10 @@ Targets:
   openai      POST /v1/chat/completions with stream=true (Trellis gateway or any OpenAI server)
   lmi         POST /invocations, jsonlines streaming (Trellis LMI gateway)
   triton      POST /v2/models/<model>/generate_stream (Trellis Triton gateway)
+  ws          /ws batch protocol, one prompt per frame, one socket per stream (Trellis ws gateway)
+
+A `Meter` attached to a client (scripts/bench/overhead.py) also counts what arrives across all
+requests inside a measurement window: tokens, ITL gaps, TTFT and TPOT.
 
 Usage:
   python scripts/bench/loadgen.py grpc --address 127.0.0.1:50051 --concurrency 16 --requests 64
@@ -23,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import re
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 _CONTENT = re.compile(rb'"content":\s*"(?!")')
 
@@ -92,15 +98,31 @@ def _pct(values: list[float]) -> dict[str, float]:
     }
 
 
+class Meter:
+    """What arrives across every request of a run while `on` (a measurement window): tokens,
+    token-carrying messages, ITL gaps and TTFTs that end inside it, and the TPOT of requests
+    that finish inside it. Times in seconds."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.tokens = 0.0
+        self.messages = 0
+        self.itl: list[float] = []
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+
+
 class Timeline:
     """Arrival times of one request's token-carrying messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter | None = None) -> None:
         self.start = time.perf_counter()
         self.first: float | None = None
         self.last = 0.0
         self.tokens = 0
+        self.credited = 0  # tokens counted by the meter
         self.itl: list[float] = []
+        self.meter = meter
 
     def arrived(self, tokens: int) -> None:
         """Record a message carrying `tokens` tokens (messages without tokens are not counted)."""
@@ -109,19 +131,42 @@ class Timeline:
         now = time.perf_counter()
         if self.first is None:
             self.first = now
+            gap = None
         else:
-            self.itl.append(now - self.last)
+            gap = now - self.last
+            self.itl.append(gap)
         self.last = now
         self.tokens += tokens
+        m = self.meter
+        if m is not None and m.on:
+            m.tokens += tokens
+            m.messages += 1
+            self.credited += tokens
+            if gap is None:
+                m.ttft.append(now - self.start)
+            else:
+                m.itl.append(gap)
+
+    def settle(self, total_tokens: int) -> None:
+        """The request ended with `total_tokens` tokens in all, for protocols whose messages do
+        not tell how many tokens they carry (counted as one each): the meter gets its share."""
+        if self.meter is not None and self.tokens and total_tokens != self.tokens:
+            self.meter.tokens += (total_tokens - self.tokens) * self.credited / self.tokens
+        self.tokens = total_tokens
 
     def sample(self) -> Sample:
         """The request's timings, once its stream ended."""
         end = time.perf_counter()
+        m = self.meter
+        if m is not None and m.on and self.first is not None and self.tokens > 1:
+            m.tpot.append((self.last - self.first) / (self.tokens - 1))
         return Sample(ttft=(self.first or end) - self.start, e2e=end - self.start, tokens=self.tokens, itl=self.itl)
 
 
 class Client:
     """One protocol's streaming call; `run(prompt)` returns a Sample."""
+
+    meter: Meter | None = None
 
     async def start(self) -> None: ...
 
@@ -156,7 +201,7 @@ class GrpcClient(Client):
             req = spb.GenerateRequest(messages=msgs, stopping=stopping)
         else:
             req = spb.GenerateRequest(text=prompt, stopping=stopping)
-        timeline = Timeline()
+        timeline = Timeline(self.meter)
         async for msg in self.stub.Generate(req):
             timeline.arrived(sum(len(o.tokens) for o in msg.outputs))
         return timeline.sample()
@@ -185,7 +230,7 @@ class HttpClient(Client):
 
     async def run(self, prompt: str) -> Sample:
         url, body = self.request(prompt)
-        timeline = Timeline()
+        timeline = Timeline(self.meter)
         async with self.session.post(url, json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -238,9 +283,53 @@ class TritonClient(HttpClient):
         return 1 if line.startswith(b"data:") and b'"text_output"' in line else 0
 
 
+class WsClient(Client):
+    """One prompt per batch frame (stream_response, a new request_id each time, so no session
+    continues), on a pool of sockets: each concurrent stream keeps one socket. PROGRESS events
+    are counted as one token each, settled against COMPLETE's new_tokens_count."""
+
+    def __init__(self, url: str, max_new_tokens: int):
+        self.url, self.max_new_tokens = url, max_new_tokens
+        self.ids = itertools.count()
+        self.pool: list[Any] = []
+
+    async def close(self) -> None:
+        for ws in self.pool:
+            await ws.close()
+        self.pool.clear()
+
+    async def run(self, prompt: str) -> Sample:
+        from websockets.asyncio.client import connect
+
+        ws = self.pool.pop() if self.pool else await connect(self.url, max_size=None, ping_interval=None)
+        rid = f"loadgen-{id(self)}-{next(self.ids)}"
+        frame = {
+            "prompts": [{"request_id": rid, "prompt": prompt}],
+            "stream_response": True,
+            "generation_config": {"max_new_tokens": self.max_new_tokens},
+        }
+        timeline = Timeline(self.meter)
+        await ws.send(json.dumps(frame))
+        while True:
+            events = json.loads(await ws.recv())
+            for event in events:
+                kind = event.get("type")
+                if kind == "PROGRESS":
+                    timeline.arrived(1)
+                elif kind == "COMPLETE":
+                    timeline.settle(event["new_tokens_count"])
+                    self.pool.append(ws)
+                    return timeline.sample()
+                elif kind == "ERROR" or kind is None:
+                    await ws.close()
+                    raise RuntimeError(f"ws: {event}")
+
+
 def make_client(args) -> Client:
     if args.target == "grpc":
         return GrpcClient(args.address, args.max_new_tokens, args.chat)
+    if args.target == "ws":
+        return WsClient(args.url, args.max_new_tokens)
     cls = {"openai": OpenAIClient, "lmi": LmiClient, "triton": TritonClient}[args.target]
     client = cls(args.url, args.max_new_tokens, args.model)
     if args.no_ignore_eos:
@@ -299,9 +388,9 @@ async def run_load(
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("target", choices=["grpc", "openai", "lmi", "triton"])
+    p.add_argument("target", choices=["grpc", "openai", "lmi", "triton", "ws"])
     p.add_argument("--address", default="127.0.0.1:50051", help="core address (grpc)")
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (HTTP targets)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (HTTP targets; ws://.../ws)")
     p.add_argument("--model", default="demo", help="model name (openai, triton)")
     p.add_argument("--chat", action="store_true", help="grpc: send chat messages (like the openai target)")
     p.add_argument("--no-ignore-eos", action="store_true", help="openai: leave out ignore_eos (servers without it)")

@@ -12,8 +12,13 @@ Figures:
   baseline    at 16 streams, core (gRPC) and the OpenAI gateway vs transformers serve: tokens/s
               ratio and TTFT p50 of both
   websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
+  overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
+              and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
 
-Usage: python scripts/bench/run_all.py --model models/demo [--out bench-results] [--rounds 3] [--skip baseline]
+Sections are merged into bench-results/summary.json: a run of some sections keeps the others.
+
+Usage: python scripts/bench/run_all.py --model models/demo [--out bench-results] [--rounds 3]
+           [--skip baseline] [--only overhead]
 """
 
 from __future__ import annotations
@@ -22,64 +27,20 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
+from overhead import TARGETS as OVERHEAD_TARGETS
+from overhead import merge_summary, print_overhead, run_overhead
+from procs import ROOT, Proc, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A server process started for the benchmark, stopped with SIGTERM."""
-
-    def __init__(self, name: str, cmd: list[str], ready: str, env: dict | None = None, timeout: float = 300):
-        self.name = name
-        log = open(ROOT / "bench-results" / f"{name}.log", "w")
-        self.popen = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})}
-        )
-        self.log_path = Path(log.name)
-        deadline = time.monotonic() + timeout
-        while ready not in self.log_path.read_text(errors="replace"):
-            if self.popen.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{name} did not start; see {self.log_path}")
-            time.sleep(0.5)
-        print(f"started {name} (pid {self.popen.pid})", flush=True)
-
-    def peak_rss_mb(self) -> float:
-        """Peak resident set size (VmHWM) in MiB."""
-        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def cpu_seconds(self) -> float:
-        t = psutil.Process(self.popen.pid).cpu_times()
-        return t.user + t.system
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(60)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
+HF_SECTIONS = {"core", "gateways", "websocket", "baseline"}
+SECTIONS = ("core", "gateways", "websocket", "baseline", "overhead")
 
 
 def measure(client, concurrency: int, requests: int, label: str, max_new_tokens: int) -> Result:
@@ -121,14 +82,31 @@ def main() -> int:
     p.add_argument("--out", default="bench-results")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--skip", default="", help="comma-separated: core,gateways,baseline,websocket")
+    p.add_argument("--skip", default="", help="comma-separated sections to leave out: " + ",".join(SECTIONS))
+    p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
     args = p.parse_args()
-    skip = set(filter(None, args.skip.split(",")))
+    selected = set(filter(None, args.only.split(","))) or set(SECTIONS)
+    selected -= set(filter(None, args.skip.split(",")))
+    unknown = selected - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections: {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     out = ROOT / args.out
     out.mkdir(exist_ok=True)
+    summary: dict = {"model": args.model, "max_new_tokens": args.max_new_tokens, "machine": {"cpus": os.cpu_count()}}
+    if selected & HF_SECTIONS:
+        hf_sections(args, selected, out, summary)
+    if "overhead" in selected:
+        summary["overhead"] = run_overhead(
+            args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens
+        )
+    print_summary(json.loads(merge_summary(out, summary).read_text()))
+    return 0
+
+
+def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
+    """The sections measured on the HF engine and the demo model, against one core."""
     n = args.max_new_tokens
     py = sys.executable
-    summary: dict = {"model": args.model, "max_new_tokens": n, "machine": {"cpus": os.cpu_count()}}
     core_port = free_port()
     core_addr = f"127.0.0.1:{core_port}"
     core = Proc(
@@ -149,7 +127,7 @@ def main() -> int:
         ready="serving",
     )
     try:
-        if "core" not in skip:
+        if "core" in selected:
             print("== core: tokens/s at 1, 8 and 32 streams", flush=True)
             runs = {
                 c: measure(GrpcClient(core_addr, n, chat=False), c, max(24, 4 * c), f"grpc c={c}", n)
@@ -160,7 +138,7 @@ def main() -> int:
                 "ratio_32_vs_1": runs[32].output_tokens_per_s / runs[1].output_tokens_per_s,
                 "runs": {str(c): asdict(r) for c, r in runs.items()},
             }
-        if "gateways" not in skip:
+        if "gateways" in selected:
             summary["gateways"] = {}
             for name, cls, chat in (
                 ("lmi", LmiClient, False),
@@ -187,7 +165,7 @@ def main() -> int:
                     )
                 finally:
                     gw.stop()
-        if "websocket" not in skip and (ROOT / "scripts/bench/ws_events.py").exists():
+        if "websocket" in selected and (ROOT / "scripts/bench/ws_events.py").exists():
             port = free_port()
             gw = Proc(
                 "gateway-ws",
@@ -216,14 +194,11 @@ def main() -> int:
                 summary["websocket"] = json.loads(ws_json.read_text())
             finally:
                 gw.stop()
-        if "baseline" not in skip:
+        if "baseline" in selected:
             summary["baseline"] = baseline(core_addr, args, out, n)
         summary["core_peak_rss_mb"] = core.peak_rss_mb()
     finally:
         core.stop()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_summary(summary)
-    return 0
 
 
 def baseline(core_addr: str, args, out: Path, n: int) -> dict:
@@ -323,6 +298,8 @@ def print_summary(s: dict) -> None:
         )
     if "core_peak_rss_mb" in s:
         print(f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB")
+    if "overhead" in s:
+        print_overhead(s["overhead"])
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ async def test_lifecycle_states_then_one_token_per_step_until_length(engine, bpe
     assert not any(bpe_tokenizer.is_special(t) for t in ids)
     assert all(bpe_tokenizer.token_bytes(t).decode("utf-8") for t in ids)  # whole UTF-8 text each
     assert engine.stats() == EngineStats(0, 0)
+    assert engine.steps == 6 and engine.step_cpu_s > 0
 
 
 async def test_seeded_and_greedy_draws_are_reproducible_whatever_else_is_in_the_batch(engine):

@@ -1,0 +1,538 @@
+#!/usr/bin/env python
+"""Serving overhead: CPU per streamed token of the core and of each gateway, on the mock engine.
+
+A core on `--engine mock` (a model step that only waits: 10 ms by default, EOS never drawn,
+every token one text delta) serves closed-loop streams of 64 new tokens (EOS ignored), at 64
+and 256 concurrent streams, directly over gRPC and through each gateway (LMI jsonlines, OpenAI
+SSE, Triton SSE, WebSocket). Each run warms up at full concurrency, then measures a window:
+  * per process (core, gateway, the load generator itself): CPU seconds (user + system, psutil,
+    sampled just before and after the window) per token delivered to clients in the window,
+    in µs; for the WebSocket gateway also per PROGRESS event;
+  * tokens/s delivered, and the achieved engine step (mean TPOT of the requests that finished
+    in the window: the time between two tokens of one stream, which is the step once the stack
+    keeps up, and longer when it cannot);
+  * ITL p50/p99 and ITL above the step time (ITL - step), TTFT p50/p99;
+  * the machine: /proc/loadavg before and after, and the CPU used by every other process
+    (system busy time minus ours), so a run disturbed by other work on the machine shows.
+The load generator shares the machine's cores; its own CPU is reported next to the servers'.
+A final figure gives the floor: the mock engine alone with a bare consumer (no pipeline, no
+gRPC), in µs of CPU per token, and the part spent in the engine's own steps (MockEngine.step_cpu_s).
+
+Results go into bench-results/summary.json under "overhead" (other sections are kept).
+
+Usage:
+  python scripts/bench/overhead.py [--model models/demo] [--streams 64,256] [--targets grpc,lmi,...]
+  python scripts/bench/overhead.py --profile openai    # py-spy profiles of the core and that gateway
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import PROMPTS, Client, GrpcClient, LmiClient, Meter, OpenAIClient, TritonClient, WsClient
+from procs import ROOT, Proc, free_port
+
+TARGETS = ("grpc", "lmi", "openai", "triton", "ws")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def _ms(values: list[float], offset_ms: float = 0.0) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        v = _pct(values, q)
+        out[name] = None if v is None else round(v * 1000.0 - offset_ms, 3)
+    return out
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds every core of the machine spent not idle, since boot."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def _loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def make_client(target: str, address: str, tokens: int) -> Client:
+    """The load generator's client of `target` at `address` (host:port)."""
+    if target == "grpc":
+        return GrpcClient(address, tokens, chat=False)
+    if target == "ws":
+        return WsClient(f"ws://{address}/ws", tokens)
+    cls = {"lmi": LmiClient, "openai": OpenAIClient, "triton": TritonClient}[target]
+    return cls(f"http://{address}", tokens, "demo")
+
+
+async def measure(
+    client: Client,
+    streams: int,
+    *,
+    warmup_s: float,
+    window_s: float,
+    procs: dict[str, Proc],
+    step_ms: float,
+    label: str,
+    on_window: Any = None,
+) -> dict[str, Any]:
+    """Run `streams` closed-loop streams; measure one window after the warm-up (see module doc).
+
+    `on_window(start: bool)` is called as the window opens and closes (profilers hook in there).
+    """
+    meter = Meter()
+    client.meter = meter
+    await client.start()
+    stop = False
+    errors: list[str] = []
+
+    async def worker(w: int) -> None:
+        i = w
+        while not stop:
+            try:
+                await client.run(PROMPTS[i % len(PROMPTS)])
+            except Exception as e:  # counted and reported; the stream goes on
+                errors.append(str(e)[:200])
+                await asyncio.sleep(0.05)
+            i += streams
+
+    me = psutil.Process()
+    tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
+    try:
+        await asyncio.sleep(warmup_s)
+        if on_window is not None:
+            on_window(True)
+        load_before = _loadavg()
+        busy0, mine0 = _busy_cpu_seconds(), me.cpu_times()
+        cpu0 = {name: p.cpu_seconds() for name, p in procs.items()}
+        t0 = time.perf_counter()
+        meter.on = True
+        next_report = 2.0
+        while (elapsed := time.perf_counter() - t0) < window_s:
+            await asyncio.sleep(min(next_report, window_s) - elapsed)
+            elapsed = time.perf_counter() - t0
+            if elapsed >= next_report and elapsed < window_s:
+                print(f"  {label}: {elapsed:4.1f}/{window_s:.0f} s, {meter.tokens / elapsed:8.0f} tok/s", flush=True)
+                next_report += 2.0
+        meter.on = False
+        window = time.perf_counter() - t0
+        cpu1 = {name: p.cpu_seconds() for name, p in procs.items()}
+        busy1, mine1 = _busy_cpu_seconds(), me.cpu_times()
+        load_after = _loadavg()
+        if on_window is not None:
+            on_window(False)
+    finally:
+        stop = True
+        await asyncio.gather(*tasks, return_exceptions=True)  # in-flight requests finish
+        await client.close()
+    cpu = {name: cpu1[name] - cpu0[name] for name in procs}
+    cpu["client"] = (mine1.user + mine1.system) - (mine0.user + mine0.system)
+    others = max(0.0, (busy1 - busy0) - sum(cpu.values()))
+    tokens = meter.tokens
+    per_token = {name: round(1e6 * s / tokens, 2) if tokens else None for name, s in cpu.items()}
+    step = sum(meter.tpot) / len(meter.tpot) if meter.tpot else None
+    run: dict[str, Any] = {
+        "streams": streams,
+        "window_s": round(window, 3),
+        "tokens": round(tokens),
+        "messages": meter.messages,
+        "tokens_per_s": round(tokens / window, 1),
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "cpu_us_per_token": per_token,
+        "cpu_cores": {name: round(s / window, 3) for name, s in {**cpu, "others": others}.items()},
+        "itl_ms": _ms(meter.itl),
+        "itl_above_step_ms": _ms(meter.itl, step_ms),
+        "ttft_ms": _ms(meter.ttft),
+        "achieved_step_ms": None if step is None else round(step * 1000.0, 3),
+        "step_rate_per_s": None if step is None else round(1.0 / step, 1),
+        "machine": {"loadavg_before": load_before, "loadavg_after": load_after, "cpus": psutil.cpu_count()},
+    }
+    if isinstance(client, WsClient) and "gateway" in cpu and meter.messages:
+        run["cpu_us_per_event"] = {"gateway": round(1e6 * cpu["gateway"] / meter.messages, 2)}
+    return run
+
+
+def start_core(model: str, step_ms: float, streams: int) -> Proc:
+    port = free_port()
+    return Proc(
+        "core-mock",
+        [
+            sys.executable,
+            "-m",
+            "core",
+            *("--engine", "mock", "--model", model, "--model-name", "demo", "--port", str(port)),
+            *("--mock-step-ms", str(step_ms), "--mock-eos-probability", "0"),
+            *("--max-batch-size", str(streams), "--max-queue-size", str(4 * streams)),
+            *("--log-level", "WARNING"),
+        ],
+        ready="serving",
+    )
+
+
+def start_gateway(name: str, core_port: int) -> Proc:
+    port = free_port()
+    extra = ["--env-file", ""] if name == "ws" else []
+    return Proc(
+        f"gateway-{name}-overhead",
+        [
+            sys.executable,
+            "-m",
+            "gateways",
+            name,
+            *("--core", f"127.0.0.1:{core_port}", "--port", str(port), "--log-level", "WARNING", *extra),
+        ],
+        ready="trellis-gateway",
+    )
+
+
+def _arg(proc: Proc, flag: str) -> str:
+    args = list(proc.popen.args)  # type: ignore[arg-type]
+    return str(args[args.index(flag) + 1])
+
+
+def run_overhead(
+    model: str,
+    *,
+    streams: list[int],
+    targets: list[str],
+    step_ms: float = 10.0,
+    tokens: int = 64,
+    warmup_s: float = 3.0,
+    window_s: float = 8.0,
+) -> dict[str, Any]:
+    """Every target at every concurrency; returns the "overhead" section of summary.json."""
+    runs: dict[str, dict[str, Any]] = collections.defaultdict(dict)
+    core = start_core(model, step_ms, max(streams))
+    core_port = int(_arg(core, "--port"))
+    try:
+        for target in targets:
+            gateway = None if target == "grpc" else start_gateway(target, core_port)
+            try:
+                address = f"127.0.0.1:{core_port if gateway is None else _arg(gateway, '--port')}"
+                procs = {"core": core} if gateway is None else {"core": core, "gateway": gateway}
+                for n in streams:
+                    label = f"{target} x{n}"
+                    print(f"== overhead: {label} (warm-up {warmup_s:.0f} s, window {window_s:.0f} s)", flush=True)
+                    run = asyncio.run(
+                        measure(
+                            make_client(target, address, tokens),
+                            n,
+                            warmup_s=warmup_s,
+                            window_s=window_s,
+                            procs=procs,
+                            step_ms=step_ms,
+                            label=label,
+                        )
+                    )
+                    runs[target][str(n)] = run
+                    print("  " + row(target, run), flush=True)
+            finally:
+                if gateway is not None:
+                    gateway.stop()
+    finally:
+        core.stop()
+    floor = engine_floor(model, max(streams), step_ms, tokens)
+    return {
+        "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "config": {
+            "engine": "mock",
+            "step_ms": step_ms,
+            "max_new_tokens": tokens,
+            "ignore_eos": True,
+            "streams": streams,
+            "warmup_s": warmup_s,
+            "window_s": window_s,
+            "cpus": psutil.cpu_count(),
+        },
+        "engine_floor": floor,
+        "runs": dict(runs),
+    }
+
+
+def engine_floor(model: str, streams: int, step_ms: float, tokens: int, seconds: float = 4.0) -> dict[str, Any]:
+    """The mock engine alone with a bare consumer (in a fresh process): CPU µs per token."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--engine-floor",
+            *("--model", model, "--streams", str(streams), "--step-ms", str(step_ms)),
+            *("--tokens", str(tokens), "--window-s", str(seconds)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"== mock engine alone, {streams} streams: {result['cpu_us_per_token']:.2f} µs CPU per token "
+        f"({result['engine_step_cpu_us_per_token']:.2f} in its steps), {result['tokens_per_s']:.0f} tok/s",
+        flush=True,
+    )
+    return result
+
+
+async def _engine_floor(model: str, streams: int, step_ms: float, tokens: int, seconds: float) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from core.engine.mock import MockEngine
+    from core.sampling import resolve_generic
+    from core.tokenizer import Tokenizer
+    from core.types import EngineRequest, SamplingOptions
+
+    tokenizer = Tokenizer.load(model)
+    engine = MockEngine(tokenizer, step_ms=step_ms, max_batch_size=streams, max_queue_size=2 * streams)
+    await engine.start()
+    sampling = resolve_generic(SamplingOptions(), random_seed=0)
+    counted = [0.0]
+    on = [False]
+    stop = False
+
+    async def worker(w: int) -> None:
+        i = 0
+        prompt = tokenizer.encode(PROMPTS[w % len(PROMPTS)])
+        while not stop:
+            req = EngineRequest(f"{w}-{i}", prompt, sampling, tokens, ignore_eos=True)
+            async for out in engine.generate(req):
+                if on[0]:
+                    for s in out.sequences:
+                        counted[0] += len(s.token_ids)
+            i += 1
+
+    tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
+    await asyncio.sleep(1.0)
+    c0, t0, s0 = time.process_time(), time.perf_counter(), engine.step_cpu_s
+    on[0] = True
+    await asyncio.sleep(seconds)
+    on[0] = False
+    c1, t1, s1 = time.process_time(), time.perf_counter(), engine.step_cpu_s
+    stop = True
+    await asyncio.gather(*tasks)
+    await engine.shutdown()
+    return {
+        "streams": streams,
+        "tokens_per_s": counted[0] / (t1 - t0),
+        "cpu_us_per_token": 1e6 * (c1 - c0) / counted[0],
+        "engine_step_cpu_us_per_token": 1e6 * (s1 - s0) / counted[0],
+    }
+
+
+# ------------------------------------------------------------------------------- profiling
+
+
+def profile(model: str, target: str, streams: int, step_ms: float, tokens: int, seconds: float, native: bool) -> None:
+    """Record py-spy profiles of the core and `target`'s gateway (or only the core for grpc)
+    during one measurement window; print the top self-time functions of each."""
+    local = Path(sys.executable).parent / "py-spy"
+    spy_exe = str(local) if local.exists() else shutil.which("py-spy")
+    if spy_exe is None:
+        raise SystemExit("py-spy is not installed: pip install -e '.[bench]' (or pip install py-spy)")
+    out_dir = ROOT / "bench-results" / "profiles"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    core = start_core(model, step_ms, streams)
+    gateway = None
+    spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+    try:
+        core_port = int(_arg(core, "--port"))
+        gateway = None if target == "grpc" else start_gateway(target, core_port)
+        address = f"127.0.0.1:{core_port if gateway is None else _arg(gateway, '--port')}"
+        procs = {"core": core} if gateway is None else {"core": core, "gateway": gateway}
+
+        def on_window(start: bool) -> None:
+            if not start:
+                return
+            for name, proc in procs.items():
+                path = out_dir / f"{target}-{streams}-{name}.txt"
+                cmd = [spy_exe, "record", "--pid", str(proc.pid), "--duration", str(int(seconds))]
+                cmd += ["--rate", "200", "--format", "raw", "--output", str(path)]
+                # Native stacks need the target paused while sampling; Python-only ones do not.
+                cmd.append("--native" if native else "--nonblocking")
+                spies.append((name, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), path))
+
+        label = f"profile {target} x{streams}"
+        print(f"== {label}: py-spy on {', '.join(procs)}", flush=True)
+        run = asyncio.run(
+            measure(
+                make_client(target, address, tokens),
+                streams,
+                warmup_s=3.0,
+                window_s=seconds + 1.0,
+                procs=procs,
+                step_ms=step_ms,
+                label=label,
+                on_window=on_window,
+            )
+        )
+        print("  " + row(target, run) + "  (while profiled)", flush=True)
+        for name, spy, path in spies:
+            _, err = spy.communicate(timeout=120)
+            if spy.returncode != 0 or not path.exists():
+                print(f"py-spy on {name} failed: {err.decode(errors='replace')[-500:]}", flush=True)
+                continue
+            functions, files = top_self(path)
+            print(f"\n-- {name}: top self time by function ({path.relative_to(ROOT)})")
+            for line in functions:
+                print("  " + line)
+            print(f"-- {name}: self time by file")
+            for line in files[:12]:
+                print("  " + line)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        core.stop()
+
+
+def top_self(path: Path, n: int = 25) -> tuple[list[str], list[str]]:
+    """The functions, and the files, with the most samples at the top of the stack, from
+    py-spy's raw (collapsed stacks) output, each with its share of all samples."""
+    by_function: collections.Counter[str] = collections.Counter()
+    by_file: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        function, file = _frame_name(stack.split(";")[-1])
+        by_function[f"{function} ({file})"] += int(count)
+        by_file[file] += int(count)
+    total = sum(by_file.values())
+    if not total:
+        return [], []
+
+    def fmt(counter: collections.Counter[str]) -> list[str]:
+        return [f"{100.0 * c / total:5.1f} %  {name}" for name, c in counter.most_common(n)]
+
+    return fmt(by_function), fmt(by_file)
+
+
+def _frame_name(frame: str) -> tuple[str, str]:
+    """'func (path/to/file.py:123)' or 'func (lib.so)' -> ('func', 'short/path/to/file.py')."""
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame, "?"
+    return m.group(1), _short(m.group(2))
+
+
+def _short(path: str) -> str:
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1]
+    root = str(ROOT) + "/"
+    return path[len(root) :] if path.startswith(root) else os.path.basename(path)
+
+
+# ------------------------------------------------------------------------------- output
+
+
+def row(target: str, r: dict[str, Any]) -> str:
+    """One line per run: tokens/s, CPU per token per process, ITL above step, step achieved."""
+    us = r["cpu_us_per_token"]
+    gw = f"{us['gateway']:7.1f}" if "gateway" in us else "      -"
+    ev = r.get("cpu_us_per_event", {}).get("gateway")
+    above = r["itl_above_step_ms"]
+    return (
+        f"{target:<7} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {us['core']:7.1f}  gateway {gw} "
+        f"µs/token{f' ({ev:.1f} µs/event)' if ev else ''}  client {r['cpu_cores']['client']:.2f} cores  "
+        f"ITL-step p50 {_f(above['p50'])} p99 {_f(above['p99'])} ms  step {_f(r['achieved_step_ms'])} ms  "
+        f"others {r['cpu_cores']['others']:.2f} cores  errors {r['errors']}"
+    )
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def print_overhead(section: dict[str, Any]) -> None:
+    """The overhead section as a table."""
+    cfg = section["config"]
+    print(f"serving overhead on the mock engine (step {cfg['step_ms']} ms, {cfg['max_new_tokens']} tokens):")
+    for target, by_streams in section["runs"].items():
+        for r in by_streams.values():
+            print("  " + row(target, r))
+    floor = section.get("engine_floor")
+    if floor:
+        print(
+            f"  mock engine alone ({floor['streams']} streams, bare consumer): {floor['cpu_us_per_token']:.2f} µs "
+            f"CPU per token, of which {floor['engine_step_cpu_us_per_token']:.2f} in the engine's steps"
+        )
+
+
+def merge_summary(out_dir: Path, updates: dict[str, Any]) -> Path:
+    """Write `updates` into out_dir/summary.json, keeping the sections it does not replace."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "summary.json"
+    summary: dict[str, Any] = {}
+    if path.exists():
+        try:
+            summary = json.loads(path.read_text())
+        except ValueError:
+            summary = {}
+    summary.update(updates)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="models/demo", help="tokenizer (or model) directory of the mock core")
+    p.add_argument("--out", default="bench-results")
+    p.add_argument("--streams", default="64,256", help="comma-separated concurrencies")
+    p.add_argument("--targets", default=",".join(TARGETS), help="comma-separated: " + ",".join(TARGETS))
+    p.add_argument("--step-ms", type=float, default=10.0)
+    p.add_argument("--tokens", type=int, default=64, help="max_new_tokens per request")
+    p.add_argument("--warmup-s", type=float, default=3.0)
+    p.add_argument("--window-s", type=float, default=8.0)
+    p.add_argument("--profile", metavar="TARGET", help="py-spy profiles of the core and TARGET's gateway instead")
+    p.add_argument("--native", action="store_true", help="with --profile: native frames too (py-spy --native)")
+    p.add_argument("--engine-floor", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    streams = [int(x) for x in args.streams.split(",") if x]
+    if args.engine_floor:
+        result = asyncio.run(_engine_floor(args.model, streams[0], args.step_ms, args.tokens, args.window_s))
+        print(json.dumps(result))
+        return 0
+    if args.profile:
+        profile(args.model, args.profile, max(streams), args.step_ms, args.tokens, args.window_s, args.native)
+        return 0
+    targets = [t for t in args.targets.split(",") if t]
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        p.error(f"unknown targets: {', '.join(sorted(unknown))}")
+    section = run_overhead(
+        args.model,
+        streams=streams,
+        targets=targets,
+        step_ms=args.step_ms,
+        tokens=args.tokens,
+        warmup_s=args.warmup_s,
+        window_s=args.window_s,
+    )
+    path = merge_summary(ROOT / args.out, {"overhead": section})
+    print()
+    print_overhead(section)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
