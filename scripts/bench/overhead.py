@@ -66,9 +66,10 @@ def _ms(values: list[float], offset_ms: float = 0.0) -> dict[str, float | None]:
 
 
 def _busy_cpu_seconds() -> float:
-    """CPU seconds every core of the machine spent not idle, since boot."""
+    """CPU seconds the machine's cores ran anything, since boot (guest time is part of user
+    time already; steal is time the hypervisor gave to other machines)."""
     t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
 def _loadavg() -> list[float]:
