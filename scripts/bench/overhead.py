@@ -13,7 +13,8 @@ SSE, Triton SSE, WebSocket). Each run warms up at full concurrency, then measure
     keeps up, and longer when it cannot);
   * ITL p50/p99 and ITL above the step time (ITL - step), TTFT p50/p99;
   * the machine: /proc/loadavg before and after, and the CPU used by every other process
-    (system busy time minus ours), so a run disturbed by other work on the machine shows.
+    (system busy time minus ours); a window where other work used more than --busy-cores is
+    measured again (--retries times at most) and the quietest one is kept.
 The load generator shares the machine's cores; its own CPU is reported next to the servers'.
 A final figure gives the floor: the mock engine alone with a bare consumer (no pipeline, no
 gRPC), in µs of CPU per token, and the part spent in the engine's own steps (MockEngine.step_cpu_s).
@@ -221,8 +222,14 @@ def run_overhead(
     tokens: int = 64,
     warmup_s: float = 3.0,
     window_s: float = 8.0,
+    retries: int = 1,
+    busy_cores: float = 0.25,
 ) -> dict[str, Any]:
-    """Every target at every concurrency; returns the "overhead" section of summary.json."""
+    """Every target at every concurrency; returns the "overhead" section of summary.json.
+
+    A window in which other processes used more than `busy_cores` cores is measured again, up to
+    `retries` more times, and the quietest window is kept (its "attempts" says how many ran).
+    """
     runs: dict[str, dict[str, Any]] = collections.defaultdict(dict)
     core = start_core(model, step_ms, max(streams))
     core_port = int(_arg(core, "--port"))
@@ -234,20 +241,29 @@ def run_overhead(
                 procs = {"core": core} if gateway is None else {"core": core, "gateway": gateway}
                 for n in streams:
                     label = f"{target} x{n}"
-                    print(f"== overhead: {label} (warm-up {warmup_s:.0f} s, window {window_s:.0f} s)", flush=True)
-                    run = asyncio.run(
-                        measure(
-                            make_client(target, address, tokens),
-                            n,
-                            warmup_s=warmup_s,
-                            window_s=window_s,
-                            procs=procs,
-                            step_ms=step_ms,
-                            label=label,
+                    tries: list[dict[str, Any]] = []
+                    while len(tries) <= retries:
+                        print(f"== overhead: {label} (warm-up {warmup_s:.0f} s, window {window_s:.0f} s)", flush=True)
+                        client = make_client(target, address, tokens)
+                        run = asyncio.run(
+                            measure(
+                                client,
+                                n,
+                                warmup_s=warmup_s,
+                                window_s=window_s,
+                                procs=procs,
+                                step_ms=step_ms,
+                                label=label,
+                            )
                         )
-                    )
-                    runs[target][str(n)] = run
-                    print("  " + row(target, run), flush=True)
+                        print("  " + row(target, run), flush=True)
+                        tries.append(run)
+                        if run["cpu_cores"]["others"] <= busy_cores:
+                            break
+                        print(f"  other work used {run['cpu_cores']['others']:.2f} cores: measuring again", flush=True)
+                    best = min(tries, key=lambda r: r["cpu_cores"]["others"])
+                    best["attempts"] = len(tries)
+                    runs[target][str(n)] = best
             finally:
                 if gateway is not None:
                     gateway.stop()
@@ -264,6 +280,7 @@ def run_overhead(
             "streams": streams,
             "warmup_s": warmup_s,
             "window_s": window_s,
+            "busy_cores": busy_cores,
             "cpus": psutil.cpu_count(),
         },
         "engine_floor": floor,
@@ -503,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64, help="max_new_tokens per request")
     p.add_argument("--warmup-s", type=float, default=3.0)
     p.add_argument("--window-s", type=float, default=8.0)
+    p.add_argument("--retries", type=int, default=1, help="repeats of a window disturbed by other work")
+    p.add_argument("--busy-cores", type=float, default=0.25, help="other work above this many cores disturbs a window")
     p.add_argument("--profile", metavar="TARGET", help="py-spy profiles of the core and TARGET's gateway instead")
     p.add_argument("--native", action="store_true", help="with --profile: native frames too (py-spy --native)")
     p.add_argument("--engine-floor", action="store_true", help=argparse.SUPPRESS)
@@ -527,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         tokens=args.tokens,
         warmup_s=args.warmup_s,
         window_s=args.window_s,
+        retries=args.retries,
+        busy_cores=args.busy_cores,
     )
     path = merge_summary(ROOT / args.out, {"overhead": section})
     print()
