@@ -175,7 +175,8 @@ async def measure(
     return run
 
 
-def start_core(model: str, step_ms: float, streams: int) -> Proc:
+def start_core(model: str, step_ms: float, streams: int) -> tuple[Proc, int]:
+    """A core on the mock engine (EOS never drawn) with room for `streams` sequences, and its port."""
     port = free_port()
     return Proc(
         "core-mock",
@@ -189,10 +190,11 @@ def start_core(model: str, step_ms: float, streams: int) -> Proc:
             *("--log-level", "WARNING"),
         ],
         ready="serving",
-    )
+    ), port
 
 
-def start_gateway(name: str, core_port: int) -> Proc:
+def start_gateway(name: str, core_port: int) -> tuple[Proc, int]:
+    """Gateway `name` in front of the core at `core_port`, and its port."""
     port = free_port()
     extra = ["--env-file", ""] if name == "ws" else []
     return Proc(
@@ -205,12 +207,7 @@ def start_gateway(name: str, core_port: int) -> Proc:
             *("--core", f"127.0.0.1:{core_port}", "--port", str(port), "--log-level", "WARNING", *extra),
         ],
         ready="trellis-gateway",
-    )
-
-
-def _arg(proc: Proc, flag: str) -> str:
-    args = list(proc.popen.args)  # type: ignore[arg-type]
-    return str(args[args.index(flag) + 1])
+    ), port
 
 
 def run_overhead(
@@ -231,13 +228,12 @@ def run_overhead(
     `retries` more times, and the quietest window is kept (its "attempts" says how many ran).
     """
     runs: dict[str, dict[str, Any]] = collections.defaultdict(dict)
-    core = start_core(model, step_ms, max(streams))
-    core_port = int(_arg(core, "--port"))
+    core, core_port = start_core(model, step_ms, max(streams))
     try:
         for target in targets:
-            gateway = None if target == "grpc" else start_gateway(target, core_port)
+            gateway, port = (None, core_port) if target == "grpc" else start_gateway(target, core_port)
             try:
-                address = f"127.0.0.1:{core_port if gateway is None else _arg(gateway, '--port')}"
+                address = f"127.0.0.1:{port}"
                 procs = {"core": core} if gateway is None else {"core": core, "gateway": gateway}
                 for n in streams:
                     label = f"{target} x{n}"
@@ -368,13 +364,12 @@ def profile(model: str, target: str, streams: int, step_ms: float, tokens: int, 
         raise SystemExit("py-spy is not installed: pip install -e '.[bench]' (or pip install py-spy)")
     out_dir = ROOT / "bench-results" / "profiles"
     out_dir.mkdir(parents=True, exist_ok=True)
-    core = start_core(model, step_ms, streams)
+    core, core_port = start_core(model, step_ms, streams)
     gateway = None
     spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
-        core_port = int(_arg(core, "--port"))
-        gateway = None if target == "grpc" else start_gateway(target, core_port)
-        address = f"127.0.0.1:{core_port if gateway is None else _arg(gateway, '--port')}"
+        gateway, port = (None, core_port) if target == "grpc" else start_gateway(target, core_port)
+        address = f"127.0.0.1:{port}"
         procs = {"core": core} if gateway is None else {"core": core, "gateway": gateway}
 
         def on_window(start: bool) -> None:
@@ -464,19 +459,19 @@ def _short(path: str) -> str:
 def row(target: str, r: dict[str, Any]) -> str:
     """One line per run: tokens/s, CPU per token per process, ITL above step, step achieved."""
     us = r["cpu_us_per_token"]
-    gw = f"{us['gateway']:7.1f}" if "gateway" in us else "      -"
+    gw = _f(us.get("gateway"), 7, 1)
     ev = r.get("cpu_us_per_event", {}).get("gateway")
     above = r["itl_above_step_ms"]
     return (
-        f"{target:<7} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {us['core']:7.1f}  gateway {gw} "
+        f"{target:<7} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {_f(us['core'], 7, 1)}  gateway {gw} "
         f"µs/token{f' ({ev:.1f} µs/event)' if ev else ''}  client {r['cpu_cores']['client']:.2f} cores  "
         f"ITL-step p50 {_f(above['p50'])} p99 {_f(above['p99'])} ms  step {_f(r['achieved_step_ms'])} ms  "
         f"others {r['cpu_cores']['others']:.2f} cores  errors {r['errors']}"
     )
 
 
-def _f(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
+def _f(v: float | None, width: int = 0, digits: int = 2) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:{width}.{digits}f}"
 
 
 def print_overhead(section: dict[str, Any]) -> None:
