@@ -10,7 +10,8 @@ SSE, Triton SSE, WebSocket). Each run warms up at full concurrency, then measure
     in µs; for the WebSocket gateway also per PROGRESS event;
   * tokens/s delivered, and the achieved engine step (mean TPOT of the requests that finished
     in the window: the time between two tokens of one stream, which is the step once the stack
-    keeps up, and longer when it cannot);
+    keeps up, and longer when it cannot), and how many streams received tokens at once on
+    average (tokens/s x step; fewer than the streams when requests wait before the engine);
   * ITL p50/p99 and ITL above the step time (ITL - step), TTFT p50/p99;
   * the machine: /proc/loadavg before and after, and the CPU used by every other process
     (system busy time minus ours); a window where other work used more than --busy-cores is
@@ -168,6 +169,9 @@ async def measure(
         "ttft_ms": _ms(meter.ttft),
         "achieved_step_ms": None if step is None else round(step * 1000.0, 3),
         "step_rate_per_s": None if step is None else round(1.0 / step, 1),
+        # Streams receiving tokens at once (the engine's mean batch once delivery keeps pace);
+        # below `streams` when new requests wait before the engine sees them (high TTFT).
+        "streaming_mean": None if step is None else round(tokens / window * step, 1),
         "machine": {"loadavg_before": load_before, "loadavg_after": load_after, "cpus": psutil.cpu_count()},
     }
     if isinstance(client, WsClient) and "gateway" in cpu and meter.messages:
@@ -466,6 +470,7 @@ def row(target: str, r: dict[str, Any]) -> str:
         f"{target:<7} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {_f(us['core'], 7, 1)}  gateway {gw} "
         f"µs/token{f' ({ev:.1f} µs/event)' if ev else ''}  client {r['cpu_cores']['client']:.2f} cores  "
         f"ITL-step p50 {_f(above['p50'])} p99 {_f(above['p99'])} ms  step {_f(r['achieved_step_ms'])} ms  "
+        f"TTFT p50 {_f(r['ttft_ms']['p50'], 0, 0)} ms  streaming {_f(r['streaming_mean'], 0, 0)}  "
         f"others {r['cpu_cores']['others']:.2f} cores  errors {r['errors']}"
     )
 
