@@ -43,6 +43,16 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tokenizer_only_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model's tokenizer files alone (no config.json, no weights): enough for the mock engine."""
+    out = tmp_path_factory.mktemp("tokenizer-only")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tiny_model_dir / name).exists():
+            (out / name).write_bytes((tiny_model_dir / name).read_bytes())
+    return out
+
+
 def core_config(model_dir: Path, **overrides: Any) -> CoreConfig:
     """A CoreConfig for tests: loopback, port 0, small limits, short drain."""
     values: dict[str, Any] = dict(

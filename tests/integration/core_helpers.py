@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -77,3 +80,27 @@ async def wait_health(address: str, status: int, service: str = "") -> None:
 
 
 FINISH = pb.FinishReason
+
+
+async def start_core_process(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+    """Start `python -m core *args` on 127.0.0.1 and wait for its "serving ... on host:port" line.
+
+    Returns the process (stdout piped) and the address it serves on; the caller stops it.
+    """
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "core",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "TRELLIS_CORE_HOST": "127.0.0.1"},
+    )
+    lines = []
+    while True:
+        line = (await proc.stdout.readline()).decode()
+        lines.append(line)
+        assert line, "".join(lines)
+        m = re.search(r"serving .* on (127\.0\.0\.1:\d+)", line)
+        if m:
+            return proc, m.group(1)

@@ -4,11 +4,7 @@ request pipeline, a gateway, and the `trellis-core` process."""
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import signal
-import sys
-from pathlib import Path
 
 import grpc
 import openai
@@ -18,7 +14,15 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core.types import EngineStats
-from tests.integration.core_helpers import FINISH, bad_request_field, generate, request, sequences, wait_idle
+from tests.integration.core_helpers import (
+    FINISH,
+    bad_request_field,
+    generate,
+    request,
+    sequences,
+    start_core_process,
+    wait_idle,
+)
 
 
 def body(text: str = "Once upon a time", max_new: int = 12, **extra) -> dict:
@@ -235,28 +239,14 @@ async def test_openai_gateway_streams_every_token_from_the_mock_core(start_gatew
     assert len(logprobs) == 16 and all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in logprobs)
 
 
-async def test_trellis_core_process_serves_a_tokenizer_only_directory(tiny_model_dir, tmp_path):
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (Path(tiny_model_dir) / name).exists():
-            (tmp_path / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "core",
-        *("--engine", "mock", "--model", str(tmp_path), "--port", "0", "--mock-step-ms", "1"),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "TRELLIS_CORE_HOST": "127.0.0.1"},
-    )
+async def test_trellis_core_process_serves_a_tokenizer_only_directory(tokenizer_only_dir):
+    proc, address = await start_core_process("--engine", "mock", "--model", str(tokenizer_only_dir), "--port", "0")
     try:
-        lines = []
-        while not (m := re.search(r"serving .* \(mock\) on (127\.0\.0\.1:\d+)", lines[-1] if lines else "")):
-            line = (await proc.stdout.readline()).decode()
-            assert line, "".join(lines)
-            lines.append(line)
-        channel, stub = await open_stub(m.group(1))
+        channel, stub = await open_stub(address)
         async with channel:
+            info = await stub.GetModelInfo(spb.GetModelInfoRequest())
             msgs = await generate(stub, body(max_new=5))
+        assert (info.engine, info.max_context_length) == ("mock", 4096)
         assert msgs[-1].usage.completion_tokens == 5
         proc.send_signal(signal.SIGTERM)
         assert await proc.wait() == 0

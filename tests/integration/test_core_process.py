@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import signal
 import sys
 
@@ -13,31 +11,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
-from tests.integration.core_helpers import request
-
-
-async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "core",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "TRELLIS_CORE_HOST": "127.0.0.1"},
-    )
-    lines = []
-    while True:
-        line = (await proc.stdout.readline()).decode()
-        lines.append(line)
-        assert line, "".join(lines)
-        m = re.search(r"serving .* on (127\.0\.0\.1:\d+)", line)
-        if m:
-            return proc, m.group(1)
+from tests.integration.core_helpers import request, start_core_process
 
 
 async def test_sigterm_drains_in_flight_streams_and_refuses_new_ones(tiny_model_dir):
-    proc, addr = await _start("--model", str(tiny_model_dir), "--port", "0", "--drain-seconds", "30")
+    proc, addr = await start_core_process("--model", str(tiny_model_dir), "--port", "0", "--drain-seconds", "30")
     try:
         async with grpc.aio.insecure_channel(addr) as channel:
             stub = spb_grpc.GenerateServiceStub(channel)

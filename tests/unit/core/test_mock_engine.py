@@ -362,10 +362,7 @@ def test_build_takes_the_context_length_from_the_model_or_the_flag(tiny_model_di
     assert build(config, bpe_tokenizer).info.max_context_length == 99
 
 
-def test_a_tokenizer_only_directory_is_enough(tiny_model_dir, tmp_path):
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (Path(tiny_model_dir) / name).exists():
-            (tmp_path / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
-    tokenizer = Tokenizer.load(tmp_path)
-    e = build(CoreConfig(model=str(tmp_path), engine="mock"), tokenizer)
+def test_a_tokenizer_only_directory_is_enough(tokenizer_only_dir):
+    tokenizer = Tokenizer.load(tokenizer_only_dir)
+    e = build(CoreConfig(model=str(tokenizer_only_dir), engine="mock"), tokenizer)
     assert e.info.max_context_length == DEFAULT_CONTEXT_LENGTH and e.info.vocab_size == tokenizer.vocab_size
