@@ -16,7 +16,7 @@ import pytest
 from core.config import CoreConfig
 from core.engine.base import OutputStream
 from core.engine.mock import DEFAULT_CONTEXT_LENGTH, MockEngine, build, context_length_of
-from core.errors import InvalidArgument, NotReady, Overloaded
+from core.errors import EngineFailure, InvalidArgument, NotReady, Overloaded
 from core.sampling import resolve_generic
 from core.tokenizer import Tokenizer
 from core.types import EngineOutput, EngineRequest, EngineStats, FinishReason, RequestState, SamplingOptions
@@ -309,6 +309,24 @@ async def test_prefill_cost_per_prompt_token_lengthens_the_admitting_step(bpe_to
     scheduled = next(o.time for o in outs if o.state is RequestState.SCHEDULED)
     prefilled = next(o.time for o in outs if o.state is RequestState.PREFILLED)
     assert prefilled - scheduled >= 0.041 - 0.002  # 1 ms + 20 tokens x 2 ms, never shorter
+
+
+async def test_a_failed_step_fails_the_requests_in_it_and_the_engine_serves_on(bpe_tokenizer, monkeypatch):
+    e = MockEngine(bpe_tokenizer, step_ms=1.0)
+    await e.start()
+    try:
+        with monkeypatch.context() as m:  # a defect in token drawing, for one step
+
+            def broken(*args):
+                raise RuntimeError("boom")
+
+            m.setattr(e, "_next_token", broken)
+            outs = await drain(e.generate(req("a")))
+        assert isinstance(outs[-1].error, EngineFailure) and "boom" in str(outs[-1].error)
+        assert e.alive and e.stats() == EngineStats(0, 0)
+        assert len(tokens(await drain(e.generate(req("b", max_new=3))))) == 3
+    finally:
+        await e.shutdown()
 
 
 async def test_not_ready_before_start_and_after_shutdown_which_ends_every_request(bpe_tokenizer):
