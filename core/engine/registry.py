@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 # name -> "module:factory"; each factory is `build(config, tokenizer) -> Engine`.
 ENGINES = {
     "hf": "core.engine.hf:build",
-    "trtllm": "core.engine.trtllm:build",
-    "trtllm-llm": "core.engine.trtllm_llm:build",
+    "trtllm": "core.engine.trtllm.executor:build",
+    "trtllm-llm": "core.engine.trtllm.llm:build",
 }
 
 
