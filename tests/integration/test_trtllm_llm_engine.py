@@ -11,7 +11,8 @@ from grpc_health.v1 import health_pb2
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from core.engine import trtllm, trtllm_llm
+from core.engine.trtllm import executor as trtllm
+from core.engine.trtllm import llm as trtllm_llm
 from core.errors import InvalidArgument, NotReady
 from core.tokenizer import Tokenizer
 from core.types import EngineRequest, ResolvedSampling, SamplingOptions

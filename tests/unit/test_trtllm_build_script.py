@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.config import CoreConfig
-from core.engine import trtllm
+from core.engine.trtllm import executor as trtllm
 from core.engine.registry import tokenizer_path
 from core.tokenizer import Tokenizer
 from core.types import EngineRequest, SamplingOptions

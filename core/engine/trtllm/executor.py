@@ -55,6 +55,7 @@ from core.types import (
     EngineOutput,
     EngineRequest,
     EngineStats,
+    FinishReason,
     PromptTokenInfo,
     RequestState,
     ResolvedSampling,
@@ -472,6 +473,8 @@ class TrtllmEngine(EngineLifecycle):
                 merged = steps.get(index)
                 if merged is None:
                     steps[index] = advance.step
+                elif not advance.step.token_ids and advance.step.finish_reason is FinishReason.EOS:
+                    trailing.append(advance.step)  # an excluded end token after earlier tokens of this batch
                 else:
                     merged.token_ids += advance.step.token_ids
                     if merged.logprobs is not None and advance.step.logprobs is not None:
