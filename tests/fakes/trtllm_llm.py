@@ -434,9 +434,7 @@ class LLM:
                         self._outputs.clear()
                     for out in pending:
                         if out._loop is not None:
-                            out._loop.call_soon_threadsafe(
-                                out._on_failure, RuntimeError(f"Executor worker died: {e}")
-                            )
+                            out._loop.call_soon_threadsafe(out._on_failure, RuntimeError(f"Executor worker died: {e}"))
                 return
             for r in responses:
                 with self._lock:

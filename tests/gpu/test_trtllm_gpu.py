@@ -25,9 +25,9 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
+from core.engine.registry import tokenizer_path  # noqa: E402
 from core.engine.trtllm import executor as trtllm
 from core.engine.trtllm import llm as trtllm_llm  # noqa: E402
-from core.engine.registry import tokenizer_path  # noqa: E402
 from core.tokenizer import Tokenizer  # noqa: E402
 from tests.conftest import core_config  # noqa: E402
 from tests.fakes.trtllm_harness import collect, finish_of, serve_engine, tokens_of  # noqa: E402

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from core.config import CoreConfig
-from core.engine.trtllm import executor as trtllm
 from core.engine.registry import tokenizer_path
+from core.engine.trtllm import executor as trtllm
 from core.tokenizer import Tokenizer
 from core.types import EngineRequest, SamplingOptions
 from tests.fakes import trtllm_executor
@@ -280,7 +280,7 @@ async def test_full_build_writes_a_manifest_the_engine_serves(tools, hf_dir, tmp
     config = CoreConfig(model=str(out), engine="trtllm", max_queue_size=8)
     assert tokenizer_path(config) == str(out / "tokenizer")
     tokenizer = Tokenizer.load(tokenizer_path(config))
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     engine = trtllm.build(config, tokenizer)
     assert engine.layout.engine_dir == out / "engine" and engine.info.max_context_length == 512
     await engine.start()

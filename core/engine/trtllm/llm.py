@@ -186,14 +186,15 @@ class TrtllmLlmEngine(EngineLifecycle):
         """Abort what is still running and shut the LLM down; new requests get NotReady."""
         self._stopping = True
         self._alive = False
-        for live in list(self._live.values()):
-            self._abort(live)
+        if self._loop is not None and not self._loop.is_closed():
+            await self._on_llm_loop(self._abort_all(list(self._live.values())))
         if self._llm is not None:
             try:
                 await asyncio.to_thread(self._llm.shutdown)
             except Exception as e:
                 log.warning("LLM shutdown: %s", e)
         if self._loop is not None and self._thread is not None:
+            await self._on_llm_loop(self._cancel_runs())
             self._loop.call_soon_threadsafe(self._loop.stop)
             await asyncio.to_thread(self._thread.join)
             self._loop.close()
@@ -222,6 +223,19 @@ class TrtllmLlmEngine(EngineLifecycle):
             return
         live.aborted = True
         self._loop.call_soon_threadsafe(self._abort_on_llm_loop, live)
+
+    @staticmethod
+    async def _cancel_runs() -> None:
+        """On the LLM loop: end the request runners still waiting for updates."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _abort_all(self, lives: list[_Live]) -> None:
+        for live in lives:
+            live.aborted = True
+            self._abort_on_llm_loop(live)
 
     @staticmethod
     def _abort_on_llm_loop(live: _Live) -> None:
@@ -373,6 +387,8 @@ class TrtllmLlmEngine(EngineLifecycle):
     def _die(self, error: BaseException) -> None:
         """Mark the engine dead on the core's loop (the on-dead callback runs there)."""
         assert self._main is not None
+        if self._stopping:  # the LLM is being shut down: its failures are expected
+            return
         exc = error if isinstance(error, Exception) else RuntimeError(str(error))
         self._alive = False
         self._main.call_soon_threadsafe(self._mark_dead, exc)
