@@ -194,7 +194,10 @@ class RequestOutput:
                     dist = self._llm.fake_log_softmax(base + new[:i], self._params)
                     top = dist.topk(k)
                     out.logprobs.append(
-                        {int(t): Logprob(float(v), r + 1) for r, (t, v) in enumerate(zip(top.indices, top.values))}
+                        {
+                            int(t): Logprob(float(v), r + 1)
+                            for r, (t, v) in enumerate(zip(top.indices, top.values, strict=True))
+                        }
                     )
             else:
                 out.logprobs += [{t: Logprob(v, 1)} for t, v in zip(new, values, strict=False)]
