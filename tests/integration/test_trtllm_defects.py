@@ -240,18 +240,16 @@ async def test_10_the_0_11_shape_serves(monkeypatch, tokenizer, tmp_path, tiny_m
 # --------------------------------------------------------------------------------- 11
 
 
-async def test_11_the_llm_double_keeps_upstream_behaviour(monkeypatch):
+async def test_11_the_llm_double_keeps_upstream_behaviour(monkeypatch, tmp_path):
     """The LLM double itself: EOS in token_ids (PyTorch), top-k keyed logprobs, RequestError
     at submit, and no async iteration for a RequestOutput created off a running loop
     (`executor/result.py`)."""
     import json
-    import pathlib
-    import tempfile
 
     top = fake_llm.install(monkeypatch, sampler_switch=False)
-    with tempfile.TemporaryDirectory() as d:
-        pathlib.Path(d, "config.json").write_text(json.dumps({"vocab_size": 4096, "max_position_embeddings": 64}))
-        llm = top.LLM(d, skip_tokenizer_init=True, max_num_tokens=16)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 4096, "max_position_embeddings": 64}))
+    if True:
+        llm = top.LLM(tmp_path, skip_tokenizer_init=True, max_num_tokens=16)
         try:
             bias = __import__("torch").zeros(4096)
             bias[2] = 100.0

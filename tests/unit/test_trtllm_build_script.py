@@ -365,10 +365,8 @@ def test_generated_commands_parse_with_the_converters_real_flags(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
     _edit_config(hf_dir, model_type=FAMILY_OF[family], num_attention_heads=4)
-    rc = script.main(
-        args(hf_dir, tmp_path / "out", examples, "--quantization", quantization, "--tp", str(tp), "--pp", str(pp))
-        + ["--dry-run"]
-    )
+    flags = ["--quantization", quantization, "--tp", str(tp), "--pp", str(pp), "--dry-run"]
+    rc = script.main(args(hf_dir, tmp_path / "out", examples, *flags))
     out, err = capsys.readouterr()
     if rc == 2:  # refused up front: only combinations the converter cannot run
         assert (quantization == "int8_kv" and family in script.NO_INT8_KV) or (
