@@ -185,8 +185,9 @@ async def test_8_embedding_bias_has_the_unpadded_vocabulary_width(monkeypatch, t
     """The decoder checks `embedding_bias` against `ModelConfig::getVocabSize()`, the unpadded
     vocabulary (`createNewDecoderRequests.cpp` `initializeEmbeddingBias`; `GptDecoderBatch`
     built from `getVocabSize()` in 0.x), while logits are padded to
-    `getVocabSizePadded(tp * pp)`. A vocabulary of 4098 over tp 2 x pp 2: bias width 4098."""
-    out = make_engine_output(tmp_path / "tp2pp2", tiny_model_dir, vocab_size=4098, tp=2, pp=2)
+    `getVocabSizePadded(tp * pp)`. A vocabulary of 4097 over tp 2 x pp 2: bias width 4097,
+    neither 4098 (padded to tp) nor 4100 (padded to tp * pp)."""
+    out = make_engine_output(tmp_path / "tp2pp2", tiny_model_dir, vocab_size=4097, tp=2, pp=2)
     trtllm_executor.install(monkeypatch, "1.0")
     mpi = types.ModuleType("mpi4py")
     mpi.MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Get_rank=lambda: 0, Get_size=lambda: 4))
@@ -195,7 +196,7 @@ async def test_8_embedding_bias_has_the_unpadded_vocabulary_width(monkeypatch, t
         msgs = await collect(stub, request(bias={2: 100.0}, stopping={"max_new_tokens": 5}))
         assert finish_of(msgs).finish_reason == pb.FINISH_REASON_EOS
         sent = server.engine._executor.fake_requests
-        assert tuple(sent[max(sent)].embedding_bias.shape) == (4098,)
+        assert tuple(sent[max(sent)].embedding_bias.shape) == (4097,)
 
 
 # --------------------------------------------------------------------------------- 9
