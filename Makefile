@@ -46,6 +46,7 @@ proto-check: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy --strict --follow-imports=silent core/engine/trtllm
 
 run: $(STAMP) $(GEN) model
 	$(PY) scripts/run_stack.py --model $(MODEL)

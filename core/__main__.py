@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("effective configuration: %s", json.dumps(config.redacted(), sort_keys=True))
     try:
         if config.engine == "trtllm":  # MPI ranks > 0 of a multi-GPU engine serve no gRPC
-            from core.engine.trtllm import run_if_follower_rank
+            from core.engine.trtllm.executor import run_if_follower_rank
 
             if run_if_follower_rank(config):
                 return 0

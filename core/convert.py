@@ -155,8 +155,11 @@ def to_response(delta: ResponseDelta, request_id: str) -> spb.GenerateResponse:
                 cached_tokens=f.usage.cached_tokens,
             )
         )
-        msg.seed = f.seed
         msg.effective_sampling.CopyFrom(to_sampling_params(f.effective))
+        if f.seed is not None:
+            msg.seed = f.seed
+        else:  # the engine cannot reproduce this request's sampling: no seed is promised
+            msg.effective_sampling.ClearField("seed")
         msg.timing.CopyFrom(
             pb.Timing(queue_ms=f.timing.queue_ms, prefill_ms=f.timing.prefill_ms, total_ms=f.timing.total_ms)
         )

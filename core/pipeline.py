@@ -442,7 +442,9 @@ class _Run:
             total_ms=(time.monotonic() - req.arrival_time) * 1000.0,
         )
         usage = Usage(len(req.prompt_ids), sum(s.generated for s in returned), self.cached_tokens)
-        return FinalInfo(usage=usage, seed=self.prep.sampling.seed, effective=self.prep.sampling, timing=timing)
+        sampling = self.prep.sampling
+        seed = sampling.seed if sampling.do_sample is False or self.p.engine.info.reproducible_seeds else None
+        return FinalInfo(usage=usage, seed=seed, effective=sampling, timing=timing)
 
     def _prompt_tokens(self, infos: list[PromptTokenInfo]) -> list[TokenInfo]:
         return [self.p.token_info(i.token_id, i.logprob, i.top) for i in infos]

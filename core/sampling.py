@@ -3,7 +3,7 @@
 Rule sources: the LMI GenerationParameters table ("available with every rolling batch
 backend": do_sample false, temperature 1.0, top_k 0, top_p 1.0, repetition_penalty 1.0) and
 LMI >= 0.32's inference of do_sample from the other sampling fields. The TensorRT-LLM engine
-has its own table (core.engine.trtllm_defaults); both report the values they applied.
+has its own table (core.engine.trtllm.defaults); both report the values they applied.
 """
 
 from __future__ import annotations

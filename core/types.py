@@ -122,13 +122,14 @@ class SequenceStep:
     """New tokens of one sequence from one engine step.
 
     `logprobs[i]` and `top_logprobs[i]` belong to `token_ids[i]` (raw model distribution);
-    they are None unless the request asked for them. `finish_reason` is set on the
+    they are None unless the request asked for them, and `logprobs[i]` is None where the
+    engine could not learn that token's logprob. `finish_reason` is set on the
     sequence's last step; `stop_token_id` names the token when a stop token ended it.
     """
 
     index: int
     token_ids: list[int]
-    logprobs: list[float] | None = None
+    logprobs: list[float | None] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
@@ -179,6 +180,8 @@ class EngineInfo:
         max_input_length: longest prompt in tokens (None: only the context bounds it).
         max_top_logprobs: most alternatives per generated token (0: the chosen token's only).
         supports_prompt_logprobs: whether OutputOptions.prompt_logprobs can be honoured.
+        reproducible_seeds: whether a sampling request with the same seed and parameters
+            reproduces; when False, sampling requests report no seed.
     """
 
     engine: str
@@ -190,6 +193,7 @@ class EngineInfo:
     max_input_length: int | None = None
     max_top_logprobs: int = 20
     supports_prompt_logprobs: bool = True
+    reproducible_seeds: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +332,7 @@ class FinalInfo:
     """What the final message of a request carries."""
 
     usage: Usage
-    seed: int
+    seed: int | None
     effective: ResolvedSampling
     timing: Timing
 

@@ -55,16 +55,15 @@ FAMILIES = {
     "gptj": "gptj",
     "gpt_neox": "gptneox",
 }
-QUANTIZATIONS = {
-    "none": [],
-    "int8_wo": ["--use_weight_only", "--weight_only_precision", "int8"],
-    "int4_wo": ["--use_weight_only", "--weight_only_precision", "int4"],
-    "int8_kv": ["--int8_kv_cache"],
-    # ModelOpt formats go through examples/quantization/quantize.py instead of convert_checkpoint.py.
-    "fp8": ["--qformat", "fp8", "--kv_cache_dtype", "fp8"],
-    "int4_awq": ["--qformat", "int4_awq"],
-}
-MODELOPT = {"fp8", "int4_awq"}
+QUANTIZATIONS = ("none", "int8_wo", "int4_wo", "int8_kv", "fp8", "int4_awq")
+# ModelOpt formats go through examples/quantization/quantize.py instead of convert_checkpoint.py.
+MODELOPT = {"fp8": ["--qformat", "fp8", "--kv_cache_dtype", "fp8"], "int4_awq": ["--qformat", "int4_awq"]}
+# Converters without --int8_kv_cache (read in each family's convert_checkpoint.py, old and new
+# layouts; see tests/fakes/trtllm_converters.py for the files and commits).
+NO_INT8_KV = {"phi", "falcon", "gptj", "gptneox"}
+# Converters that take tensor parallelism only: gemma (--world-size, pp 1), phi (asserts pp_size == 1).
+TP_ONLY = {"gemma", "phi"}
+CONTRIB = {"falcon", "gptj", "gptneox"}  # examples/models/contrib/<family> from 0.18
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 TOKENIZER_COPY = (
@@ -196,12 +195,94 @@ def _read_hf_config(model: Path, problems: list[str]) -> dict:
         return {}
 
 
-def _find_convert_script(examples: Path, family: str) -> Path | None:
-    for rel in (f"models/core/{family}", f"models/contrib/{family}", family):  # layout moved around 0.18
+def _find_convert_script(examples: Path, family: str) -> tuple[Path, str] | None:
+    """The family's convert_checkpoint.py and its layout: "new" under models/{core,contrib}/
+    (0.18 and later), "old" under examples/<family>/ (up to 0.17)."""
+    for rel, layout in ((f"models/core/{family}", "new"), (f"models/contrib/{family}", "new"), (family, "old")):
         candidate = examples / rel / "convert_checkpoint.py"
         if candidate.is_file():
-            return candidate
+            return candidate, layout
     return None
+
+
+def convert_command(
+    python: str,
+    script: Path,
+    family: str,
+    layout: str,
+    *,
+    model: Path,
+    output: Path,
+    dtype: str,
+    tp: int,
+    pp: int,
+    quantization: str,
+) -> list[str]:
+    """The converter's command line, in the flags that family's script has in that layout.
+
+    gemma's script names its flags differently (`--model-dir`, `--output-model-dir`,
+    `--world-size`, `--ckpt-type hf`; weight-only precision is `--use-weight-only-with-precision`
+    in the old layout, `--use_weight_only --weight_only_precision` in the new one) and has no
+    pipeline parallelism. quantize.py (ModelOpt) takes the common flags and `--qformat`.
+    """
+    if quantization in MODELOPT:
+        return [
+            python,
+            str(script),
+            "--model_dir",
+            str(model),
+            "--output_dir",
+            str(output),
+            "--dtype",
+            dtype,
+            "--tp_size",
+            str(tp),
+            "--pp_size",
+            str(pp),
+            *MODELOPT[quantization],
+        ]
+    precision = {"int8_wo": "int8", "int4_wo": "int4"}.get(quantization)
+    if family == "gemma":
+        cmd = [
+            python,
+            str(script),
+            "--ckpt-type",
+            "hf",
+            "--model-dir",
+            str(model),
+            "--output-model-dir",
+            str(output),
+            "--dtype",
+            dtype,
+            "--world-size",
+            str(tp),
+        ]
+        if precision:
+            cmd += (
+                ["--use-weight-only-with-precision", precision]
+                if layout == "old"
+                else ["--use_weight_only", "--weight_only_precision", precision]
+            )
+    else:
+        cmd = [
+            python,
+            str(script),
+            "--model_dir",
+            str(model),
+            "--output_dir",
+            str(output),
+            "--dtype",
+            dtype,
+            "--tp_size",
+            str(tp),
+            "--pp_size",
+            str(pp),
+        ]
+        if precision:
+            cmd += ["--use_weight_only", "--weight_only_precision", precision]
+    if quantization == "int8_kv":
+        cmd += ["--int8_kv_cache"]
+    return cmd
 
 
 def _kv_cache_flags(help_text: str | None, paged: bool) -> list[str]:
@@ -295,6 +376,7 @@ def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
 
     examples = Path(args.trtllm_examples).resolve() if args.trtllm_examples else None
     script = None
+    layout = "new"
     if examples is None:
         problems.append("--trtllm-examples is required: TensorRT-LLM's examples directory (or TRTLLM_EXAMPLES_DIR)")
     elif not examples.is_dir():
@@ -304,12 +386,18 @@ def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
         if not script.is_file():
             problems.append(f"{script}: not found (needed for --quantization {args.quantization})")
     elif family:
-        script = _find_convert_script(examples, family)
-        if script is None:
+        found = _find_convert_script(examples, family)
+        if found is None:
             problems.append(
                 f"no convert_checkpoint.py for family {family!r} under {examples} "
                 f"(looked in models/core/{family}, models/contrib/{family}, {family})"
             )
+        else:
+            script, layout = found
+    if family in NO_INT8_KV and args.quantization == "int8_kv":
+        problems.append(f"--quantization int8_kv: the {family} converter has no --int8_kv_cache")
+    if family in TP_ONLY and args.pp > 1 and args.quantization not in MODELOPT:
+        problems.append(f"--pp {args.pp}: the {family} converter supports tensor parallelism only (use --tp)")
     if not Path(args.python).exists() and shutil.which(args.python) is None:
         problems.append(f"--python {args.python}: not found")
     if output.exists() and any(output.iterdir()) and not args.force and not args.dry_run:
@@ -319,21 +407,19 @@ def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
 
     checkpoint = Path(args.work_dir).resolve() if args.work_dir else output / "checkpoint"
     engine = output / "engine"
-    convert = [
+    assert script is not None
+    convert = convert_command(
         args.python,
-        str(script),
-        "--model_dir",
-        str(model),
-        "--output_dir",
-        str(checkpoint),
-        "--dtype",
-        dtype,
-        "--tp_size",
-        str(args.tp),
-        "--pp_size",
-        str(args.pp),
-    ]
-    convert += QUANTIZATIONS[args.quantization]
+        script,
+        family,
+        layout,
+        model=model,
+        output=checkpoint,
+        dtype=dtype,
+        tp=args.tp,
+        pp=args.pp,
+        quantization=args.quantization,
+    )
     build = [
         "trtllm-build",
         "--checkpoint_dir",

@@ -125,16 +125,18 @@ class OutputStream:
     """The outputs of one engine request: what `Engine.generate` returns.
 
     The engine posts outputs with `put()` on the event loop; the consumer iterates them, the
-    first one given here and the last one final (finished, or carrying an error).
+    first one given here (or put later, when None is given) and the last one final
+    (finished, or carrying an error).
     `on_close(finished)` runs exactly once: when the final output is handed over
     (finished=True), or when the consumer closes the stream or is cancelled while waiting,
     before that (finished=False: the engine must abort the request). Closing a stream that was
     never iterated releases the request too, which a generator could not promise.
     """
 
-    def __init__(self, first: EngineOutput, on_close: Callable[[bool], None]):
+    def __init__(self, first: EngineOutput | None, on_close: Callable[[bool], None]):
         self._queue: asyncio.Queue[EngineOutput] = asyncio.Queue()
-        self._queue.put_nowait(first)
+        if first is not None:
+            self._queue.put_nowait(first)
         self._on_close = on_close
         self.closed = False
 

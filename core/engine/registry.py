@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 ENGINES = {
     "hf": "core.engine.hf:build",
     "mock": "core.engine.mock:build",
-    "trtllm": "core.engine.trtllm:build",
-    "trtllm-llm": "core.engine.trtllm_llm:build",
+    "trtllm": "core.engine.trtllm.executor:build",
+    "trtllm-llm": "core.engine.trtllm.llm:build",
 }
 
 

@@ -1,26 +1,45 @@
 """A faithful double of `tensorrt_llm.bindings.executor` (the C++ executor's Python bindings).
 
-Every behaviour below comes from `shared/reference/trtllm-executor.md` (cited as §N); §8 lists
-what a double must reproduce. `make_module(era)` returns a module-shaped object for one binding
-era, so the adapter's feature detection is exercised:
+One era per upstream binding shape, each rebuilt from the bindings' own source
+(NVIDIA/TensorRT-LLM `cpp/tensorrt_llm/pybind/executor/bindings.cpp`, later `request.cpp`,
+`executorConfig.cpp`, `executor.cpp`); `make_module(era)` returns a module-shaped object:
 
-  era  | versions     | names (§1.6, §1.8, §1.5)                                     | also
-  -----|--------------|---------------------------------------------------------------|-------------------------------
-  "E2" | 0.20-1.3rc   | keyword-only, max_tokens, seed, min_tokens, min_p,            | FinishReason has TIMED_OUT and
-       |              | CapacitySchedulerPolicy, num_return_sequences                | CANCELLED (§1.1); block reuse
-       |              |                                                               | on by default (§1.4)
-  "E1" | 0.11-0.19    | keyword-only; accepts both max_tokens/max_new_tokens,        | FinishReason has 4 values
-       |              | seed/random_seed, min_tokens/min_length (old names logged    | (§1.1); no min_p
-       |              | as deprecated, new name wins)                                 |
-  "E0" | 0.9-0.10     | positional-or-keyword, only max_new_tokens/random_seed/      | no FinishReason, no
-       |              | min_length; SchedulerPolicy + SchedulerConfig(policy=)       | finish_reasons/sequence_index
-       |              |                                                               | in Result (§1.9); ExecutorConfig
-       |              |                                                               | without max_batch_size,
-       |              |                                                               | max_num_tokens, max_queue_size
+  era    | upstream source read                        | shape
+  -------|---------------------------------------------|------------------------------------------------
+  "0.11" | bindings.cpp at 0.11.0.dev2024062500 (main,  | Request(input_token_ids, max_new_tokens, streaming,
+         | the 0.11 branch point; v0.11.0 = 05316d33)   | ...) and SamplingConfig(beam_width, top_k, ...,
+         |                                              | random_seed, temperature, min_length, ...,
+         |                                              | no_repeat_ngram_size) positional-or-keyword, old
+         |                                              | names only; no num_return_sequences; Result
+         |                                              | without finish_reasons/sequence_index; Response
+         |                                              | without client_id; ExecutorConfig takes
+         |                                              | max_batch_size in the constructor only (no
+         |                                              | property), no max_num_tokens/max_queue_size;
+         |                                              | CapacitySchedulerPolicy without STATIC_BATCH; no
+         |                                              | module __version__; block reuse off by default
+  "0.15" | bindings.cpp with `py::kw_only()` and        | keyword-only after input_token_ids; max_tokens or
+         | "max_new_tokens is being deprecated"          | max_new_tokens (new wins), seed/random_seed,
+         |                                              | min_tokens/min_length; FinishReason with 4 values;
+         |                                              | finish_reasons/sequence_index/is_sequence_final;
+         |                                              | client_id; num_return_sequences on the Request
+         |                                              | (Triton's model.py v0.14-v0.15 sets it there), not
+         |                                              | on SamplingConfig; no min_p
+  "1.0"  | request.cpp (pybind and nanobind), 1.x       | Request(input_token_ids, max_tokens, *, ...); new
+         |                                              | names only; FinishReason adds TIMED_OUT and
+         |                                              | CANCELLED; SamplingConfig has num_return_sequences
+         |                                              | and min_p; block reuse on by default
 
-The fake "GPU" is an execution-loop thread (§1.2 thread model) stepping a FakeModel: one token
-per active sequence per iteration, context phases split by max_num_tokens when chunked context
-is on. Things the reference marks [UNCONFIRMED] are modelled as noted where they occur.
+Behaviour common to every era, from the same sources: `LlmRequest::createResponse` sends
+`log_probs` cumulative (all generated so far) and `context_logits` on every result when
+asked; `LlmRequest::validate` clips max_tokens to max_seq_len - prompt with a warning; the
+embedding bias must be [vocab_size] of the unpadded vocabulary (the decoder checks
+`ModelConfig::getVocabSize()`), while logits are padded to the world size
+(`getVocabSizePadded(tp * pp)`); `await_responses` takes a timedelta or a float of seconds
+(pybind11/nanobind chrono casters) and refuses an int.
+
+The fake "GPU" is an execution-loop thread stepping a FakeModel: one token per active
+sequence per iteration, context phases split by max_num_tokens when chunked context is on.
+Things `reference/trtllm-executor.md` marks [UNCONFIRMED] are modelled as noted where they occur.
 
 Test hooks (not part of the real API) are prefixed `fake_`: pause/resume the loop, fail the
 next forward step, kill the executor, and inspect what the adapter sent (`fake_requests`,
@@ -52,8 +71,8 @@ log = logging.getLogger("tensorrt_llm.fake")
 
 _EMPTY = inspect.Parameter.empty
 K_MAX_BEAM_WIDTH = 1024
-ERAS = ("E0", "E1", "E2")
-VERSIONS = {"E0": "0.10.0", "E1": "0.15.0", "E2": "1.0.0"}
+ERAS = ("0.11", "0.15", "1.0")
+VERSIONS = {"0.11": "0.11.0", "0.15": "0.15.0", "1.0": "1.0.0"}
 
 
 def _signature(positional: Sequence[tuple[str, object]], keyword_only: Sequence[tuple[str, object]] = ()):
@@ -82,11 +101,11 @@ def _check(cond: bool, what: str) -> None:
         raise RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: {what}")
 
 
-def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None = None) -> types.ModuleType:
+def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None = None) -> types.ModuleType:
     """A module-shaped fake of `tensorrt_llm.bindings.executor` for one binding era.
 
     Args:
-        era: "E0", "E1" or "E2" (see the module docstring).
+        era: "0.11", "0.15" or "1.0" (see the module docstring).
         rank: this process's MPI rank; only rank 0 may enqueue (leader mode, §1.14).
         first_request_id: the first id `enqueue_request` returns (default random, so tests
             cannot depend on it: §8 "Don't let tests depend on the first id value").
@@ -95,32 +114,28 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         raise ValueError(f"era must be one of {ERAS}")
     m = types.ModuleType("tensorrt_llm.bindings.executor")
     m.fake_era = era
+    early, late = era == "0.11", era == "1.0"
     m.fake_rank = rank
     m.fake_instances = []
     m.fake_leader_shutdown = threading.Event()
     m.fake_follower_waiting = threading.Event()  # a non-leader rank is blocked in shutdown()
     m.fake_first_request_id = first_request_id if first_request_id is not None else random.randrange(1, 1 << 20)
-    if era != "E0":
-        m.__version__ = VERSIONS[era]  # §1 "trtllm.__version__ is the C++ version string (E1+)"
+    if not early:
+        m.__version__ = VERSIONS[era]  # `m.attr("__version__") = tle::version()` from 0.12
 
     # ------------------------------------------------------------------ enums (§1.1)
     m.ModelType = enum.IntEnum(
         "ModelType",
-        {"DECODER_ONLY": 0} if era == "E0" else {"DECODER_ONLY": 0, "ENCODER_ONLY": 1, "ENCODER_DECODER": 2},
+        {"DECODER_ONLY": 0, "ENCODER_ONLY": 1, "ENCODER_DECODER": 2},
     )
-    if era != "E0":
+    if not early:
         reasons = {"NOT_FINISHED": 0, "END_ID": 1, "STOP_WORDS": 2, "LENGTH": 3}
-        if era == "E2":
+        if late:
             reasons |= {"TIMED_OUT": 4, "CANCELLED": 5}
         m.FinishReason = enum.IntEnum("FinishReason", reasons)
-    policy = enum.IntEnum(
-        "CapacitySchedulerPolicy", {"MAX_UTILIZATION": 0, "GUARANTEED_NO_EVICT": 1, "STATIC_BATCH": 2}
-    )
-    if era == "E0":
-        policy = enum.IntEnum("SchedulerPolicy", {"MAX_UTILIZATION": 0, "GUARANTEED_NO_EVICT": 1})
-        m.SchedulerPolicy = policy
-    else:
-        m.CapacitySchedulerPolicy = policy
+    policies = {"MAX_UTILIZATION": 0, "GUARANTEED_NO_EVICT": 1} | ({} if early else {"STATIC_BATCH": 2})
+    policy = enum.IntEnum("CapacitySchedulerPolicy", policies)
+    m.CapacitySchedulerPolicy = policy
     m.BatchingType = enum.IntEnum("BatchingType", {"STATIC": 0, "INFLIGHT": 1})
     m.RequestStage = enum.IntEnum(
         "RequestStage",
@@ -150,16 +165,17 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         "length_penalty",
         "early_stopping",
     ]
-    if era == "E0":
+    if early:
         names = [{"seed": "random_seed", "min_tokens": "min_length"}.get(n, n) for n in canonical]
+        names.append("no_repeat_ngram_size")
         sc_sig = _signature([("beam_width", 1)] + [(n, None) for n in names])
         sc_aliases = {"random_seed": "seed", "min_length": "min_tokens"}
         sc_readable = {"beam_width", *names}
     else:
-        extra = ["no_repeat_ngram_size", "num_return_sequences"] + (["min_p"] if era == "E2" else [])
-        kw = canonical + extra + (["random_seed", "min_length"] if era == "E1" else [])
+        extra = ["no_repeat_ngram_size"] + (["num_return_sequences", "min_p"] if late else [])
+        kw = canonical + extra + ([] if late else ["random_seed", "min_length"])
         sc_sig = _signature([("beam_width", 1)], [(n, None) for n in kw])
-        sc_aliases = {"random_seed": "seed", "min_length": "min_tokens"} if era == "E1" else {}
+        sc_aliases = {} if late else {"random_seed": "seed", "min_length": "min_tokens"}
         sc_readable = {"beam_width", *canonical, *extra, *sc_aliases}
 
     class SamplingConfig:
@@ -169,13 +185,13 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         def __init__(self, *args, **kwargs):
             v = _bind(sc_sig, "SamplingConfig", args, kwargs)
             for old, new in sc_aliases.items():
-                if era == "E1" and v.get(old) is not None:
+                if era == "0.15" and v.get(old) is not None:
                     log.warning("%s is being deprecated; please use %s instead.", old, new)
                     if v.get(new) is None:  # §1.6 "the new name wins if both given"
                         v[new] = v[old]
                 if old in v:
                     value = v.pop(old)
-                    if era == "E0":
+                    if early:
                         v[new] = value
             seed = v.get("seed")
             if seed is not None and not (isinstance(seed, int) and 0 <= seed < 1 << 64):
@@ -216,8 +232,8 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         def __setattr__(self, name, value):
             if name == "_v":
                 object.__setattr__(self, name, value)
-            elif era == "E0" or name not in sc_readable:
-                raise AttributeError(f"can't set attribute {name!r}")  # E0 properties were read-only
+            elif name not in sc_readable:
+                raise AttributeError(f"can't set attribute {name!r}")
             else:
                 self._v[sc_aliases.get(name, name)] = value
                 self._validate()
@@ -234,8 +250,7 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         ("return_generation_logits", False),
         ("exclude_input_from_output", False),
     ]
-    if era != "E0":
-        oc_fields += [("return_encoder_output", False), ("return_perf_metrics", False)]
+    oc_fields += [("return_encoder_output", False)] + ([] if early else [("return_perf_metrics", False)])
     oc_sig = _signature(oc_fields)
 
     class OutputConfig:
@@ -260,13 +275,16 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         ("lora_config", None),
         ("logits_post_processor_name", None),
     ]
-    if era == "E0":
-        req_sig = _signature([("input_token_ids", _EMPTY), ("max_new_tokens", _EMPTY), *common_req])
+    if early:  # bindings.cpp at 0.11: positional-or-keyword, old name only, no client_id
+        req_sig = _signature(
+            [("input_token_ids", _EMPTY), ("max_new_tokens", _EMPTY), *common_req, ("encoder_input_token_ids", None)]
+        )
     else:
         later = [("client_id", None), ("return_all_generated_tokens", False), ("priority", 0.5)]
-        if era == "E1":
+        if not late:  # keyword-only, both names, num_return_sequences on the Request
             req_sig = _signature(
-                [("input_token_ids", _EMPTY)], [("max_tokens", None), ("max_new_tokens", None), *common_req, *later]
+                [("input_token_ids", _EMPTY)],
+                [("max_tokens", None), ("max_new_tokens", None), *common_req, *later, ("num_return_sequences", 1)],
             )
         else:
             req_sig = _signature(
@@ -278,7 +296,7 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
 
         def __init__(self, *args, **kwargs):
             v = _bind(req_sig, "Request", args, kwargs)
-            if era == "E1":
+            if era == "0.15":
                 if v.get("max_new_tokens") is not None:
                     log.warning("max_new_tokens is being deprecated; please use max_tokens instead.")
                     if v.get("max_tokens") is None:
@@ -286,7 +304,7 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
                 if v.get("max_tokens") is None:
                     raise TypeError("Request.__init__(): missing required argument max_tokens")
                 v.pop("max_new_tokens")
-            elif era == "E0":
+            elif early:
                 v["max_tokens"] = v.pop("max_new_tokens")
             ids = v["input_token_ids"]
             _check(isinstance(ids, list) and len(ids) > 0, "inputTokenIds must not be empty")
@@ -302,9 +320,9 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
 
         def __getattr__(self, name):
             v = object.__getattribute__(self, "_v")
-            if name == "max_new_tokens" and era != "E2":
+            if name == "max_new_tokens" and not late:
                 return v["max_tokens"]
-            if name == "max_tokens" and era == "E0":
+            if name == "max_tokens" and early:
                 raise AttributeError(name)
             if name in v:
                 return v[name]
@@ -324,7 +342,7 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         "context_logits",
         "generation_logits",
     ]
-    if era != "E0":
+    if not early:
         result_fields += ["finish_reasons", "sequence_index", "is_sequence_final", "decoding_iter"]
 
     class Result:
@@ -340,7 +358,7 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
             self.log_probs = None
             self.context_logits = None
             self.generation_logits = None
-            if era != "E0":
+            if not early:
                 self.finish_reasons = []
                 self.sequence_index = 0
                 self.is_sequence_final = False
@@ -377,14 +395,14 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         def __repr__(self):
             return f"Response(id={self._id}, error={self._error!r}, result={self._result!r})"
 
-    if era != "E0":
+    if not early:
         Response.client_id = property(lambda self: self._client_id)
     m.Response = Response
 
     # ------------------------------------------------------------------ configs (§1.3-1.5)
     kv_sig = _signature(
         [
-            ("enable_block_reuse", era == "E2"),
+            ("enable_block_reuse", late),
             ("max_tokens", None),
             ("max_attention_window", None),
             ("sink_token_length", None),
@@ -405,9 +423,7 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
 
     m.KvCacheConfig = KvCacheConfig
 
-    if era == "E0":
-        sched_sig = _signature([("policy", policy.GUARANTEED_NO_EVICT)])
-    else:
+    if True:
         sched_sig = _signature(
             [
                 ("capacity_scheduler_policy", policy.GUARANTEED_NO_EVICT),
@@ -445,7 +461,9 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
         ("parallel_config", None),
         ("peft_cache_config", None),
     ]
-    if era != "E0":
+    if early:  # bindings.cpp at 0.11: max_batch_size in the constructor only (no property)
+        ec_fields += [("max_batch_size", None), ("logits_post_processor_map", None), ("decoding_config", None)]
+    else:
         ec_fields += [
             ("max_batch_size", None),
             ("max_num_tokens", None),
@@ -456,10 +474,10 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
             ("recv_poll_period_ms", 0),
             ("max_seq_idle_microseconds", 180_000_000),
         ]
-    if era == "E2":
+    if late:
         ec_fields += [("gather_generation_logits", False)]
     ec_sig = _signature(ec_fields)
-    ec_names = {n for n, _ in ec_fields}
+    ec_names = {n for n, _ in ec_fields} - ({"max_batch_size"} if early else set())
 
     class ExecutorConfig:
         """§1.3: keyword constructor, every field also a read/write property; fields a version
@@ -471,7 +489,10 @@ def make_module(era: str = "E2", *, rank: int = 0, first_request_id: int | None 
                 v["scheduler_config"] = SchedulerConfig()
             if v["kv_cache_config"] is None:
                 v["kv_cache_config"] = KvCacheConfig()
-            self.__dict__.update(v)
+            self.__dict__["fake_max_batch_size"] = v.pop("max_batch_size", None)
+            self.__dict__.update({k: x for k, x in v.items() if k in ec_names})
+            if not early:
+                self.__dict__["max_batch_size"] = self.__dict__.pop("fake_max_batch_size")
 
         def __setattr__(self, name, value):
             if name not in ec_names:
@@ -522,7 +543,7 @@ class _Live:
         self.seqs = [_Seq(i) for i in range(n)]
         self.context_done = 0  # prompt tokens processed
         self.max_tokens = object.__getattribute__(req, "_v")["max_tokens"]  # any era's name
-        self.first_response_sent = False
+        self.context_logits = None
         self.finals_sent = 0
 
     @property
@@ -532,6 +553,7 @@ class _Live:
 
 def _make_executor_class(m: types.ModuleType, era: str):
     FinishReason = getattr(m, "FinishReason", None)
+    early, late = era == "0.11", era == "1.0"
 
     def reason(name: str):
         if FinishReason is None:  # E0 has no finish reasons at all
@@ -562,7 +584,10 @@ def _make_executor_class(m: types.ModuleType, era: str):
             tp = int(mapping.get("tp_size", 1))
             world = tp * int(mapping.get("pp_size", 1))
             _check(world == 1 or m.fake_rank < world, "world size must equal tp * pp")
-            self._vocab = int(math.ceil(int(pre["vocab_size"]) / tp) * tp)  # §3.4 padded vocab
+            self._vocab_unpadded = int(pre["vocab_size"])
+            # logits are padded to the world size (ModelConfig::getVocabSizePadded(worldSize)); the
+            # embedding bias is checked against the unpadded size (createNewDecoderRequests.cpp)
+            self._vocab = int(math.ceil(self._vocab_unpadded / world) * world)
             self._max_input_len = int(build["max_input_len"])
             self._max_seq_len = int(build["max_seq_len"])
             self._max_beam_width = int(build.get("max_beam_width", 1))
@@ -570,7 +595,8 @@ def _make_executor_class(m: types.ModuleType, era: str):
             self._paged_context_fmha = bool(build.get("plugin_config", {}).get("use_paged_context_fmha", False))
             ec = executor_config
             _check(ec.max_beam_width <= self._max_beam_width, "maxBeamWidth <= engine's max_beam_width")
-            self._max_batch = int(getattr(ec, "max_batch_size", None) or build.get("max_batch_size", 8))
+            asked_batch = getattr(ec, "max_batch_size", None) or getattr(ec, "fake_max_batch_size", None)
+            self._max_batch = int(asked_batch or build.get("max_batch_size", 8))
             self._max_batch = min(self._max_batch, int(build.get("max_batch_size", self._max_batch)))
             self._max_num_tokens = int(getattr(ec, "max_num_tokens", None) or build.get("max_num_tokens", 8192))
             self._max_queue = getattr(ec, "max_queue_size", None)
@@ -580,7 +606,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             if ec.kv_cache_config.enable_block_reuse:
                 _check(self._paged_context_fmha, "KV cache block reuse requires paged context FMHA")
             sched = ec.scheduler_config
-            self._policy = sched.policy if era == "E0" else sched.capacity_scheduler_policy
+            self._policy = sched.capacity_scheduler_policy
             self._normalize = ec.normalize_log_probs
             self.config = ec
             self.model = FakeModel(self._vocab)
@@ -661,8 +687,10 @@ def _make_executor_class(m: types.ModuleType, era: str):
 
         @staticmethod
         def _children(r) -> int:
-            if era == "E0":
+            if early:
                 return 1
+            if not late:  # num_return_sequences was a Request field before SamplingConfig had it
+                return int(object.__getattribute__(r, "_v").get("num_return_sequences") or 1)
             sc = r.sampling_config
             return 1 if sc.beam_width > 1 else (sc.num_return_sequences or 1)
 
@@ -674,9 +702,13 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 target, args = args[0], args[1:]
             if args:
                 timeout = args[0]
-            if timeout is not None and not isinstance(timeout, datetime.timedelta):
-                raise TypeError("await_responses(): timeout must be a datetime.timedelta")
-            deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+            # std::chrono::milliseconds through pybind11/nanobind's chrono caster: a timedelta,
+            # or a float taken as seconds; an int is refused (pybind11/chrono.h duration_caster)
+            if isinstance(timeout, datetime.timedelta):
+                timeout = timeout.total_seconds()
+            elif timeout is not None and not isinstance(timeout, float):
+                raise TypeError("await_responses(): incompatible function arguments (timeout)")
+            deadline = None if timeout is None else time.monotonic() + timeout
             with self._cv:
                 self._raise_if_shutdown()
                 if isinstance(target, list):
@@ -935,8 +967,13 @@ def _make_executor_class(m: types.ModuleType, era: str):
                     "scheduling policy is used"
                 )
             bias = req.embedding_bias
-            if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self._vocab,)):
-                return "embedding bias shape is not as expected"
+            if bias is not None and (
+                not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self._vocab_unpadded,)
+            ):
+                return (
+                    "The embedding bias shape is not as expected. Expected last dimension to be same as vocab "
+                    f"size: {self._vocab_unpadded}."
+                )
             if req.output_config.return_context_logits and not self._gather_context:
                 return "Return context logit need to build engine with gather_context_logits"
             if req.sampling_config.beam_width > self._max_beam_width:
@@ -972,7 +1009,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             context = list(req.input_token_ids) + seq.generated
             x = self.model.logits(context)
             if req.embedding_bias is not None:
-                x = x + req.embedding_bias.to(torch.float32)
+                x[: self._vocab_unpadded] += req.embedding_bias.to(torch.float32)
             rp = sc.repetition_penalty
             if rp is not None and rp != 1.0:
                 idx = torch.tensor(sorted(set(context)))
@@ -981,7 +1018,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             if seq.generated and (sc.presence_penalty or sc.frequency_penalty):
                 counts = torch.bincount(torch.tensor(seq.generated), minlength=self._vocab).to(torch.float32)
                 x = x - (counts > 0).float() * (sc.presence_penalty or 0.0) - counts * (sc.frequency_penalty or 0.0)
-            min_tokens = sc.min_length if era == "E0" else sc.min_tokens
+            min_tokens = sc._v.get("min_tokens")
             # Runtime default min_tokens is 1 (§1.6 defaults): the end token is banned until then.
             if (
                 req.end_id is not None
@@ -1009,7 +1046,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             if top_k > 0:
                 kth = probs.topk(min(top_k, self._vocab)).values[-1]
                 probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-            min_p = getattr(sc, "min_p", None) if era == "E2" else None
+            min_p = sc._v.get("min_p")
             if min_p:
                 probs = torch.where(probs >= probs.max() * min_p, probs, torch.zeros_like(probs))
             sorted_p, order = probs.sort(descending=True)
@@ -1018,7 +1055,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             mask = torch.zeros_like(probs, dtype=torch.bool)
             mask[order[keep]] = True
             probs = torch.where(mask, probs, torch.zeros_like(probs))
-            seed = (sc.random_seed if era == "E0" else sc.seed) or 0  # §7.15: unseeded = seed 0
+            seed = sc._v.get("seed") or 0  # §7.15: unseeded = seed 0
             g = torch.Generator().manual_seed((seed * 1_000_003 + seq.index * 7919 + len(seq.generated)) % (1 << 63))
             tok = int(torch.multinomial(probs / probs.sum(), 1, generator=g))
             return tok, float(logprobs[tok])
@@ -1038,10 +1075,11 @@ def _make_executor_class(m: types.ModuleType, era: str):
             if oc.return_log_probs:  # cumulative per response (§1.9, §7.8)
                 res.log_probs = [list(seq.logprobs)]
                 res.cum_log_probs = [float(sum(seq.logprobs))]
-            if oc.return_context_logits and not live.first_response_sent and seq.index == 0:
-                prompt = list(req.input_token_ids)
-                res.context_logits = torch.stack([self.model.logits(prompt[: i + 1]) for i in range(len(prompt))])
-            live.first_response_sent = live.first_response_sent or seq.index == 0
+            if oc.return_context_logits:  # on every result (LlmRequest::createResponse)
+                if live.context_logits is None:
+                    prompt = list(req.input_token_ids)
+                    live.context_logits = torch.stack([self.model.logits(prompt[: i + 1]) for i in range(len(prompt))])
+                res.context_logits = live.context_logits
             self._finish_fields(live, seq, res)
             self._ready.append(m.Response(live.id, res, *self._client_id(req)))
 
@@ -1049,7 +1087,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             if seq.done:
                 live.finals_sent += 1
             res.is_final = live.finals_sent == live.n  # only when every sequence is done (§1.6)
-            if era != "E0":
+            if not early:
                 res.finish_reasons = [seq.reason if seq.done else reason("NOT_FINISHED")]
                 res.sequence_index = seq.index
                 res.is_sequence_final = seq.done
@@ -1057,7 +1095,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
 
         @staticmethod
         def _client_id(req) -> tuple:
-            return () if era == "E0" else (req.client_id,)
+            return () if early else (req.client_id,)
 
         def _terminate_cancelled(self, live: _Live) -> None:
             """§1.10 (E2): the request ends with a final Response, finish reason CANCELLED and its
@@ -1133,7 +1171,7 @@ def write_engine_dir(path: Path, **limits) -> Path:
     return path
 
 
-def install(monkeypatch, era: str = "E2", **options) -> types.ModuleType:
+def install(monkeypatch, era: str = "1.0", **options) -> types.ModuleType:
     """Put the fake into sys.modules as `tensorrt_llm`, `tensorrt_llm.bindings` and
     `tensorrt_llm.bindings.executor` (undone by monkeypatch); returns the executor module."""
     import sys

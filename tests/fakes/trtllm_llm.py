@@ -1,24 +1,31 @@
-"""A faithful double of TensorRT-LLM's LLM API (`tensorrt_llm.LLM`, 1.x; the only serving API
-after the executor's removal in v1.3, `shared/reference/trtllm-executor.md` §0, §2).
+"""A faithful double of TensorRT-LLM's LLM API (`tensorrt_llm.LLM`, 1.x), PyTorch backend as it
+is, plus the TRT-flow backend where it differs.
 
-As in the real package, the LLM drives an executor (§2 "How the LLM API builds the executor
-Request"): here the executor double of `tests.fakes.trtllm_executor` (era E2), fed from an
-in-memory engine config, with one awaiter thread handing responses to each RequestOutput on the
-caller's event loop. What the LLM layer adds, per §2:
-  * `SamplingParams` (kw-only dataclass) with its validation: 0 <= top_p <= 1, top_k >= 0,
-    temperature >= 0; greedy implied when temperature, top_p and top_k are all None, or
-    top_k == 1, top_p == 0 or temperature == 0; n/best_of > 1 with greedy raises unless
-    TLLM_ALLOW_N_GREEDY_DECODING=1; end_id must be given when the tokenizer is skipped;
-  * `generate_async(inputs, sampling_params, streaming)` -> RequestOutput, both an async
-    iterator (yielding itself, updated, per step) and awaitable via `aresult()`;
-    `max_tokens` deduced as min(asked, max_seq_len - prompt_len); `end_id` -1 and no stop
-    words with `ignore_eos`; stop_token_ids / bad_token_ids as one-token words;
-  * CompletionOutput with cumulative `token_ids` and `logprobs` (a list of {token_id: Logprob}
-    per token, the 1.x shape), `finish_reason` in {'stop', 'length', 'timeout', 'cancelled'},
-    `stop_reason` (the stop token id), stop tokens trimmed unless include_stop_str_in_output,
-    diff helpers;
-  * `RequestOutput.abort()` -> executor.cancel_request, ending in 'cancelled'; per-request
-    error responses raise `RequestError` from the iteration.
+As in the real package, the LLM drives an executor: here the executor double of
+`tests.fakes.trtllm_executor` (era "1.0") with one awaiter thread handing responses to each
+RequestOutput on the event loop it was created on. What the LLM layer adds, each from upstream
+source (NVIDIA/TensorRT-LLM):
+  * `SamplingParams`, a kw-only dataclass (`tensorrt_llm/sampling_params.py`): an unknown
+    field is a TypeError, its validation a ValueError; greedy with n/best_of > 1 refused;
+  * `generate_async` (`llmapi/llm.py`, `executor/base_worker.py` `_enqueue_request`):
+    `RequestError` (a RuntimeError, `executor/utils.py`) raised at submission for one
+    request's failure: a prompt over max_num_tokens (`_check_arguments`, "should not exceed
+    max_num_tokens") or leaving no room under max_seq_len (`_deduce_max_tokens`' ValueError,
+    wrapped); `end_id=-1` with ignore_eos; `stop_words` with ignore_eos: kept by the
+    1.0-era worker (`executor/worker.py`), `[]` from 1.1 (`base_worker.py`: "stop_words=[] if
+    ignore_eos") -- the release boundary of that change is modelled, not pinned;
+  * the `RequestOutput` (`executor/result.py`) binds its async queue to the loop running at
+    creation ("if has_event_loop(): self.aqueue = AsyncQueue()"); created without one, async
+    iteration fails ("The asyncio event loop was not present during initialization");
+  * PyTorch backend, default TorchSampler (`_torch/pyexecutor/sampler.py`): the end token is
+    appended before the request finishes by END_ID, so it is in `token_ids`; one generator
+    seeded 42 serves every request (a client's seed does not reproduce); no penalty or min_p
+    code; from 1.1 logprobs are keyed by the top-k tokens of `log_softmax` (k = logprobs), so a
+    sampled token outside them has none. `sampler_type="TRTLLMSampler"` (1.1+) or
+    `enable_trtllm_sampler=True` (1.0) selects the C++ sampler instead: per-request seeds,
+    penalties, min_p, the sampled token's logprob;
+  * TRT-flow backend (`backend="tensorrt"`): the C++ executor's behaviour (end token
+    excluded, per-request seeds, sampled-token logprobs).
 
 Test hooks: `fake_executor` (the executor double inside), `fake_kill()`, `fake_fail_submit()`.
 """
@@ -30,6 +37,7 @@ import dataclasses
 import itertools
 import json
 import os
+import random
 import threading
 import types
 from collections import namedtuple
@@ -135,7 +143,9 @@ class CompletionOutput:
 class RequestOutput:
     """§2 RequestOutput: async-iterable (yields itself per update) and `aresult()`."""
 
-    def __init__(self, llm: LLM, rid: int, prompt_ids: list[int], params: SamplingParams, streaming: bool, stops):
+    def __init__(
+        self, llm: LLM, rid: int, prompt_ids: list[int], params: SamplingParams, streaming: bool, stops, sampler: str
+    ):
         self._llm = llm
         self.request_id = rid
         self.prompt = None
@@ -146,7 +156,11 @@ class RequestOutput:
         self._params = params
         self._streaming = streaming
         self._stops = stops
-        self._loop = asyncio.get_running_loop()
+        self._sampler = sampler  # "torch" (TorchSampler), "trtllm" (C++ sampler) or "trt" (TRT flow)
+        try:  # result.py: the async queue exists only when created on a running loop
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self._events: asyncio.Queue = asyncio.Queue()
         self._error: BaseException | None = None
         self._aborted = False
@@ -163,13 +177,32 @@ class RequestOutput:
         for o in self.outputs:
             o._last_token_ids_len, o._last_logprobs_len = len(o.token_ids), len(o.logprobs)
         new = list(res.output_token_ids[0])
+        name = res.finish_reasons[0].name if res.is_sequence_final else None
+        values = list(res.log_probs[0][len(out.logprobs) :]) if res.log_probs is not None else None
+        if name == "END_ID" and self._sampler != "trt":
+            # PyTorch backend: the end token is added before the request finishes by END_ID
+            new.append(self._params.end_id)
+            if values is not None:
+                context = self.prompt_token_ids + out.token_ids + new[:-1]
+                values.append(float(self._llm.fake_log_softmax(context, self._params)[self._params.end_id]))
+        base = self.prompt_token_ids + out.token_ids
         out.token_ids += new
-        if res.log_probs is not None:
-            values = res.log_probs[0][len(out.logprobs) :]  # the executor's list is cumulative
-            out.logprobs += [{t: Logprob(v, 1)} for t, v in zip(new, values, strict=False)]
+        if values is not None:
+            if self._sampler == "torch" and self._llm.fake_topk_logprobs:
+                k = int(self._params.logprobs or 1)  # keyed by the top-k tokens, not the sampled one
+                for i in range(len(new)):
+                    dist = self._llm.fake_log_softmax(base + new[:i], self._params)
+                    top = dist.topk(k)
+                    out.logprobs.append(
+                        {
+                            int(t): Logprob(float(v), r + 1)
+                            for r, (t, v) in enumerate(zip(top.indices, top.values, strict=True))
+                        }
+                    )
+            else:
+                out.logprobs += [{t: Logprob(v, 1)} for t, v in zip(new, values, strict=False)]
             out.cumulative_logprob = res.cum_log_probs[0] if res.cum_log_probs else None
         if res.is_sequence_final:
-            name = res.finish_reasons[0].name
             out.finish_reason = _FINISH.get(name)
             if name == "STOP_WORDS":
                 for word in self._stops:
@@ -193,6 +226,10 @@ class RequestOutput:
         return self
 
     async def __anext__(self) -> RequestOutput:
+        if self._loop is None:
+            raise AssertionError(
+                "The asyncio event loop was not present during initialization, so async operations are not available."
+            )
         if self._events.empty() and self.finished and self._error is None:
             raise StopAsyncIteration
         await self._events.get()
@@ -235,8 +272,14 @@ class KvCacheConfig:
 
 
 class LLM:
-    """§2 `LLM(model, tokenizer=None, ..., **kwargs)` over an HF checkpoint directory."""
+    """`LLM(model, tokenizer=None, ..., **kwargs)` over an HF checkpoint directory; its args
+    model forbids fields the release does not have (`fake_release_args`)."""
 
+    fake_release: ClassVar[str] = "1.2.0"
+    fake_backend: ClassVar[str] = "pytorch"
+    fake_release_args: ClassVar[frozenset[str]] = frozenset({"sampler_type"})
+    fake_topk_logprobs: ClassVar[bool] = True
+    fake_ignore_eos_drops_stops: ClassVar[bool] = True
     _llm_args: ClassVar[set[str]] = {
         "max_batch_size",
         "max_num_tokens",
@@ -256,7 +299,7 @@ class LLM:
     }
 
     def __init__(self, model, tokenizer=None, **kwargs):
-        unknown = set(kwargs) - self._llm_args
+        unknown = set(kwargs) - self._llm_args - self.fake_release_args
         if unknown:
             raise ValueError(f"TorchLlmArgs: extra fields not permitted: {sorted(unknown)}")
         config_file = Path(model) / "config.json"
@@ -275,7 +318,14 @@ class LLM:
             pipeline_parallel_size=kwargs.get("pipeline_parallel_size", 1),
             skip_tokenizer_init=bool(kwargs.get("skip_tokenizer_init", False)),
         )
-        self.fake_module = trtllm_executor.make_module("E2")
+        if self.fake_backend == "tensorrt":
+            self.fake_sampler = "trt"
+        elif kwargs.get("sampler_type") == "TRTLLMSampler" or kwargs.get("enable_trtllm_sampler"):
+            self.fake_sampler = "trtllm"
+        else:
+            self.fake_sampler = "torch"
+        self._global_generator = random.Random(42)  # TorchSampler: one generator seeded 42 for all
+        self.fake_module = trtllm_executor.make_module("1.0")
         tl = self.fake_module
         engine = trtllm_executor.engine_config(
             vocab_size=int(hf["vocab_size"]),
@@ -320,24 +370,42 @@ class LLM:
         if self.args.skip_tokenizer_init and (p.end_id is None or p.stop or p.bad):
             raise ValueError("without a tokenizer, end_id must be set and stop/bad strings cannot be encoded")
         prompt = [int(t) for t in inputs]
+        if len(prompt) > self.args.max_num_tokens:  # llm.py _check_arguments
+            raise RequestError(
+                f"The sum of prompt length ({float(len(prompt))}), query length (0) should not exceed max_num_tokens "
+                f"({self.args.max_num_tokens})"
+            )
+        room = self.args.max_seq_len - len(prompt)
+        if room <= 0:  # base_worker.py _deduce_max_tokens raises ValueError, wrapped in RequestError
+            raise RequestError(
+                f"`default_max_tokens` ({room}) must be greater than 0, `default_max_tokens` ({room}) = max_seq_len "
+                f"({self.args.max_seq_len}) - `splited_prompt_len` ({len(prompt)})"
+            )
         tl = self.fake_module
         width = max(p.n, p.best_of or 1)
+        torch_sampler = self.fake_sampler == "torch"
         sc = {
             "beam_width": 1,
             "num_return_sequences": width if width > 1 else None,
-            "seed": p.seed,
+            # TorchSampler: the client's seed is not used; draws come from the shared generator
+            "seed": self._global_generator.randrange(1 << 63) if torch_sampler else p.seed,
             "min_tokens": p.min_tokens,
-            "repetition_penalty": p.repetition_penalty,
-            "presence_penalty": p.presence_penalty,
-            "frequency_penalty": p.frequency_penalty,
-            "min_p": p.min_p,
         }
+        if not torch_sampler:  # TorchSampler has no penalty or min_p code
+            sc |= {
+                "repetition_penalty": p.repetition_penalty,
+                "presence_penalty": p.presence_penalty,
+                "frequency_penalty": p.frequency_penalty,
+                "min_p": p.min_p,
+            }
         if not p._greedy():
             sc |= {"top_k": p.top_k, "top_p": p.top_p, "temperature": p.temperature}
-        stops = [] if p.ignore_eos else [[t] for t in (p.stop_token_ids or [])]
+        stops = [[t] for t in (p.stop_token_ids or [])]
+        if p.ignore_eos and self.fake_ignore_eos_drops_stops:  # base_worker.py: stop_words=[] if ignore_eos
+            stops = []
         request = tl.Request(
             input_token_ids=prompt,
-            max_tokens=max(1, min(p.max_tokens, self.args.max_seq_len - len(prompt))),
+            max_tokens=max(1, min(p.max_tokens, room)),
             streaming=streaming,
             sampling_config=tl.SamplingConfig(**{k: v for k, v in sc.items() if v is not None}),
             output_config=tl.OutputConfig(return_log_probs=p.logprobs is not None, exclude_input_from_output=True),
@@ -351,7 +419,7 @@ class LLM:
         )
         with self._lock:
             rid = self.fake_executor.enqueue_request(request)
-            out = RequestOutput(self, rid, prompt, p, streaming, stops)
+            out = RequestOutput(self, rid, prompt, p, streaming, stops, self.fake_sampler)
             self._outputs[rid] = out
         return out
 
@@ -368,14 +436,15 @@ class LLM:
                         pending = list(self._outputs.values())
                         self._outputs.clear()
                     for out in pending:
-                        out._loop.call_soon_threadsafe(out._on_failure, RuntimeError(f"Executor worker died: {e}"))
+                        if out._loop is not None:
+                            out._loop.call_soon_threadsafe(out._on_failure, RuntimeError(f"Executor worker died: {e}"))
                 return
             for r in responses:
                 with self._lock:
                     out = self._outputs.get(r.request_id)
                     if out is not None and (r.has_error() or r.result.is_final):
                         del self._outputs[r.request_id]
-                if out is not None:
+                if out is not None and out._loop is not None:
                     out._loop.call_soon_threadsafe(out._on_response, r)
 
     def shutdown(self) -> None:
@@ -393,6 +462,13 @@ class LLM:
         return False
 
     # test hooks
+    def fake_log_softmax(self, context: list[int], params: SamplingParams):
+        """The distribution TorchSampler takes its top-k logprobs from."""
+        x = self.fake_executor.model.logits(context)
+        if params.embedding_bias is not None:
+            x[: len(params.embedding_bias)] += params.embedding_bias
+        return x.log_softmax(-1)
+
     def fake_kill(self, message: str = "executor worker died") -> None:
         self.fake_executor.fake_kill(message)
 
@@ -401,33 +477,61 @@ class LLM:
         self._fail_submit = error
 
 
-def install(monkeypatch, *, version: str = "1.3.0") -> types.ModuleType:
+RELEASES = {
+    # release: (args that select the sampler, TorchSampler keys logprobs by top-k, ignore_eos drops stop words)
+    "1.0.0": (frozenset({"enable_trtllm_sampler"}), False, False),
+    "1.2.0": (frozenset({"sampler_type"}), True, True),
+    "1.3.0": (frozenset({"sampler_type"}), True, True),
+}
+
+
+def install(
+    monkeypatch, *, version: str = "1.2.0", backend: str = "pytorch", sampler_switch: bool = True
+) -> types.ModuleType:
     """Put the LLM API double into sys.modules as `tensorrt_llm` (with `tensorrt_llm.llmapi`,
-    `tensorrt_llm.executor`, and a `tensorrt_llm.bindings.executor` that, as after v1.3.0rc20,
-    has the config classes but no `Executor`); returns the top-level module."""
+    `tensorrt_llm.executor`, and `tensorrt_llm.bindings.executor` -- without `Executor` from
+    1.3, as after v1.3.0rc20); returns the top-level module.
+
+    Args:
+        version: one of RELEASES.
+        backend: "pytorch" (the 1.x default) or "tensorrt" (the TRT flow).
+        sampler_switch: False models a release whose LLM args have no way to pick the C++
+            sampler (TorchSampler only).
+    """
     import sys
 
+    switch, topk, drops = RELEASES[version]
     top = types.ModuleType("tensorrt_llm")
     top.__version__ = version
-    top.LLM = LLM
     top.SamplingParams = SamplingParams
     top.fake_instances = []
-    original_init = LLM.__init__
 
     class TrackedLLM(LLM):
+        fake_release = version
+        fake_backend = backend
+        fake_release_args = switch if sampler_switch else frozenset()
+        fake_topk_logprobs = topk
+        fake_ignore_eos_drops_stops = drops
+
         def __init__(self, *args, **kwargs):
-            original_init(self, *args, **kwargs)
+            super().__init__(*args, **kwargs)
             top.fake_instances.append(self)
+
+    class TorchLlmArgs:  # the pydantic args model: its fields are what LLM(**kwargs) accepts
+        model_fields: ClassVar[dict[str, None]] = dict.fromkeys(LLM._llm_args | TrackedLLM.fake_release_args)
 
     top.LLM = TrackedLLM
     llmapi = types.ModuleType("tensorrt_llm.llmapi")
     llmapi.KvCacheConfig = KvCacheConfig
     llmapi.LLM = TrackedLLM
     llmapi.SamplingParams = SamplingParams
+    llmapi.TorchLlmArgs = TorchLlmArgs
     executor_pkg = types.ModuleType("tensorrt_llm.executor")
-    executor_pkg.RequestError = RequestError
-    bindings_exec = trtllm_executor.make_module("E2")
-    del bindings_exec.Executor  # PR #16369: the Executor binding class is gone (§0)
+    executor_utils = types.ModuleType("tensorrt_llm.executor.utils")
+    executor_pkg.RequestError = executor_utils.RequestError = RequestError
+    bindings_exec = trtllm_executor.make_module("1.0")
+    if version >= "1.3":
+        del bindings_exec.Executor  # PR #16369: the Executor binding class is gone
     bindings = types.ModuleType("tensorrt_llm.bindings")
     bindings.executor = bindings_exec
     top.llmapi, top.executor, top.bindings = llmapi, executor_pkg, bindings
@@ -435,6 +539,7 @@ def install(monkeypatch, *, version: str = "1.3.0") -> types.ModuleType:
         "tensorrt_llm": top,
         "tensorrt_llm.llmapi": llmapi,
         "tensorrt_llm.executor": executor_pkg,
+        "tensorrt_llm.executor.utils": executor_utils,
         "tensorrt_llm.bindings": bindings,
         "tensorrt_llm.bindings.executor": bindings_exec,
     }.items():

@@ -22,8 +22,8 @@ async def _run(*argv: str) -> tuple[int, str]:
 
 async def test_import_core_never_imports_tensorrt_llm():
     code = (
-        "import sys, core, core.server, core.engine.registry, core.engine.hf, core.engine.trtllm, "
-        "core.engine.trtllm_llm, core.engine.trtllm_defaults\n"
+        "import sys, core, core.server, core.engine.registry, core.engine.hf, core.engine.trtllm.executor, "
+        "core.engine.trtllm.llm, core.engine.trtllm.defaults\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'tensorrt_llm')\n"
         "print('imported:', bad); sys.exit(1 if bad else 0)"
     )

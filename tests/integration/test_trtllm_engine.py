@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from core.engine import trtllm
+from core.engine.trtllm import executor as trtllm
 from core.errors import InvalidArgument, NotReady
 from core.tokenizer import Tokenizer
 from core.types import EngineRequest, RequestState, SamplingOptions
@@ -35,7 +35,7 @@ from tests.fakes.trtllm_harness import (
 from tests.fakes.trtllm_model import FakeModel
 from tests.integration.core_helpers import wait_for, wait_health, wait_idle
 
-ERAS = ["E0", "E1", "E2"]
+ERAS = ["0.11", "0.15", "1.0"]
 MODEL = FakeModel(4096)
 
 
@@ -116,7 +116,7 @@ async def test_streams_greedy_tokens_in_order(monkeypatch, tokenizer, engine_out
         assert r.streaming is True and r.end_id == 2 and r.pad_id == 0
         assert r.stop_words == [[7]]  # the other EOS id, as a one-token stop word
         assert r.output_config.exclude_input_from_output is True
-        seed = r.sampling_config.random_seed if era == "E0" else r.sampling_config.seed
+        seed = r.sampling_config.random_seed if era == "0.11" else r.sampling_config.seed
         assert seed == msgs[-1].seed
         assert tl.fake_era == era
         assert server.engine.stats().active == 0 and server.engine.stats().queued == 0
@@ -128,7 +128,7 @@ async def test_several_responses_in_one_batch_are_concatenated(monkeypatch, toke
     # §1.11: a consumer that falls behind gets several Responses of one id in one batch, and the
     # final one may be empty (END_ID is excluded). Responses are built by hand (§1.9: Result and
     # Response are constructible) and dispatched as the awaiter would.
-    tl = trtllm_executor.install(monkeypatch, "E2")
+    tl = trtllm_executor.install(monkeypatch, "1.0")
     engine = trtllm.build(core_config(engine_out(), engine="trtllm"), tokenizer)
     await engine.start()
     try:
@@ -164,7 +164,7 @@ async def test_several_responses_in_one_batch_are_concatenated(monkeypatch, toke
 
 
 async def test_concurrent_requests_batch_in_flight(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     prompts = [f"prompt number {i}" for i in range(8)]
     async with serve_engine(trtllm.build, engine_out(max_batch_size=4), tokenizer, engine="trtllm") as (server, stub):
         results = await asyncio.gather(*(collect(stub, request(p, stopping={"max_new_tokens": 6})) for p in prompts))
@@ -192,7 +192,7 @@ DEFAULT_CASES = [
 
 @pytest.mark.parametrize("client, effective, sent_values", DEFAULT_CASES)
 async def test_sampling_defaults_reported_and_sent(monkeypatch, tokenizer, engine_out, client, effective, sent_values):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         msgs = await collect(stub, request(sampling=dict(client), stopping={"max_new_tokens": 2}))
         eff = msgs[-1].effective_sampling
@@ -213,7 +213,7 @@ async def test_sampling_defaults_reported_and_sent(monkeypatch, tokenizer, engin
 
 
 async def test_seeds_are_random_unless_given_and_reproducible(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         a = await collect(stub, request(sampling={"do_sample": True}, stopping={"max_new_tokens": 6}))
         b = await collect(stub, request(sampling={"do_sample": True}, stopping={"max_new_tokens": 6}))
@@ -249,7 +249,7 @@ async def test_stop_token_ends_with_its_id(monkeypatch, tokenizer, engine_out, e
 
 
 async def test_stop_string_matched_on_text(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     prompt = tokenizer.encode("hello")
     greedy, _ = MODEL.greedy(prompt, 16)
     full = tokenizer.decode(greedy)
@@ -289,7 +289,7 @@ async def test_eos_ends_the_sequence_and_is_excluded(monkeypatch, tokenizer, eng
 
 
 async def test_other_eos_id_is_a_stop_word_reported_as_eos(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (_server, stub):
         msgs = await collect(stub, request(sampling={"logit_bias": {7: 100.0}}, stopping={"max_new_tokens": 10}))
         assert finish_of(msgs).finish_reason == pb.FINISH_REASON_EOS
@@ -297,7 +297,7 @@ async def test_other_eos_id_is_a_stop_word_reported_as_eos(monkeypatch, tokenize
 
 
 async def test_ignore_eos_sends_no_end_id(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         msgs = await collect(
             stub, request(sampling={"logit_bias": {2: 100.0}}, stopping={"max_new_tokens": 4, "ignore_eos": True})
@@ -309,7 +309,7 @@ async def test_ignore_eos_sends_no_end_id(monkeypatch, tokenizer, engine_out):
 
 
 async def test_min_new_tokens_defers_stop_tokens_to_the_engine(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     prompt = tokenizer.encode("hello")
     greedy, _ = MODEL.greedy(prompt, 10)
     i = _first_unique(greedy, 4)
@@ -334,7 +334,7 @@ async def test_min_new_tokens_defers_stop_tokens_to_the_engine(monkeypatch, toke
 
 
 async def test_bad_words_are_banned(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     prompt = tokenizer.encode("hello")
     greedy, _ = MODEL.greedy(prompt, 1)
     word = tokenizer.decode([greedy[0]])
@@ -347,7 +347,7 @@ async def test_bad_words_are_banned(monkeypatch, tokenizer, engine_out):
 # --------------------------------------------------------------------------------- n, logprobs
 
 
-@pytest.mark.parametrize("era", ["E1", "E2"])
+@pytest.mark.parametrize("era", ["1.0"])
 async def test_n_sequences_come_back_by_index(monkeypatch, tokenizer, engine_out, era):
     trtllm_executor.install(monkeypatch, era)
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
@@ -367,8 +367,9 @@ async def test_n_sequences_come_back_by_index(monkeypatch, tokenizer, engine_out
         assert sent(server).sampling_config.num_return_sequences == 3
 
 
-async def test_n_is_refused_without_num_return_sequences(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E0")
+@pytest.mark.parametrize("era", ["0.11", "0.15"])  # 0.15 has it on the Request only, which we do not use
+async def test_n_is_refused_without_num_return_sequences(monkeypatch, tokenizer, engine_out, era):
+    trtllm_executor.install(monkeypatch, era)
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (_server, stub):
         info = await stub.GetModelInfo(spb.GetModelInfoRequest())
         assert info.max_n == 1
@@ -393,7 +394,7 @@ async def test_logprobs_are_per_token(monkeypatch, tokenizer, engine_out, era):
 
 
 async def test_top_logprobs_are_refused(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub, request(output={"logprobs": True, "top_logprobs": 2}))
@@ -403,7 +404,7 @@ async def test_top_logprobs_are_refused(monkeypatch, tokenizer, engine_out):
 
 
 async def test_prompt_logprobs_need_context_logits(monkeypatch, tokenizer, engine_out, tmp_path, tiny_model_dir):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (_server, stub):
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub, request(output={"prompt_logprobs": 0}))
@@ -463,7 +464,7 @@ async def test_cancel_reaches_the_executor_and_leaks_nothing(monkeypatch, tokeni
 
 
 async def test_engine_level_cancel_ends_with_cancelled(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     config = core_config(engine_out(), engine="trtllm")
     engine = trtllm.build(config, tokenizer)
     await engine.start()
@@ -491,7 +492,7 @@ async def test_engine_level_cancel_ends_with_cancelled(monkeypatch, tokenizer, e
 
 
 async def test_prompt_too_long_fails_before_any_message(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(max_input_len=32), tokenizer, engine="trtllm") as (server, stub):
         call = stub.Generate(spb.GenerateRequest(token_ids=pb.TokenIds(ids=[100] * 40)))
         with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -504,7 +505,7 @@ async def test_prompt_too_long_fails_before_any_message(monkeypatch, tokenizer, 
 async def test_error_response_maps_to_invalid_argument(monkeypatch, tokenizer, engine_out):
     # §1.5: max_utilization + streaming + no chunked context rejects prompt + max_tokens - 1 >
     # max_input_len with an error Response (after the request was queued).
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(
         trtllm.build, engine_out(max_input_len=32), tokenizer, engine="trtllm", trt_scheduler_policy="max_utilization"
     ) as (server, stub):
@@ -519,7 +520,7 @@ async def test_error_response_maps_to_invalid_argument(monkeypatch, tokenizer, e
 
 
 async def test_forward_failure_is_internal(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         call = stub.Generate(request(stopping={"max_new_tokens": 400, "ignore_eos": True}))
         with pytest.raises(grpc.aio.AioRpcError) as e:
@@ -535,7 +536,7 @@ async def test_forward_failure_is_internal(monkeypatch, tokenizer, engine_out):
 
 
 async def test_dead_executor_flips_health(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         call = stub.Generate(request(stopping={"max_new_tokens": 400, "ignore_eos": True}))
         await call.read()
@@ -554,7 +555,7 @@ async def test_dead_executor_flips_health(monkeypatch, tokenizer, engine_out):
 
 
 async def test_request_stats_give_scheduled_before_tokens(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     config = core_config(
         engine_out(),
         engine="trtllm",
@@ -579,7 +580,7 @@ async def test_request_stats_give_scheduled_before_tokens(monkeypatch, tokenizer
 
 
 async def test_model_info_reports_trtllm_defaults(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E1")
+    trtllm_executor.install(monkeypatch, "0.15")
     async with serve_engine(trtllm.build, engine_out(max_seq_len=300), tokenizer, engine="trtllm") as (_server, stub):
         info = await stub.GetModelInfo(spb.GetModelInfoRequest())
         assert info.engine == "trtllm" and info.max_context_length == 300 and info.max_num_beams == 1
@@ -587,14 +588,14 @@ async def test_model_info_reports_trtllm_defaults(monkeypatch, tokenizer, engine
         assert not g.do_sample and g.temperature == pytest.approx(0.8)
         assert not g.HasField("top_k") and not g.HasField("top_p")
         assert s.do_sample and s.top_k == 5 and s.top_p == pytest.approx(0.85) and s.temperature == pytest.approx(1.0)
-        assert set(info.unsupported_sampling_fields) == {"typical_p", "min_p"}  # E1 has no min_p
+        assert set(info.unsupported_sampling_fields) == {"typical_p", "min_p"}  # 0.15 has no min_p
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub, request(sampling={"do_sample": True, "min_p": 0.1}))
         assert GatewayError.from_rpc_error(e.value).param == "sampling.min_p"
 
 
 async def test_session_continues_from_the_generated_tokens(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         first = await collect(stub, request(session_id="s", stopping={"max_new_tokens": 3}))
         await collect(stub, spb.GenerateRequest(session_id="s", stopping=pb.StoppingParams(max_new_tokens=2)))
@@ -603,7 +604,7 @@ async def test_session_continues_from_the_generated_tokens(monkeypatch, tokenize
 
 
 async def test_shutdown_stops_executor_and_awaiter(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         await collect(stub, request(stopping={"max_new_tokens": 2}))
         engine = server.engine
@@ -617,7 +618,7 @@ async def test_shutdown_stops_executor_and_awaiter(monkeypatch, tokenizer, engin
 
 
 async def test_start_checks_engine_and_options(monkeypatch, tokenizer, tmp_path, tiny_model_dir):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     multi = make_engine_output(tmp_path / "tp2", tiny_model_dir, tp=2)
     engine = trtllm.build(core_config(multi, engine="trtllm"), tokenizer)
     with pytest.raises(RuntimeError, match="mpirun -n 2"):
@@ -643,14 +644,14 @@ def test_missing_tensorrt_llm_names_the_extra(monkeypatch, tokenizer, tiny_model
 
 
 def test_release_without_executor_points_to_trtllm_llm(monkeypatch, tokenizer, engine_out):
-    trtllm_llm.install(monkeypatch)
+    trtllm_llm.install(monkeypatch, version="1.3.0")
     with pytest.raises(RuntimeError, match="--engine trtllm-llm"):
         trtllm.build(core_config(engine_out(), engine="trtllm"), tokenizer)
 
 
 def test_follower_rank_waits_for_the_leader(monkeypatch, tmp_path, tiny_model_dir):
     out = make_engine_output(tmp_path / "tp2", tiny_model_dir, tp=2)
-    tl = trtllm_executor.install(monkeypatch, "E2", rank=1)
+    tl = trtllm_executor.install(monkeypatch, "1.0", rank=1)
     mpi = types.ModuleType("mpi4py")
     mpi.MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Get_rank=lambda: 1, Get_size=lambda: 2))
     monkeypatch.setitem(sys.modules, "mpi4py", mpi)
@@ -668,7 +669,7 @@ def test_follower_rank_waits_for_the_leader(monkeypatch, tmp_path, tiny_model_di
 
 
 async def test_engine_refuses_before_start_duplicates_and_non_leader(monkeypatch, tokenizer, engine_out, caplog):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     engine = trtllm.build(core_config(engine_out(), engine="trtllm"), tokenizer)
     req = EngineRequest(
         "d#1", tokenizer.encode("hi"), engine.resolve_sampling(SamplingOptions(), random_seed=1), 300, ignore_eos=True
@@ -693,14 +694,14 @@ async def test_engine_refuses_before_start_duplicates_and_non_leader(monkeypatch
     assert "executor shutdown: dead" in caplog.text and not engine.alive
     await gen.aclose()
 
-    trtllm_executor.install(monkeypatch, "E2", rank=1)  # a rank that cannot enqueue, without mpirun
+    trtllm_executor.install(monkeypatch, "1.0", rank=1)  # a rank that cannot enqueue, without mpirun
     engine = trtllm.build(core_config(engine_out(), engine="trtllm"), tokenizer)
     with pytest.raises(RuntimeError, match="only MPI rank 0 serves gRPC"):
         await engine.start()
 
 
 async def test_time_limit_ends_a_request_stuck_in_the_queue(monkeypatch, tokenizer, engine_out):
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(), tokenizer, engine="trtllm") as (server, stub):
         ex = executor_of(server)
         ex.fake_pause()

@@ -11,7 +11,8 @@ from grpc_health.v1 import health_pb2
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from core.engine import trtllm, trtllm_llm
+from core.engine.trtllm import executor as trtllm
+from core.engine.trtllm import llm as trtllm_llm
 from core.errors import InvalidArgument, NotReady
 from core.tokenizer import Tokenizer
 from core.types import EngineRequest, ResolvedSampling, SamplingOptions
@@ -273,7 +274,7 @@ def test_engines_need_an_eos_token(fake, tiny_model_dir):
         vocab_size=4096,
     )
     with pytest.raises(RuntimeError, match="no EOS token"):
-        trtllm.TrtllmEngine(trtllm_executor.make_module("E2"), layout, no_eos, trtllm.TrtllmOptions())
+        trtllm.TrtllmEngine(trtllm_executor.make_module("1.0"), layout, no_eos, trtllm.TrtllmOptions())
 
 
 async def test_a_request_output_that_ends_without_a_final_update_is_internal(fake, tokenizer, tiny_model_dir):
@@ -301,7 +302,7 @@ async def test_a_bug_reading_an_update_fails_the_request_not_the_engine(fake, to
         def broken(live, ro):
             raise KeyError("sequence_index")
 
-        monkeypatch.setattr(server.engine, "_outputs", broken)
+        monkeypatch.setattr(server.engine, "_read", broken)
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub, request())
         assert e.value.code() == grpc.StatusCode.INTERNAL and "Cannot read the LLM's output" in e.value.details()

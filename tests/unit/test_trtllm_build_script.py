@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -14,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from core.config import CoreConfig
-from core.engine import trtllm
 from core.engine.registry import tokenizer_path
+from core.engine.trtllm import executor as trtllm
 from core.tokenizer import Tokenizer
 from core.types import EngineRequest, SamplingOptions
-from tests.fakes import trtllm_executor
+from tests.fakes import trtllm_converters, trtllm_executor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -280,7 +281,7 @@ async def test_full_build_writes_a_manifest_the_engine_serves(tools, hf_dir, tmp
     config = CoreConfig(model=str(out), engine="trtllm", max_queue_size=8)
     assert tokenizer_path(config) == str(out / "tokenizer")
     tokenizer = Tokenizer.load(tokenizer_path(config))
-    trtllm_executor.install(monkeypatch, "E2")
+    trtllm_executor.install(monkeypatch, "1.0")
     engine = trtllm.build(config, tokenizer)
     assert engine.layout.engine_dir == out / "engine" and engine.info.max_context_length == 512
     await engine.start()
@@ -331,3 +332,67 @@ def test_defaults_come_from_the_checkpoint(tools, hf_dir, tmp_path, capsys):
     assert "--max-seq-len is required" in capsys.readouterr().err
     assert script.main([*base, "--max-seq-len", "64", "--python", "/nonexistent/python", "--dry-run"]) == 2
     assert "--python /nonexistent/python: not found" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- converter flags
+
+
+FAMILY_OF = {
+    "llama": "llama",
+    "qwen": "qwen2",
+    "gemma": "gemma",
+    "phi": "phi3",
+    "gpt": "gpt2",
+    "falcon": "falcon",
+    "gptj": "gptj",
+    "gptneox": "gpt_neox",
+}
+
+
+@pytest.mark.parametrize("layout", ["old", "new"])
+@pytest.mark.parametrize("family", sorted(FAMILY_OF))
+@pytest.mark.parametrize("quantization", ["none", "int8_wo", "int4_wo", "int8_kv", "fp8"])
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (1, 2)])
+def test_generated_commands_parse_with_the_converters_real_flags(
+    tmp_path, hf_dir, family, layout, quantization, tp, pp, capsys
+):
+    """Every command the script prints parses with the converter's argparse flags as
+    transcribed from upstream (tests/fakes/trtllm_converters.py cites file and commit), or the
+    script refuses the combination before running anything (exit 2)."""
+    examples = tmp_path / "examples"
+    rel = {"old": family, "new": f"models/{'contrib' if family in script.CONTRIB else 'core'}/{family}"}[layout]
+    for path in (examples / rel / "convert_checkpoint.py", examples / "quantization" / "quantize.py"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    _edit_config(hf_dir, model_type=FAMILY_OF[family], num_attention_heads=4)
+    flags = ["--quantization", quantization, "--tp", str(tp), "--pp", str(pp), "--dry-run"]
+    rc = script.main(args(hf_dir, tmp_path / "out", examples, *flags))
+    out, err = capsys.readouterr()
+    if rc == 2:  # refused up front: only combinations the converter cannot run
+        assert (quantization == "int8_kv" and family in script.NO_INT8_KV) or (
+            pp > 1 and family in script.TP_ONLY and quantization != "fp8"
+        ), err
+        return
+    assert rc == 0, err
+    argv = shlex.split(out.splitlines()[0])[2:]
+    which = ("quantize", "any") if quantization == "fp8" else (family, layout)
+    ns = trtllm_converters.parse(*which, argv)  # raises on a flag the converter does not have
+    if which[0] == "gemma":
+        assert ns.ckpt_type == "hf" and ns.world_size == tp
+    elif which[0] != "quantize":
+        assert (ns.tp_size, ns.pp_size) == (tp, pp)
+
+
+@pytest.mark.parametrize(
+    "family, layout, argv",
+    [
+        ("gemma", "old", ["--model_dir", "m", "--output_dir", "o", "--tp_size", "1"]),  # the 0.x script
+        ("gptj", "old", ["--model_dir", "m", "--int8_kv_cache"]),
+        ("gptneox", "new", ["--model_dir", "m", "--int8_kv_cache"]),
+        ("gptneox", "new", ["--model_dir", "m", "--dtype", "auto"]),
+    ],
+)
+def test_the_transcribed_flags_refuse_what_upstream_refuses(family, layout, argv):
+    """Commands the script printed before the fix, as the real converters answer them."""
+    with pytest.raises(ValueError):
+        trtllm_converters.parse(family, layout, argv)

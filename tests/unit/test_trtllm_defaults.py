@@ -1,4 +1,4 @@
-"""The TensorRT-LLM sampling defaults (core.engine.trtllm_defaults), as a table.
+"""The TensorRT-LLM sampling defaults (core.engine.trtllm.defaults), as a table.
 
 Source: the LMI seed's "Additional TensorRT-LLM Generation Parameters" table and
 trtllm-executor.md §1.6 / §7.2-7.4 / §7.15 (see the module docstring).
@@ -10,8 +10,9 @@ import itertools
 
 import pytest
 
-from core.engine.trtllm import BindingApi, sampling_kwargs
-from core.engine.trtllm_defaults import resolve_trtllm_sampling
+from core.engine.trtllm.bindings import BindingApi
+from core.engine.trtllm.defaults import resolve_trtllm_sampling
+from core.engine.trtllm.mapping import sampling_kwargs
 from core.types import SamplingOptions
 
 SEED = 4242

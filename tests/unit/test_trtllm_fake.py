@@ -42,7 +42,7 @@ def request(tl, **kw):
     era = tl.fake_era
     length = kw.pop("max_tokens", 4)
     kw.setdefault("end_id", 2)
-    if era == "E0":
+    if era == "0.11":
         return tl.Request(kw.pop("input_token_ids", PROMPT), length, **kw)
     return tl.Request(input_token_ids=kw.pop("input_token_ids", PROMPT), max_tokens=length, **kw)
 
@@ -51,7 +51,7 @@ def request(tl, **kw):
 
 
 def test_recent_naming_is_keyword_only():
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     assert tl.SamplingConfig(beam_width=1, top_k=5, seed=3, min_tokens=2).seed == 3
     with pytest.raises(TypeError):
         tl.SamplingConfig(1, 5)
@@ -68,32 +68,47 @@ def test_recent_naming_is_keyword_only():
 
 
 def test_mid_naming_accepts_both_and_the_new_one_wins():
-    tl = trtllm_executor.make_module("E1")
+    tl = trtllm_executor.make_module("0.15")
     sc = tl.SamplingConfig(seed=1, random_seed=2, min_length=4)
     assert (sc.seed, sc.random_seed, sc.min_tokens, sc.min_length) == (1, 1, 4, 4)
     assert tl.Request([1], max_new_tokens=5).max_new_tokens == 5
     with pytest.raises(TypeError, match="max_tokens"):
         tl.Request([1])
     with pytest.raises(TypeError):
-        tl.SamplingConfig(min_p=0.1)  # min_p is E2
+        tl.SamplingConfig(min_p=0.1)  # min_p is later
+    with pytest.raises(TypeError):
+        tl.SamplingConfig(num_return_sequences=2)  # on the Request in this shape
+    assert tl.Request([1], max_tokens=2, num_return_sequences=2).num_return_sequences == 2
     assert not hasattr(tl.FinishReason, "CANCELLED")
 
 
-def test_early_naming_requires_old_names():
-    tl = trtllm_executor.make_module("E0")
+def test_early_shape_is_the_0_11_bindings():
+    """bindings.cpp at 0.11.0.dev2024062500 (the 0.11 branch point): positional-or-keyword
+    Request/SamplingConfig with the old names only; no FinishReason, finish_reasons,
+    sequence_index or client_id; ExecutorConfig without max_queue_size/max_num_tokens and
+    max_batch_size only in its constructor; no STATIC_BATCH; no module __version__."""
+    tl = trtllm_executor.make_module("0.11")
     assert tl.SamplingConfig(1, 5).top_k == 5  # positional-or-keyword
     assert tl.SamplingConfig(random_seed=3).random_seed == 3
-    for new in ("seed", "min_tokens", "num_return_sequences"):
+    for new in ("seed", "min_tokens", "num_return_sequences", "min_p"):
         with pytest.raises(TypeError):
             tl.SamplingConfig(**{new: 1})
     with pytest.raises(TypeError):
         tl.Request([1], max_tokens=5)
-    assert tl.Request([1], 5).max_new_tokens == 5
-    assert hasattr(tl, "SchedulerPolicy") and not hasattr(tl, "FinishReason")
-    assert not hasattr(tl.ExecutorConfig(), "max_queue_size")
-    with pytest.raises(AttributeError):
-        tl.ExecutorConfig().max_queue_size = 3
-    assert not hasattr(tl.Result(), "finish_reasons")
+    with pytest.raises(TypeError):
+        tl.Request([1], 5, client_id=3)
+    assert tl.Request([1], 5, True).streaming is True  # positional streaming
+    assert not hasattr(tl, "FinishReason") and not hasattr(tl, "__version__")
+    assert not hasattr(tl.CapacitySchedulerPolicy, "STATIC_BATCH")
+    cfg = tl.ExecutorConfig(max_batch_size=4)
+    assert not hasattr(cfg, "max_batch_size") and not hasattr(cfg, "max_queue_size")
+    with pytest.raises(TypeError):
+        tl.ExecutorConfig(max_queue_size=3)
+    with pytest.raises(TypeError):
+        tl.ExecutorConfig(max_num_tokens=3)
+    result = tl.Result()
+    assert not hasattr(result, "finish_reasons") and not hasattr(result, "sequence_index")
+    assert not hasattr(tl.Response(1, result), "client_id")
 
 
 # ------------------------------------------------------------------------- SamplingConfig validation (§1.6)
@@ -115,13 +130,13 @@ def test_early_naming_requires_old_names():
     ],
 )
 def test_sampling_config_validation(fields):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     with pytest.raises(RuntimeError, match="Assertion failed"):
         tl.SamplingConfig(**fields)
 
 
 def test_sampling_config_unset_reads_none_and_seed_is_unsigned():
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     sc = tl.SamplingConfig()
     assert (sc.top_k, sc.top_p, sc.temperature, sc.seed, sc.num_return_sequences) == (None,) * 5
     assert tl.SamplingConfig(num_return_sequences=3).num_return_sequences == 3  # beam_width 1: any n
@@ -133,7 +148,7 @@ def test_sampling_config_unset_reads_none_and_seed_is_unsigned():
 
 
 def test_ids_are_unique_increasing_and_shutdown_refuses(engine_dir):
-    tl = trtllm_executor.make_module("E2", first_request_id=None)
+    tl = trtllm_executor.make_module("1.0", first_request_id=None)
     ex = executor(tl, engine_dir)
     try:
         ids = [ex.enqueue_request(request(tl)) for _ in range(3)]
@@ -154,7 +169,7 @@ def test_ids_are_unique_increasing_and_shutdown_refuses(engine_dir):
 
 
 def test_queue_full_counts_child_requests(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     ex = executor(tl, engine_dir, max_queue_size=3)
     try:
         ex.fake_pause()
@@ -170,7 +185,7 @@ def test_queue_full_counts_child_requests(engine_dir):
 
 
 def test_prompt_too_long_is_one_error_response(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     with executor(tl, engine_dir) as ex:
         rid = ex.enqueue_request(request(tl, input_token_ids=[5] * 17))
         [r] = drain(ex, rid)
@@ -179,7 +194,7 @@ def test_prompt_too_long_is_one_error_response(engine_dir):
             r.result  # noqa: B018 (the binding throws)
 
 
-@pytest.mark.parametrize("era", ["E0", "E1", "E2"])
+@pytest.mark.parametrize("era", ["0.11", "0.15", "1.0"])
 def test_streaming_greedy_is_deterministic_one_token_per_response(engine_dir, era):
     tl = trtllm_executor.make_module(era)
     with executor(tl, engine_dir) as ex:
@@ -189,14 +204,14 @@ def test_streaming_greedy_is_deterministic_one_token_per_response(engine_dir, er
             responses = drain(ex, rid)
             assert [len(r.result.output_token_ids[0]) for r in responses] == [1] * 5
             assert [r.result.is_final for r in responses] == [False] * 4 + [True]
-            if era != "E0":
+            if era != "0.11":
                 assert [r.result.finish_reasons[0].name for r in responses] == ["NOT_FINISHED"] * 4 + ["LENGTH"]
             runs.append([r.result.output_token_ids[0][0] for r in responses])
         assert runs[0] == runs[1] == MODEL.greedy(PROMPT, 5)[0]
 
 
 def test_end_id_is_excluded_and_the_final_response_is_empty(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     bias = torch.zeros(4096)
     bias[2] = 100.0
     with executor(tl, engine_dir) as ex:
@@ -219,7 +234,7 @@ def test_end_id_is_excluded_and_the_final_response_is_empty(engine_dir):
 
 
 def test_stop_words_stay_in_the_output(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     greedy, _ = MODEL.greedy(PROMPT, 6)
     with executor(tl, engine_dir) as ex:
         rid = ex.enqueue_request(request(tl, streaming=True, max_tokens=6, stop_words=[greedy[2:4]]))
@@ -229,7 +244,7 @@ def test_stop_words_stay_in_the_output(engine_dir):
 
 
 def test_length_is_clipped_to_max_seq_len(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     with executor(tl, engine_dir) as ex:
         rid = ex.enqueue_request(request(tl, streaming=True, max_tokens=100, input_token_ids=[5] * 10))
         responses = drain(ex, rid)
@@ -237,7 +252,7 @@ def test_length_is_clipped_to_max_seq_len(engine_dir):
 
 
 def test_non_streaming_includes_the_prompt_unless_excluded(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     greedy, _ = MODEL.greedy(PROMPT, 3)
     with executor(tl, engine_dir) as ex:
         [r] = drain(ex, ex.enqueue_request(request(tl, max_tokens=3)))
@@ -248,7 +263,7 @@ def test_non_streaming_includes_the_prompt_unless_excluded(engine_dir):
 
 
 def test_log_probs_are_cumulative_per_response(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     _, lps = MODEL.greedy(PROMPT, 3)
     oc = tl.OutputConfig(return_log_probs=True)
     with executor(tl, engine_dir) as ex:
@@ -258,7 +273,7 @@ def test_log_probs_are_cumulative_per_response(engine_dir):
 
 
 def test_num_return_sequences_gives_child_responses(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     sc = tl.SamplingConfig(num_return_sequences=2, top_k=5, seed=1)
     with executor(tl, engine_dir) as ex:
         responses = drain(ex, ex.enqueue_request(request(tl, streaming=True, max_tokens=3, sampling_config=sc)))
@@ -271,7 +286,7 @@ def test_num_return_sequences_gives_child_responses(engine_dir):
 
 
 def test_await_timeout_and_terminated_ids(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     with executor(tl, engine_dir) as ex:
         assert ex.await_responses(timeout=MS) == []
         ex.fake_pause()
@@ -286,11 +301,12 @@ def test_await_timeout_and_terminated_ids(engine_dir):
         assert r.has_error() and r.error_msg == f"ReqId {rid} has already been processed and was terminated."
         assert ex.await_responses([rid], timeout=MS)[0][0].has_error()
         with pytest.raises(TypeError):
-            ex.await_responses(timeout=5)
+            ex.await_responses(timeout=5)  # pybind11's chrono caster: an int is refused
+        assert ex.await_responses(timeout=0.01) == []  # a float is seconds
 
 
 def test_shutdown_wakes_a_blocked_awaiter(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     ex = executor(tl, engine_dir)
     got = []
     waiter = threading.Thread(target=lambda: got.append(ex.await_responses()))
@@ -305,7 +321,7 @@ def test_shutdown_wakes_a_blocked_awaiter(engine_dir):
 # ------------------------------------------------------------------------- cancellation (§1.10)
 
 
-@pytest.mark.parametrize("era, reason", [("E2", "CANCELLED"), ("E1", "NOT_FINISHED")])
+@pytest.mark.parametrize("era, reason", [("1.0", "CANCELLED"), ("0.15", "NOT_FINISHED")])
 def test_cancel_takes_effect_on_the_next_step_with_no_tokens(engine_dir, era, reason):
     tl = trtllm_executor.make_module(era)
     with executor(tl, engine_dir) as ex:
@@ -325,7 +341,7 @@ def test_cancel_takes_effect_on_the_next_step_with_no_tokens(engine_dir, era, re
 
 
 def test_iteration_stats_are_a_bounded_drained_deque(engine_dir):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     with executor(tl, engine_dir, iter_stats_max_iterations=3, request_stats_max_iterations=2) as ex:
         drain(ex, ex.enqueue_request(request(tl, streaming=True, max_tokens=6)))
         stats = ex.get_latest_iteration_stats()
@@ -349,6 +365,6 @@ def test_iteration_stats_are_a_bounded_drained_deque(engine_dir):
 
 
 def test_engine_directory_is_checked(tmp_path):
-    tl = trtllm_executor.make_module("E2")
+    tl = trtllm_executor.make_module("1.0")
     with pytest.raises(RuntimeError, match="File does not exist"):
         executor(tl, tmp_path)

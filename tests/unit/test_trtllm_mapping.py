@@ -7,19 +7,19 @@ import json
 
 import pytest
 
-from core.engine.trtllm import (
-    BindingApi,
-    TrtllmOptions,
+from core.engine.trtllm.bindings import BindingApi, detect_api
+from core.engine.trtllm.engine_dir import read_engine_layout
+from core.engine.trtllm.mapping import (
     classify_enqueue_error,
     classify_error,
-    detect_api,
-    make_executor_config,
+    llm_sampling_kwargs,
+    logprob_values,
     new_logprobs,
-    read_engine_layout,
     sampling_kwargs,
     stop_words_for,
 )
-from core.engine.trtllm_llm import llm_sampling_kwargs, logprob_values
+from core.engine.trtllm.options import TrtllmOptions
+from core.engine.trtllm.options import executor_config as make_executor_config
 from core.errors import ContextLengthExceeded, EngineDead, EngineFailure, InvalidArgument, NotReady, Overloaded
 from core.types import EngineRequest, ResolvedSampling
 from tests.fakes import trtllm_executor
@@ -34,7 +34,7 @@ OLD = BindingApi(
     num_return_sequences=False,
     min_p=False,
     finish_reasons=False,
-    executor_config_fields=frozenset(),
+    executor_config_fields=frozenset({"max_batch_size"}),
 )
 
 
@@ -187,16 +187,16 @@ def test_enqueue_errors(message, stopping, kind):
 @pytest.mark.parametrize(
     "era, expected",
     [
-        ("E2", BindingApi()),
-        ("E1", BindingApi(min_p=False)),
-        ("E0", OLD),
+        ("1.0", BindingApi()),
+        ("0.15", BindingApi(num_return_sequences=False, min_p=False)),
+        ("0.11", OLD),
     ],
 )
 def test_detect_api(era, expected):
     assert detect_api(trtllm_executor.make_module(era)) == expected
 
 
-@pytest.mark.parametrize("era", ["E0", "E1", "E2"])
+@pytest.mark.parametrize("era", ["0.11", "0.15", "1.0"])
 def test_executor_config(tmp_path, era):
     tl = trtllm_executor.make_module(era)
     layout = read_engine_layout(trtllm_executor.write_engine_dir(tmp_path, max_batch_size=8))
@@ -210,13 +210,13 @@ def test_executor_config(tmp_path, era):
     cfg = make_executor_config(tl, detect_api(tl), opts, layout)
     assert cfg.max_beam_width == 1 and cfg.request_stats_max_iterations == 10
     assert cfg.kv_cache_config.enable_block_reuse is True and cfg.kv_cache_config.free_gpu_memory_fraction == 0.9
-    policy = cfg.scheduler_config.policy if era == "E0" else cfg.scheduler_config.capacity_scheduler_policy
-    assert policy.name == "MAX_UTILIZATION"
-    if era == "E0":
-        assert not hasattr(cfg, "max_queue_size")
+    assert cfg.scheduler_config.capacity_scheduler_policy.name == "MAX_UTILIZATION"
+    if era == "0.11":  # the constructor took max_batch_size; the binding has no property for it
+        assert not hasattr(cfg, "max_queue_size") and not hasattr(cfg, "max_batch_size")
+        assert cfg.fake_max_batch_size == 8
     else:
         assert (cfg.max_batch_size, cfg.max_num_tokens, cfg.max_queue_size) == (8, 512, 4)
-    if era == "E0":
+    if era == "0.11":
         with pytest.raises(RuntimeError, match="static_batch"):
             make_executor_config(tl, detect_api(tl), TrtllmOptions(scheduler_policy="static_batch"), layout)
 
@@ -230,7 +230,7 @@ def test_layout_from_manifest_and_engine_config(tmp_path):
     layout = read_engine_layout(tmp_path)
     assert layout.engine_dir == tmp_path / "engine"
     assert (layout.max_input_len, layout.max_seq_len, layout.tp, layout.world_size) == (100, 200, 2, 2)
-    assert layout.vocab_size == 1002  # padded to a multiple of tp
+    assert layout.vocab_size == 1001 and layout.vocab_size_padded == 1002  # logits padded to tp * pp
     assert layout.gather_context_logits and layout.paged_context_fmha
     assert layout.version == "1.0.0"  # the engine's own record wins
     assert read_engine_layout(tmp_path / "engine").max_seq_len == 200
@@ -268,12 +268,13 @@ def test_options_from_config():
             EngineRequest("r", [1], SAMPLE, 5, num_sequences=3, logprobs=True),
             {"n": 3, "top_k": 5, "top_p": 0.85, "temperature": 0.7, "logprobs": 1, "stop_token_ids": [7]},
         ),
-        (_req(ignore_eos=True, stop_token_ids=frozenset({4})), {"n": 1, "ignore_eos": True, "stop_token_ids": [4]}),
+        (_req(ignore_eos=True, stop_token_ids=frozenset({4})), {"n": 1, "ignore_eos": True}),  # matched locally
         (_req(min_new_tokens=2, stop_token_ids=frozenset({4})), {"n": 1, "min_tokens": 2}),
         (_req(bad_words_ids=[[11], [12]]), {"n": 1, "bad_token_ids": [11, 12], "stop_token_ids": [7]}),
     ],
 )
 def test_llm_sampling_kwargs(req, expected):
+    logprobs = expected.get("logprobs", 0)
     base = {
         "max_tokens": 5,
         "end_id": 2,
@@ -283,7 +284,7 @@ def test_llm_sampling_kwargs(req, expected):
         "include_stop_str_in_output": True,
         "detokenize": False,
     }
-    assert llm_sampling_kwargs(req, end_id=2, pad_id=0, extra_eos=frozenset({7})) == base | expected
+    assert llm_sampling_kwargs(req, end_id=2, pad_id=0, extra_eos=frozenset({7}), logprobs=logprobs) == base | expected
 
 
 @pytest.mark.parametrize(
@@ -291,7 +292,8 @@ def test_llm_sampling_kwargs(req, expected):
     [
         ([-0.5, -1.0], [3, 4], [-0.5, -1.0]),
         ([{3: Logprob(-0.5, 1)}, {4: Logprob(-1.0, 1), 9: Logprob(-0.1, 2)}], [3, 4], [-0.5, -1.0]),
-        ([{3: -0.25}], [3, 4], [-0.25, 0.0]),
+        ([{3: -0.25}], [3, 4], [-0.25, None]),  # missing: unknown, never 0.0
+        ([{9: Logprob(-0.1, 1)}], [3], [None]),  # top-k keyed, the sampled token not among them
     ],
 )
 def test_llm_logprob_values(entries, tokens, expected):

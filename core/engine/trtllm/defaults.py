@@ -21,6 +21,8 @@ penalties, min_p 0). do_sample, when unset, is inferred as everywhere else in th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from core.sampling import infer_do_sample
 from core.types import ResolvedSampling, SamplingOptions
 
@@ -54,21 +56,26 @@ def resolve_trtllm_sampling(opts: SamplingOptions, *, random_seed: int) -> Resol
     """
     do_sample = infer_do_sample(opts, DEFAULT_TEMPERATURE)
     seed = random_seed if opts.seed is None else opts.seed
-    common = dict(
-        seed=seed,
-        repetition_penalty=opts.repetition_penalty,
-        presence_penalty=opts.presence_penalty,
-        frequency_penalty=opts.frequency_penalty,
-        num_beams=opts.num_beams or 1,
-    )
     if not do_sample:
         temperature = GREEDY_TEMPERATURE if opts.temperature is None else opts.temperature
-        return ResolvedSampling(do_sample=False, temperature=temperature, **common)
-    return ResolvedSampling(
+        return replace(_penalties(opts, seed), do_sample=False, temperature=temperature)
+    return replace(
+        _penalties(opts, seed),
         do_sample=True,
         temperature=SAMPLING_TEMPERATURE if opts.temperature is None else opts.temperature,
         top_k=SAMPLING_TOP_K if opts.top_k is None else opts.top_k,
         top_p=SAMPLING_TOP_P if opts.top_p is None else opts.top_p,
         min_p=opts.min_p,
-        **common,
+    )
+
+
+def _penalties(opts: SamplingOptions, seed: int) -> ResolvedSampling:
+    """The fields both modes share: seed, penalties and beam count."""
+    return ResolvedSampling(
+        do_sample=False,
+        seed=seed,
+        repetition_penalty=opts.repetition_penalty,
+        presence_penalty=opts.presence_penalty,
+        frequency_penalty=opts.frequency_penalty,
+        num_beams=opts.num_beams or 1,
     )

@@ -1,0 +1,503 @@
+"""TensorRT-LLM executor engine (`trellis-core --engine trtllm --model <engine dir>`).
+
+Drives TensorRT-LLM's C++ in-flight batching executor (`tensorrt_llm.bindings.executor`) over
+a prebuilt TensorRT engine directory. Token level only: the tokenizer, detokenization, stop
+strings, logprob formatting and sessions are the core's shared request pipeline.
+
+  * TensorRT-LLM is imported lazily (`import core` never needs it); without it the factory
+    raises RuntimeError naming `pip install 'trellis[trtllm]'`.
+  * Binding names changed across releases: everything is passed by keyword and the names are
+    detected once at start (`bindings.detect_api`). Releases 0.11 to 1.2.x and 1.3.0rc<=20
+    have the executor; later ones only the LLM API (`--engine trtllm-llm`).
+  * One awaiter thread loops `await_responses(timeout)` (which releases the GIL) and hands
+    each batch to the event loop with `call_soon_threadsafe`; enqueues are serialized under
+    a lock; a cancelled request calls `cancel_request` at once and its final response is
+    consumed before its bookkeeping is dropped.
+  * Lifecycle: QUEUED at enqueue; SCHEDULED and PREFILLED from request stats when
+    `--trt-request-stats-max-iterations` > 0, otherwise both at the first token response (the
+    executor reports nothing earlier, so queue time then includes prefill time).
+  * Multi-GPU engines run under `mpirun` in leader mode: rank 0 serves gRPC, the other ranks
+    construct the executor and wait in `shutdown()` (`run_if_follower_rank`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
+from core.engine.trtllm.bindings import Bindings, detect_api, import_bindings, release_of
+from core.engine.trtllm.defaults import resolve_trtllm_sampling
+from core.engine.trtllm.engine_dir import EngineLayout, read_engine_layout
+from core.engine.trtllm.mapping import (
+    RuntimeFinish,
+    classify_enqueue_error,
+    classify_error,
+    embedding_bias,
+    local_stop_tokens,
+    new_logprobs,
+    sampling_kwargs,
+    special_ids,
+    stop_words_for,
+)
+from core.engine.trtllm.options import TrtllmOptions, executor_config
+from core.engine.trtllm.sequence import SequenceTracker
+from core.errors import CoreError, EngineDead, InvalidArgument, NotReady, Overloaded
+from core.types import (
+    EngineInfo,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    PromptTokenInfo,
+    RequestState,
+    ResolvedSampling,
+    SamplingOptions,
+    SequenceStep,
+)
+
+if TYPE_CHECKING:
+    from core.config import CoreConfig
+    from core.engine.base import Engine
+    from core.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+_STATE_RANK = {RequestState.QUEUED: 1, RequestState.SCHEDULED: 2, RequestState.PREFILLED: 3}
+_FINISH: dict[str, RuntimeFinish] = {
+    "END_ID": "END_ID",
+    "STOP_WORDS": "STOP_WORDS",
+    "LENGTH": "LENGTH",
+    "TIMED_OUT": "TIMED_OUT",
+    "CANCELLED": "CANCELLED",
+}
+
+
+# ------------------------------------------------------------------------------------ live state
+
+
+@dataclass(eq=False)
+class _Live:
+    request: EngineRequest
+    rid: int
+    seqs: list[SequenceTracker]
+    enqueued: float
+    outputs: OutputStream | None = None  # set right after enqueue
+    state: int = 1
+    cancel_sent: bool = False
+    executor_done: bool = False
+    prompt_info_sent: bool = False
+
+
+# ------------------------------------------------------------------------------------ factory
+
+
+def build(config: CoreConfig, tokenizer: Tokenizer) -> Engine:
+    """Engine factory for `--engine trtllm` (see core.engine.registry).
+
+    Raises:
+        RuntimeError: TensorRT-LLM missing, or `config.model` is not an engine directory.
+    """
+    tl = import_bindings()
+    layout = read_engine_layout(config.model)
+    return TrtllmEngine(tl, layout, tokenizer, TrtllmOptions.from_config(config))
+
+
+def _mpi_rank_and_size() -> tuple[int, int]:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return 0, 1
+    return int(MPI.COMM_WORLD.Get_rank()), int(MPI.COMM_WORLD.Get_size())
+
+
+def run_if_follower_rank(config: CoreConfig) -> bool:
+    """On MPI ranks other than 0 of a multi-GPU engine, run this rank's share of the executor
+    until the leader shuts down, and return True; return False on rank 0 or without MPI.
+
+    Leader mode: every rank constructs the Executor; only rank 0 can enqueue, the others wait
+    in `shutdown()` (what Triton does). Start all ranks with
+    `mpirun -n <tp*pp> trellis-core --engine trtllm --model <dir>`.
+    """
+    rank, size = _mpi_rank_and_size()
+    if size <= 1 or rank == 0:
+        return False
+    tl = import_bindings()
+    layout = read_engine_layout(config.model)
+    opts = TrtllmOptions.from_config(config)
+    executor = tl.Executor(
+        layout.engine_dir, tl.ModelType.DECODER_ONLY, executor_config(tl, detect_api(tl), opts, layout)
+    )
+    log.info("rank %d of %d: TensorRT-LLM worker rank; rank 0 serves gRPC", rank, size)
+    executor.shutdown()  # blocks until the leader shuts down
+    return True
+
+
+# ------------------------------------------------------------------------------------ engine
+
+
+class TrtllmEngine(EngineLifecycle):
+    """In-flight batching over TensorRT-LLM's executor (see the module docstring).
+
+    Args:
+        bindings: the `tensorrt_llm.bindings.executor` module.
+        layout: the engine directory and its build limits.
+        tokenizer: the served model's core.tokenizer.Tokenizer (EOS, pad and vocabulary size).
+        options: executor options.
+    """
+
+    kind = "trtllm"
+
+    def __init__(self, bindings: Bindings, layout: EngineLayout, tokenizer: Tokenizer, options: TrtllmOptions):
+        super().__init__()
+        self._tl = bindings
+        self.api = detect_api(bindings)
+        self.layout = layout
+        self.options = options
+        self._ids = special_ids(tokenizer)
+        unsupported = {"typical_p"} | (set() if self.api.min_p else {"min_p"})
+        max_batch = min(options.max_batch_size, layout.max_batch_size)
+        self.info = EngineInfo(
+            engine=self.kind,
+            max_context_length=layout.max_seq_len,
+            vocab_size=int(tokenizer.vocab_size),
+            max_num_beams=1,
+            max_n=min(options.max_n, max_batch) if self.api.num_return_sequences else 1,
+            unsupported_sampling_fields=frozenset(unsupported),
+            max_input_length=layout.max_input_len,
+            max_top_logprobs=0,  # the executor returns only the chosen token's logprob
+            supports_prompt_logprobs=layout.gather_context_logits,  # context logits need that build flag
+        )
+        # The executor bounds its queue where ExecutorConfig can (0.12+); 0.11 needs us to.
+        self._local_queue_limit = (
+            None
+            if "max_queue_size" in self.api.executor_config_fields or not options.max_queue_size
+            else options.max_queue_size
+        )
+        self._executor: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._enqueue_lock = threading.Lock()
+        self._live: dict[int, _Live] = {}
+        self._by_name: dict[str, _Live] = {}
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Create the executor (loads the engine) and start the awaiter thread.
+
+        Raises:
+            RuntimeError: bad options for this engine, a multi-GPU engine started without the
+                matching `mpirun`, or the executor cannot load the engine.
+        """
+        self._loop = asyncio.get_running_loop()
+        rank, size = _mpi_rank_and_size()
+        if size != self.layout.world_size:
+            raise RuntimeError(
+                f"The engine in {self.layout.engine_dir} was built for {self.layout.world_size} GPUs (tp "
+                f"{self.layout.tp} x pp {self.layout.pp}); start it with "
+                f"`mpirun -n {self.layout.world_size} trellis-core --engine trtllm --model ...` (running {size})."
+            )
+        config = executor_config(self._tl, self.api, self.options, self.layout)
+        tl = self._tl
+        self._executor = await asyncio.to_thread(tl.Executor, self.layout.engine_dir, tl.ModelType.DECODER_ONLY, config)
+        if not self._executor.can_enqueue_requests():
+            raise RuntimeError(f"rank {rank} cannot enqueue requests; only MPI rank 0 serves gRPC")
+        self._started = self._alive = True
+        self._thread = threading.Thread(target=self._await_loop, name="trtllm-awaiter", daemon=True)
+        self._thread.start()
+        log.info(
+            "trtllm engine: %s (TensorRT-LLM %s, max_input_len %d, max_seq_len %d, names %s)",
+            self.layout.engine_dir,
+            release_of(tl) if hasattr(tl, "__version__") else (self.layout.version or "?"),
+            self.layout.max_input_len,
+            self.layout.max_seq_len,
+            self.api,
+        )
+
+    async def shutdown(self) -> None:
+        """Stop the awaiter and the executor; unfinished requests end with NotReady."""
+        self._stopping = True
+        if self._executor is not None:
+            try:
+                await asyncio.to_thread(self._executor.shutdown)
+            except Exception as e:  # a dead executor may refuse; nothing left to free then
+                log.warning("executor shutdown: %s", e)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self._alive = False
+        self._fail_all(NotReady("The engine shut down."))
+
+    def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
+        """TensorRT-LLM's defaults (core.engine.trtllm.defaults)."""
+        return resolve_trtllm_sampling(opts, random_seed=random_seed)
+
+    def stats(self) -> EngineStats:
+        """Requests in the executor: queued (not yet seen scheduled) and active."""
+        queued = sum(1 for live in self._live.values() if live.state < _STATE_RANK[RequestState.SCHEDULED])
+        return EngineStats(active=len(self._live) - queued, queued=queued)
+
+    def iteration_stats(self) -> list[str]:
+        """Drain the executor's latest iteration stats as JSON strings."""
+        if self._executor is None or not self._alive:
+            return []
+        return [str(s.to_json_str()) for s in self._executor.get_latest_iteration_stats()]
+
+    # ---------------------------------------------------------------- requests
+
+    def generate(self, request: EngineRequest) -> OutputStream:
+        """Enqueue a request and stream its outputs; see core.engine.base.Engine for the contract.
+
+        Raises:
+            NotReady / EngineDead: the engine is not serving.
+            InvalidArgument: the request id is already running.
+            Overloaded: the executor's queue (or ours, on releases without one) is full.
+            EngineFailure: the executor refused the request.
+        """
+        outputs = self._submit(request).outputs
+        assert outputs is not None
+        return outputs
+
+    def _closed(self, live: _Live, finished: bool) -> None:
+        """The consumer is done: cancel an unfinished request (its bookkeeping stays until the
+        executor's final response) and free its id at once."""
+        if not finished:
+            self._cancel(live)
+        if self._by_name.get(live.request.request_id) is live:
+            del self._by_name[live.request.request_id]
+
+    def abort(self, request_id: str) -> None:
+        """Cancel at once (no polling period); the executor ends it within one step."""
+        live = self._by_name.get(request_id)
+        if live is not None:
+            self._cancel(live)
+
+    def _cancel(self, live: _Live) -> None:
+        if live.cancel_sent or live.executor_done or self._executor is None:
+            return
+        live.cancel_sent = True
+        try:
+            self._executor.cancel_request(live.rid)
+        except Exception as e:  # after shutdown the executor raises; nothing to cancel then
+            log.warning("cancel_request(%d): %s", live.rid, e)
+
+    def _submit(self, req: EngineRequest) -> _Live:
+        """Check, build and enqueue a request (raises CoreError before anything is yielded)."""
+        self._check_serving()
+        if req.request_id in self._by_name:
+            raise InvalidArgument(f"A request with id '{req.request_id}' is already running.", field="request_id")
+        tl = self._tl
+        ids = self._ids
+        stop_words = stop_words_for(req, ids.extra_eos)
+        sampling = tl.SamplingConfig(
+            **sampling_kwargs(req.sampling, self.api, n=req.num_sequences, min_new_tokens=req.min_new_tokens)
+        )
+        output = tl.OutputConfig(
+            return_log_probs=req.logprobs,
+            return_context_logits=req.prompt_logprobs is not None,
+            exclude_input_from_output=True,
+        )
+        kwargs: dict[str, object] = {
+            "input_token_ids": list(req.prompt_ids),
+            self.api.max_tokens: req.max_new_tokens,
+            "streaming": True,
+            "sampling_config": sampling,
+            "output_config": output,
+            "end_id": -1 if req.ignore_eos else ids.end_id,  # -1: no end token (what the LLM API sends)
+            "pad_id": ids.pad_id,
+        }
+        if stop_words:
+            kwargs["stop_words"] = stop_words
+        if req.bad_words_ids:
+            kwargs["bad_words"] = [list(w) for w in req.bad_words_ids]
+        if req.logit_bias:
+            kwargs["embedding_bias"] = embedding_bias(req.logit_bias, self.layout.vocab_size)
+        executor_request = tl.Request(**kwargs)
+        local_stops = local_stop_tokens(req, ids.extra_eos) if req.min_new_tokens > 0 else frozenset()
+        seqs = [
+            SequenceTracker(
+                i,
+                req,
+                ids.end_id,
+                ids.extra_eos,
+                stop_words=stop_words,
+                local_stops=local_stops,
+                max_seq_len=self.layout.max_seq_len,
+            )
+            for i in range(req.num_sequences)
+        ]
+        with self._enqueue_lock:
+            if self._local_queue_limit is not None and self.stats().queued >= self._local_queue_limit:
+                raise Overloaded(
+                    f"The server is at capacity ({self._local_queue_limit} requests waiting); retry later."
+                )
+            try:
+                rid = int(self._executor.enqueue_request(executor_request))
+            except Exception as e:
+                raise classify_enqueue_error(e, stopping=self._stopping) from e
+            live = _Live(request=req, rid=rid, seqs=seqs, enqueued=time.monotonic())
+            queued = EngineOutput(req.request_id, state=RequestState.QUEUED, time=live.enqueued)
+            live.outputs = OutputStream(queued, functools.partial(self._closed, live))
+            self._live[rid] = live
+            self._by_name[req.request_id] = live
+        return live
+
+    # ---------------------------------------------------------------- awaiter thread
+
+    def _await_loop(self) -> None:
+        executor = self._executor
+        timeout = datetime.timedelta(milliseconds=self.options.await_timeout_ms)
+        want_stats = self.options.request_stats_max_iterations > 0
+        while not self._stopping:
+            try:
+                responses = executor.await_responses(timeout=timeout)
+                stats = list(executor.get_latest_request_stats()) if want_stats else []
+            except Exception as e:
+                if not self._stopping:
+                    log.error("TensorRT-LLM executor failed: %s", e)
+                    self._post(self._die, e)
+                return
+            if responses or stats:
+                self._post(self._dispatch, list(responses), stats)
+
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: the process is exiting
+            pass
+
+    # ---------------------------------------------------------------- event-loop side
+
+    def _die(self, error: Exception) -> None:
+        if self._stopping or not self._mark_dead(error):
+            return
+        self._fail_all(EngineDead(f"The TensorRT-LLM executor stopped: {error}"))
+
+    def _fail_all(self, error: CoreError) -> None:
+        now = time.monotonic()
+        for live in list(self._live.values()):
+            self._put(live, EngineOutput(live.request.request_id, error=error, finished=True, time=now))
+        self._live.clear()
+        self._by_name.clear()
+
+    @staticmethod
+    def _put(live: _Live, out: EngineOutput) -> None:
+        assert live.outputs is not None
+        live.outputs.put(out)
+
+    def _forget(self, live: _Live) -> None:
+        live.executor_done = True
+        self._live.pop(live.rid, None)
+        if self._by_name.get(live.request.request_id) is live:
+            del self._by_name[live.request.request_id]
+
+    def _dispatch(self, responses: list[Any], stats: list[Any]) -> None:
+        now = time.monotonic()
+        stage = getattr(self._tl, "RequestStage", None)
+        for per_iteration in stats:
+            for rs in getattr(per_iteration, "request_stats", ()):
+                live = self._live.get(rs.id)
+                if live is None or stage is None:
+                    continue
+                if rs.stage == stage.CONTEXT_IN_PROGRESS:
+                    self._advance(live, RequestState.SCHEDULED, now)
+                elif rs.stage in (stage.GENERATION_IN_PROGRESS, stage.GENERATION_COMPLETE):
+                    if live.request.prompt_logprobs is None or live.prompt_info_sent:
+                        # prompt logprobs travel with PREFILLED, so that one waits for the first response
+                        self._advance(live, RequestState.PREFILLED, now)
+        grouped: dict[int, list[Any]] = {}
+        for r in responses:  # several responses of one id in one batch stay in order
+            grouped.setdefault(r.request_id, []).append(r)
+        for rid, batch in grouped.items():
+            found = self._live.get(rid)
+            if found is not None:
+                self._handle(found, batch, now)
+
+    def _advance(self, live: _Live, state: RequestState, now: float) -> None:
+        rank = _STATE_RANK[state]
+        if rank > live.state:
+            live.state = rank
+            self._put(live, EngineOutput(live.request.request_id, state=state, time=now))
+
+    def _handle(self, live: _Live, batch: list[Any], now: float) -> None:
+        """Turn one batch of a request's responses into EngineOutputs."""
+        req = live.request
+        steps: dict[int, SequenceStep] = {}
+        trailing: list[SequenceStep] = []  # END_ID finishes, sent after their tokens
+        prompt_info: list[PromptTokenInfo] | None = None
+        executor_final = False
+        stopped_locally = False
+        for response in batch:
+            if response.has_error():
+                self._forget(live)
+                error = classify_error(str(response.error_msg))
+                self._put(live, EngineOutput(req.request_id, error=error, finished=True, time=now))
+                return
+            res = response.result
+            executor_final = executor_final or bool(res.is_final)
+            if req.prompt_logprobs is not None and not live.prompt_info_sent:
+                logits = getattr(res, "context_logits", None)  # on every result when asked
+                if logits is not None:
+                    prompt_info = prompt_logprobs(logits, req.prompt_ids, req.prompt_logprobs, self.info.vocab_size)
+                    live.prompt_info_sent = True
+            index = int(getattr(res, "sequence_index", 0) or 0)
+            if index >= len(live.seqs):
+                continue
+            seq = live.seqs[index]
+            tokens = [int(t) for t in res.output_token_ids[0]] if res.output_token_ids else []
+            lps: list[float | None] | None = None
+            if req.logprobs:
+                values = new_logprobs(res.log_probs[0] if res.log_probs else None, seq.received, len(tokens))
+                if values is None and tokens:
+                    log.warning("request %s: logprobs missing from a response; reported as unknown", req.request_id)
+                lps = list(values) if values is not None else [None] * len(tokens)
+            finals = getattr(res, "finish_reasons", None)
+            name = str(getattr(finals[0], "name", "")) if finals else ""
+            advance = seq.advance(
+                tokens,
+                lps,
+                final=bool(getattr(res, "is_sequence_final", res.is_final)),
+                finish=_FINISH.get(name),  # None: no reason (0.11 results, or NOT_FINISHED)
+                cancel_sent=live.cancel_sent,
+            )
+            stopped_locally = stopped_locally or advance.stopped_locally
+            if advance.step is not None:
+                merged = steps.get(index)
+                if merged is None:
+                    steps[index] = advance.step
+                elif not advance.step.token_ids and advance.step.finish_reason is FinishReason.EOS:
+                    trailing.append(advance.step)  # an excluded end token after earlier tokens of this batch
+                else:
+                    merged.token_ids += advance.step.token_ids
+                    if merged.logprobs is not None and advance.step.logprobs is not None:
+                        merged.logprobs += advance.step.logprobs
+                    merged.finish_reason, merged.stop_token_id = advance.step.finish_reason, advance.step.stop_token_id
+            if advance.trailing is not None:
+                trailing.append(advance.trailing)
+        outputs = [EngineOutput(req.request_id, sequences=list(steps.values()), time=now)]
+        if trailing:
+            outputs.append(EngineOutput(req.request_id, sequences=trailing, time=now))
+        first = outputs[0]
+        if prompt_info is not None or any(s.token_ids for s in first.sequences):
+            if live.state < _STATE_RANK[RequestState.PREFILLED]:
+                live.state = _STATE_RANK[RequestState.PREFILLED]
+                first.state = RequestState.PREFILLED
+            first.prompt_logprobs = prompt_info
+        all_done = all(s.done for s in live.seqs)
+        if executor_final:
+            self._forget(live)
+        if all_done or executor_final:
+            outputs[-1].finished = True
+            if not executor_final and (stopped_locally or all_done):  # the engine stopped it itself
+                self._cancel(live)
+        for out in outputs:
+            if out.sequences or out.state is not None or out.finished:
+                self._put(live, out)

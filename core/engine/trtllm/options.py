@@ -1,0 +1,183 @@
+"""Our TensorRT-LLM options, typed, and the one mapping from them to upstream config objects.
+
+`TrtllmOptions.from_config` reads the core's flags (`--max-batch-size`, `--max-queue-size`,
+`--trt-*`); `executor_config()` builds the executor's `ExecutorConfig` and `llm_kwargs()` the
+keywords of `tensorrt_llm.LLM(...)`. Nothing else in the engines reads CoreConfig's `trt_*`
+fields.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from core.config import CoreConfig
+from core.engine.trtllm.bindings import BindingApi, Bindings, LlmApi
+from core.engine.trtllm.engine_dir import EngineLayout
+
+log = logging.getLogger(__name__)
+
+SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization", "static_batch"]
+Sampler = Literal["trtllm", "torch"]
+
+
+@dataclass(frozen=True)
+class TrtllmOptions:
+    """Options of both TensorRT-LLM engines (see docs/tensorrt-llm.md for the flags).
+
+    Attributes:
+        max_batch_size: runtime cap of sequences in the batch (the engine's build value bounds it).
+        max_queue_size: requests waiting before RESOURCE_EXHAUSTED (0: unlimited).
+        max_num_tokens: batched tokens per step (None: the engine's value).
+        kv_cache_free_gpu_memory_fraction: share of free GPU memory for the KV cache.
+        enable_block_reuse: KV-cache block reuse across requests.
+        scheduler_policy: capacity scheduler policy (executor only).
+        enable_chunked_context: chunked prefill (executor only).
+        iter_stats_max_iterations: iteration stats kept by the executor.
+        request_stats_max_iterations: request stats kept; > 0 gives exact SCHEDULED/PREFILLED.
+        await_timeout_ms: timeout of each await_responses call of the awaiter thread.
+        tensor_parallel_size, pipeline_parallel_size: parallelism of the LLM API engine.
+        max_n: largest n / best_of per request.
+    """
+
+    max_batch_size: int = 32
+    max_queue_size: int = 256
+    max_num_tokens: int | None = None
+    kv_cache_free_gpu_memory_fraction: float = 0.9
+    enable_block_reuse: bool = True
+    scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
+    enable_chunked_context: bool = False
+    iter_stats_max_iterations: int = 1000
+    request_stats_max_iterations: int = 0
+    await_timeout_ms: int = 5
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_n: int = 16
+
+    @classmethod
+    def from_config(cls, config: CoreConfig) -> TrtllmOptions:
+        """Options of a CoreConfig.
+
+        Raises:
+            ValueError: an unknown scheduler policy name.
+        """
+        policies: dict[str, SchedulerPolicy] = {
+            "guaranteed_no_evict": "guaranteed_no_evict",
+            "max_utilization": "max_utilization",
+            "static_batch": "static_batch",
+        }
+        policy = policies.get(config.trt_scheduler_policy)
+        if policy is None:
+            raise ValueError(f"unknown --trt-scheduler-policy {config.trt_scheduler_policy!r}")
+        return cls(
+            max_batch_size=config.max_batch_size,
+            max_queue_size=config.max_queue_size,
+            max_num_tokens=config.trt_max_num_tokens or None,
+            kv_cache_free_gpu_memory_fraction=config.trt_kv_cache_free_gpu_memory_fraction,
+            enable_block_reuse=config.trt_enable_block_reuse,
+            scheduler_policy=policy,
+            enable_chunked_context=config.trt_enable_chunked_context,
+            iter_stats_max_iterations=config.trt_iter_stats_max_iterations,
+            request_stats_max_iterations=config.trt_request_stats_max_iterations,
+            await_timeout_ms=max(1, config.trt_await_timeout_ms),
+            tensor_parallel_size=config.trt_tensor_parallel_size,
+            pipeline_parallel_size=config.trt_pipeline_parallel_size,
+            max_n=config.max_n,
+        )
+
+
+def executor_config(tl: Bindings, api: BindingApi, opts: TrtllmOptions, layout: EngineLayout) -> Any:
+    """The executor's `ExecutorConfig`.
+
+    Optional fields go through the constructor, where every release that has them takes them
+    (0.11 takes max_batch_size there but has no property for it); a release without one gets
+    the engine's value, and without max_queue_size the engine bounds its own queue. Block reuse
+    is turned off with a warning when the engine lacks paged context FMHA.
+
+    Raises:
+        RuntimeError: chunked context asked of an engine without paged context FMHA, or a
+            scheduler policy this release does not have.
+    """
+    try:
+        policy = getattr(tl.CapacitySchedulerPolicy, opts.scheduler_policy.upper())
+    except AttributeError:
+        raise RuntimeError(
+            f"--trt-scheduler-policy {opts.scheduler_policy} is not available in this TensorRT-LLM release"
+        ) from None
+    reuse = opts.enable_block_reuse
+    if reuse and not layout.paged_context_fmha:
+        log.warning("KV-cache block reuse needs an engine built with --use-paged-context-fmha; disabled")
+        reuse = False
+    if opts.enable_chunked_context and not layout.paged_context_fmha:
+        raise RuntimeError(
+            "--trt-enable-chunked-context needs an engine built with paged context FMHA "
+            "(scripts/build_trtllm_engine.py --use-paged-context-fmha)"
+        )
+    wanted: dict[str, int | None] = {
+        "max_batch_size": min(opts.max_batch_size, layout.max_batch_size),
+        "max_num_tokens": opts.max_num_tokens,
+        "max_queue_size": opts.max_queue_size or None,
+    }
+    optional: dict[str, int] = {}
+    for name, value in wanted.items():
+        if value is None:
+            continue
+        if name in api.executor_config_fields:
+            optional[name] = value
+        elif name != "max_queue_size":  # the engine bounds its own queue instead
+            log.warning("this TensorRT-LLM release has no ExecutorConfig.%s; using the engine's value", name)
+    return tl.ExecutorConfig(
+        max_beam_width=1,
+        scheduler_config=tl.SchedulerConfig(policy),
+        kv_cache_config=tl.KvCacheConfig(
+            enable_block_reuse=reuse, free_gpu_memory_fraction=opts.kv_cache_free_gpu_memory_fraction
+        ),
+        enable_chunked_context=opts.enable_chunked_context,
+        iter_stats_max_iterations=opts.iter_stats_max_iterations,
+        request_stats_max_iterations=opts.request_stats_max_iterations,
+        **optional,
+    )
+
+
+EXECUTOR_ONLY = (
+    ("--trt-scheduler-policy", "scheduler_policy", "guaranteed_no_evict"),
+    ("--trt-enable-chunked-context", "enable_chunked_context", False),
+    ("--trt-request-stats-max-iterations", "request_stats_max_iterations", 0),
+)
+
+
+def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple[dict[str, Any], Sampler]:
+    """Keywords of `tensorrt_llm.LLM(model, **kwargs)` and the sampler they select.
+
+    The engine asks for the C++ sampler (`TRTLLMSampler`) wherever the release has a switch
+    for it (`sampler_type` from 1.1, `enable_trtllm_sampler` in 1.0): the default TorchSampler
+    ignores penalties and min_p and seeds one generator for every request in the releases up to
+    the ones that carry PRs #16485/#16590/#17172 (July-August 2026), and the 1.0 sampling docs
+    (`docs/source/1.0/features/sampling.md`) name `enable_trtllm_sampler` as the way to get them.
+    Executor-only flags that were changed are logged as ignored.
+    """
+    ignored = [flag for flag, name, default in EXECUTOR_ONLY if getattr(opts, name) != default]
+    if ignored:
+        log.warning("trtllm-llm engine: %s apply to --engine trtllm only; ignored", ", ".join(ignored))
+    kwargs: dict[str, Any] = {
+        "tokenizer": tokenizer_dir,
+        "skip_tokenizer_init": True,
+        "tensor_parallel_size": opts.tensor_parallel_size,
+        "pipeline_parallel_size": opts.pipeline_parallel_size,
+        "max_batch_size": opts.max_batch_size,
+        "kv_cache_config": api.kv_cache_config(
+            free_gpu_memory_fraction=opts.kv_cache_free_gpu_memory_fraction,
+            enable_block_reuse=opts.enable_block_reuse,
+        ),
+    }
+    if opts.max_num_tokens:
+        kwargs["max_num_tokens"] = opts.max_num_tokens
+    sampler: Sampler = "torch"
+    if "sampler_type" in api.llm_args:
+        kwargs["sampler_type"] = "TRTLLMSampler"
+        sampler = "trtllm"
+    elif "enable_trtllm_sampler" in api.llm_args:
+        kwargs["enable_trtllm_sampler"] = True
+        sampler = "trtllm"
+    return kwargs, sampler
