@@ -1,9 +1,10 @@
 """Pure translation between the `/ws` protocol and the core's Generate stream.
 
-Request side: one GenerateRequest per prompt (`to_generate_request`), with `session_id` set to
-the prompt's request_id so that the core continues a live session ("continue generation",
-DESIGN.md "Sessions"). Default precedence (written down once): a `generation_config` field the
-client set > the gateway's ".env" default > unset (the core's engine default).
+Request side: one GenerateRequest per prompt (`to_generate_request`, through the schema's field
+table `FIELDS`), with `session_id` set to the prompt's request_id so that the core continues a
+live session ("continue generation", DESIGN.md "Sessions"). Default precedence (written down
+once): a `generation_config` field the client set > the gateway's ".env" default > unset (the
+core's engine default).
 
 Response side: the core's lifecycle markers map 1:1 to the seed's events (DESIGN.md "The gRPC
 contract"): QUEUED -> ACCEPTED, SCHEDULED -> STARTED, PREFILLED -> INITIALIZED. Every message
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.schema import copy_given
+from gateways.common.fields import Field, FieldTable
 from gateways.common.streaming import sequence_error
 from gateways.ws.schema import GenerationConfig, PromptItem, WsRequest
 
@@ -42,16 +43,26 @@ _STATE_EVENTS = {
     pb.GENERATE_STATE_PREFILLED: INITIALIZED,
 }
 
-_SAMPLING_FIELDS = ("num_beams", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "length_penalty")
+#: The protocol's fields (seed "generation_config", "prompts") and the GenerateRequest paths
+#: they set; the prompt, request_id and only_new_tokens are set by `to_generate_request`.
+FIELDS = FieldTable(
+    (
+        Field("generation_config.num_beams", "sampling.num_beams"),
+        Field("generation_config.do_sample", "sampling.do_sample"),
+        Field("generation_config.temperature", "sampling.temperature"),
+        Field("generation_config.top_p", "sampling.top_p"),
+        Field("generation_config.top_k", "sampling.top_k"),
+        Field("generation_config.repetition_penalty", "sampling.repetition_penalty"),
+        Field("generation_config.length_penalty", "sampling.length_penalty"),
+        Field("generation_config.max_new_tokens", "stopping.max_new_tokens"),
+        Field("prompt", "text", None),
+        Field("request_id", "session_id", None),
+        Field("request_id", "request_id", None),
+    )
+)
 
-# Core field paths (google.rpc.BadRequest) -> this protocol's names, for ERROR texts.
-PARAM_TO_FIELD = {
-    **{f"sampling.{name}": f"generation_config.{name}" for name in _SAMPLING_FIELDS},
-    "stopping.max_new_tokens": "generation_config.max_new_tokens",
-    "text": "prompt",
-    "session_id": "request_id",
-    "request_id": "request_id",
-}
+#: Contract path -> this protocol's name, for ERROR texts (every field is always named the same).
+NAMES = FIELDS.names()
 
 
 def effective_config(given: GenerationConfig | None, defaults: GenerationConfig) -> GenerationConfig:
@@ -78,9 +89,7 @@ def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationC
     req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id)
     if item.prompt:
         req.text = item.prompt
-    copy_given(cfg, req.sampling, _SAMPLING_FIELDS)
-    if cfg.max_new_tokens is not None:
-        req.stopping.max_new_tokens = cfg.max_new_tokens
+    FIELDS.apply(dict(cfg), req)
     if not body.new_tokens_only:
         req.output.echo = True
     return req

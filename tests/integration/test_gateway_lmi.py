@@ -233,6 +233,21 @@ async def test_predictions_route(http, lmi):
 # ------------------------------------------------------------------------------ errors needing special setups
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("GET", "/nothing", 404, "Not Found: GET /nothing"),
+        ("GET", "/invocations", 405, "Method Not Allowed: GET /invocations"),
+        ("POST", "/ping", 405, "Method Not Allowed: POST /ping"),
+    ],
+)
+async def test_unknown_paths_and_methods_answer_in_the_lmi_shape(http, lmi, dynamic, method, path, status, message):
+    for base in (lmi, dynamic):
+        async with http.request(method, base + path) as resp:
+            assert (resp.status, resp.content_type) == (status, "application/json")
+            assert await resp.json() == {"error": message, "code": status}
+
+
 async def test_body_over_the_limit_is_413(http, start_gateway):
     base = await start_gateway("lmi", max_body_bytes=1024)
     status, ctype, text = await post(http, base + "/invocations", {"inputs": "x" * 2000})

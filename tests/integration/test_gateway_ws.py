@@ -342,6 +342,19 @@ async def test_plain_http_request_gets_426(gateway):
     assert len(body) == 1 and body[0]["error"].startswith("This endpoint speaks the WebSocket batch protocol")
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("GET", "/nothing", 404, "Not Found: GET /nothing"),
+        ("POST", "/ws", 405, "Method Not Allowed: POST /ws"),
+    ],
+)
+async def test_other_http_requests_get_the_protocols_error_shape(gateway, method, path, status, message):
+    async with aiohttp.ClientSession() as http, http.request(method, gateway + path) as resp:
+        assert (resp.status, resp.content_type) == (status, "application/json")
+        assert await resp.json() == [{"error": message}]
+
+
 # ---------------------------------------------------------------------------------------- per-prompt errors
 
 

@@ -17,9 +17,10 @@ import pytest
 from google.protobuf import json_format
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.chat import errors, route, translate
+from gateways.common.chat.schema import parse_chat_request
 from gateways.common.status import GatewayError
-from gateways.openai import errors, routes, translate
-from gateways.openai.schema import parse_chat_request
+from gateways.lmi.translate import FINISH_REASONS as LMI_FINISH_REASONS
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "openai"
 CASES = sorted(GOLDEN.glob("*.json"))
@@ -36,7 +37,7 @@ def _state(case) -> translate.StreamState:
         completion_id=case["completion_id"],
         created=case["created"],
         model=case["model"],
-        finish_reasons=case["finish_reasons"],
+        finish_words=LMI_FINISH_REASONS if case["finish_reasons"] == "lmi" else translate.FINISH_REASONS,
     )
 
 
@@ -53,7 +54,7 @@ def _run(case) -> dict:
         if state.include_usage:
             chunks.append(translate.usage_chunk(state))
         framing = case["framing"]
-        wire = (routes.encode(chunks, framing) + routes.end_of_stream(framing)).decode()
+        wire = (route.encode(chunks, framing) + route.end_of_stream(framing)).decode()
         return {"expected": chunks, "expected_wire": wire}
     if kind == "error":
         with pytest.raises(GatewayError) as info:
