@@ -8,9 +8,9 @@ core refuses a value: the core's google.rpc BadRequest names the GenerateRequest
 LMI, "top_p" for OpenAI and Triton, "generation_config.top_p" for WebSocket), through the names
 `FieldTable.names` gives for the fields the client actually sent.
 
-Rules across fields (one contract field fed by two client fields, a default the schema fixes, a
-value that sets two contract fields) stay in the schema's translate module; their rows have
-`transform=None`, so they still name the field in errors.
+Rules across fields (one contract field fed by two client fields, a value that sets two
+contract fields) stay in the schema's translate module; their rows (`by_rule`) have no
+transform, so they only name the field in errors.
 """
 
 from __future__ import annotations
@@ -65,6 +65,18 @@ class Field:
     def spelled(self, used: str) -> str:
         """`name` as the client spelled it (an alias replaces the last segment)."""
         return self.name if used == self.key else self.name[: len(self.name) - len(self.key)] + used
+
+
+def same_names(prefix: str, group: str, names: Iterable[str]) -> tuple[Field, ...]:
+    """Rows for client fields named as the contract's: `prefix + name` sets `group.name`
+    ("parameters.top_p" -> "sampling.top_p"), the value as given."""
+    return tuple(Field(prefix + name, f"{group}.{name}") for name in names)
+
+
+def by_rule(name: str, *paths: str) -> tuple[Field, ...]:
+    """Rows for a client field whose contract fields the schema's translation sets itself (a
+    rule across fields): they only name `paths` in errors."""
+    return tuple(Field(name, path, None) for path in paths)
 
 
 class FieldTable:

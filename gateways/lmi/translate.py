@@ -29,7 +29,7 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.fields import Field, FieldTable, Transform, true_or_unset
+from gateways.common.fields import Field, FieldTable, Transform, by_rule, same_names, true_or_unset
 from gateways.common.status import GatewayError
 from gateways.common.streaming import finish_word
 from gateways.lmi.schema import GenerationParameters
@@ -58,47 +58,36 @@ def _unset_if(neutral: object) -> Transform:
 
 
 #: The request fields (seed "GenerationParameters", with the LMI-Dist/vLLM, TensorRT-LLM and
-#: TGI additions) and the GenerateRequest paths they set. Rows without a transform are set by
+#: TGI additions) and the GenerateRequest paths they set. `by_rule` rows are set by
 #: `to_generate_request` itself (rules across fields: n and best_of, the two stop fields, the
-#: logprob counts) or only name a path in errors. Where two rows set one path, the later one
+#: logprob counts) and only name the path in errors. Where two rows set one path, the later one
 #: the client gave names it.
 FIELDS = FieldTable(
     (
-        Field("inputs", "text", None),
-        Field("parameters.do_sample", "sampling.do_sample"),
-        Field("parameters.temperature", "sampling.temperature"),
+        *by_rule("inputs", "text"),
+        *same_names("parameters.", "sampling", ("do_sample", "temperature")),
         Field("parameters.top_k", "sampling.top_k", _unset_if(-1)),  # vLLM/LMI-Dist: -1 disables
         Field("parameters.top_p", "sampling.top_p", _unset_if(0)),  # TensorRT-LLM table: 0 when greedy
-        Field("parameters.min_p", "sampling.min_p"),
-        Field("parameters.typical_p", "sampling.typical_p"),
-        Field("parameters.repetition_penalty", "sampling.repetition_penalty"),
-        Field("parameters.presence_penalty", "sampling.presence_penalty"),
-        Field("parameters.frequency_penalty", "sampling.frequency_penalty"),
-        Field("parameters.length_penalty", "sampling.length_penalty"),
-        Field("parameters.early_stopping", "sampling.early_stopping"),
-        Field("parameters.seed", "sampling.seed"),
-        Field("parameters.num_beams", "sampling.num_beams"),
-        Field("parameters.best_of", "sampling.n", None),
-        Field("parameters.n", "sampling.n", None),
-        Field("parameters.n", "sampling.best_of", None),
-        Field("parameters.best_of", "sampling.best_of", None),
+        *same_names("parameters.", "sampling", ("min_p", "typical_p", "repetition_penalty", "presence_penalty")),
+        *same_names("parameters.", "sampling", ("frequency_penalty", "length_penalty", "early_stopping")),
+        *same_names("parameters.", "sampling", ("seed", "num_beams")),
+        *by_rule("parameters.best_of", "sampling.n"),
+        *by_rule("parameters.n", "sampling.n", "sampling.best_of"),
+        *by_rule("parameters.best_of", "sampling.best_of"),
         Field("parameters.bad_sequences", "sampling.bad_words"),
-        Field("parameters.max_new_tokens", "stopping.max_new_tokens"),
+        *same_names("parameters.", "stopping", ("max_new_tokens",)),
         Field("parameters.min_length", "stopping.min_new_tokens"),
-        Field("parameters.stop_sequences", "stopping.stop", None),
-        Field("parameters.stop_token_ids", "stopping.stop_token_ids"),
+        *by_rule("parameters.stop_sequences", "stopping.stop"),
+        *same_names("parameters.", "stopping", ("stop_token_ids",)),
         Field("parameters.ignore_eos_token", "stopping.ignore_eos"),
-        Field("parameters.include_stop_str_in_output", "stopping.include_stop_str_in_output"),
+        *same_names("parameters.", "stopping", ("include_stop_str_in_output",)),
         Field("parameters.truncate", "stopping.truncate_input_tokens"),
-        Field("parameters.logprobs", "output.logprobs", None),
-        Field("parameters.top_n_tokens", "output.logprobs", None),
-        Field("parameters.logprobs", "output.top_logprobs", None),
-        Field("parameters.top_n_tokens", "output.top_logprobs", None),
-        Field("parameters.decoder_input_details", "output.prompt_logprobs", None),
-        Field("parameters.prompt_logprobs", "output.prompt_logprobs", None),
+        *by_rule("parameters.logprobs", "output.logprobs", "output.top_logprobs"),
+        *by_rule("parameters.top_n_tokens", "output.logprobs", "output.top_logprobs"),
+        *by_rule("parameters.decoder_input_details", "output.prompt_logprobs"),
+        *by_rule("parameters.prompt_logprobs", "output.prompt_logprobs"),
         Field("parameters.return_full_text", "output.echo", true_or_unset),
-        Field("parameters.skip_special_tokens", "output.skip_special_tokens"),
-        Field("parameters.spaces_between_special_tokens", "output.spaces_between_special_tokens"),
+        *same_names("parameters.", "output", ("skip_special_tokens", "spaces_between_special_tokens")),
     )
 )
 

@@ -21,7 +21,7 @@ import grpc
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.fields import Field, FieldTable, Transform, same, true_or_unset
+from gateways.common.fields import Field, FieldTable, Transform, by_rule, same, true_or_unset
 from gateways.common.status import GatewayError
 from gateways.common.streaming import finish_word
 from gateways.triton import schema
@@ -97,7 +97,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
 BY_NAME: dict[str, ParamSpec] = {n: p for p in PARAMETERS for n in (p.name, *p.aliases)}
 
 #: The schema's field table: the parameters, and the members outside `parameters`.
-FIELDS = FieldTable((Field("text_input", "text", None), Field("model_name", "model", None), *PARAMETERS))
+FIELDS = FieldTable((*by_rule("text_input", "text"), *by_rule("model_name", "model"), *PARAMETERS))
 
 _VERSION = re.compile(r"[0-9]{1,18}")
 

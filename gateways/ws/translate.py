@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.fields import Field, FieldTable
+from gateways.common.fields import FieldTable, by_rule, same_names
 from gateways.common.streaming import sequence_error
 from gateways.ws.schema import GenerationConfig, PromptItem, WsRequest
 
@@ -47,17 +47,14 @@ _STATE_EVENTS = {
 #: they set; the prompt, request_id and only_new_tokens are set by `to_generate_request`.
 FIELDS = FieldTable(
     (
-        Field("generation_config.num_beams", "sampling.num_beams"),
-        Field("generation_config.do_sample", "sampling.do_sample"),
-        Field("generation_config.temperature", "sampling.temperature"),
-        Field("generation_config.top_p", "sampling.top_p"),
-        Field("generation_config.top_k", "sampling.top_k"),
-        Field("generation_config.repetition_penalty", "sampling.repetition_penalty"),
-        Field("generation_config.length_penalty", "sampling.length_penalty"),
-        Field("generation_config.max_new_tokens", "stopping.max_new_tokens"),
-        Field("prompt", "text", None),
-        Field("request_id", "session_id", None),
-        Field("request_id", "request_id", None),
+        *same_names(
+            "generation_config.",
+            "sampling",
+            ("num_beams", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "length_penalty"),
+        ),
+        *same_names("generation_config.", "stopping", ("max_new_tokens",)),
+        *by_rule("prompt", "text"),
+        *by_rule("request_id", "session_id", "request_id"),
     )
 )
 

@@ -30,7 +30,7 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message
-from gateways.common.fields import Field, FieldTable
+from gateways.common.fields import Field, FieldTable, by_rule, same_names
 from gateways.common.streaming import finish_word
 
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -57,31 +57,23 @@ def _token_id_keys(bias: dict[str, float]) -> dict[int, float]:
     return {int(key): value for key, value in bias.items()}
 
 
-#: The request fields (seed "Request Schema") and the GenerateRequest paths they set. Rows
-#: without a transform are set by `to_generate_request` itself or only name a path in errors:
-#: do_sample follows temperature, n also stands for best_of, any input path is `messages`.
+#: The request fields (seed "Request Schema") and the GenerateRequest paths they set. `by_rule`
+#: rows are set by `to_generate_request` itself or only name a path in errors: do_sample
+#: follows temperature, n also stands for best_of, any input path is `messages`.
 #: `max_completion_tokens` wins over `max_tokens` (the later row).
 FIELDS = FieldTable(
     (
-        Field("messages", "messages", None),
-        Field("messages", "text", None),
-        Field("messages", "token_ids", None),
+        *by_rule("messages", "messages", "text", "token_ids"),
         Field("model", "model"),
-        Field("temperature", "sampling.temperature"),
-        Field("temperature", "sampling.do_sample", None),
-        Field("top_p", "sampling.top_p"),
-        Field("presence_penalty", "sampling.presence_penalty"),
-        Field("frequency_penalty", "sampling.frequency_penalty"),
-        Field("seed", "sampling.seed"),
-        Field("n", "sampling.n"),
-        Field("n", "sampling.best_of", None),
+        *same_names("", "sampling", ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n")),
+        *by_rule("temperature", "sampling.do_sample"),
+        *by_rule("n", "sampling.best_of"),
         Field("logit_bias", "sampling.logit_bias", _token_id_keys),
+        *same_names("", "stopping", ("ignore_eos",)),
         Field("max_tokens", "stopping.max_new_tokens"),
         Field("max_completion_tokens", "stopping.max_new_tokens"),
         Field("stop", "stopping.stop", _stop_list),
-        Field("ignore_eos", "stopping.ignore_eos"),
-        Field("logprobs", "output.logprobs"),
-        Field("top_logprobs", "output.top_logprobs"),
+        *same_names("", "output", ("logprobs", "top_logprobs")),
     )
 )
 
