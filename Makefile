@@ -50,7 +50,7 @@ lint: $(STAMP)
 
 # A gateway installs and answers without torch: a fresh virtualenv with only `.[gateway]`.
 gateway-check:
-	PYTHON=$(PYTHON) scripts/check_gateway_install.sh
+	$(PYTHON) scripts/check_gateway_install.py
 
 run: $(STAMP) $(GEN) model
 	$(PY) scripts/run_stack.py --model $(MODEL)
