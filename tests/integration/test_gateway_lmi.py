@@ -17,8 +17,9 @@ from text_generation.errors import BadRequestError
 
 from core.server import start_core
 from tests.conftest import core_config
+from tests.golden.harness import match
+from tests.golden.test_lmi import check_records, load_case, parse_records
 from tests.integration.core_helpers import wait_idle
-from tests.integration.test_gateway_lmi_golden import check_records, load_case, match, parse_records
 
 Q = "What is Deep Learning?"
 ERROR_BODY = {

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -27,11 +26,12 @@ from websockets.exceptions import ConnectionClosed
 import gateways.ws
 from gateways.common.app import start_app
 from gateways.common.config import GatewayConfig
+from tests.golden.harness import GOLDEN
 from tests.integration.core_helpers import wait_idle
 
 WAIT = 60.0  # seconds a test waits for a frame before failing (a guard against hangs, not a timing check)
 LONG = 1000  # new tokens: a generation that is still running when a test acts on it
-SEED_EXAMPLE = Path(__file__).resolve().parents[1] / "golden" / "ws" / "seed_example.json"
+SEED_EXAMPLE = GOLDEN / "ws" / "seed_example.json"
 SEED_PAYLOAD = json.loads(SEED_EXAMPLE.read_text())["payload"]  # the seed's queue-generation payload
 KEYS = {
     "ACCEPTED": {"request_id", "type"},
