@@ -46,7 +46,8 @@ def _opt(msg, name: str):
 
 
 def to_generation_request(req: spb.GenerateRequest, request_id: str) -> GenerationRequest:
-    """A GenerateRequest as core types; `request_id` replaces an empty req.request_id."""
+    """A GenerateRequest as core types, under `request_id` (the service passes the client's
+    request_id, or the one it generated when that is empty)."""
     s, st, o = req.sampling, req.stopping, req.output
     which = req.WhichOneof("input")
     messages = None
