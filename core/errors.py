@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -111,7 +112,7 @@ class EngineDead(EngineFailure):
 _CODE_NUMBERS = {c: getattr(code_pb2, c.name) for c in grpc.StatusCode}
 
 
-def _pack(msg) -> any_pb2.Any:
+def _pack(msg: Message) -> any_pb2.Any:
     a = any_pb2.Any()
     a.Pack(msg)
     return a

@@ -10,6 +10,7 @@ the field named by BadRequest / ErrorInfo metadata "param", and the ErrorInfo re
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import grpc
 from google.rpc import error_details_pb2
@@ -77,7 +78,8 @@ class GatewayError(Exception):
         param = reason = None
         status = None
         try:
-            status = rpc_status.from_call(error)
+            # grpc.aio's errors carry the Call methods from_call reads (code, details, trailers).
+            status = rpc_status.from_call(cast(grpc.Call, error))
         except Exception:  # malformed or missing details: keep code and message
             status = None
         if status is not None:

@@ -29,15 +29,13 @@ from aiohttp import web
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.core_client import GenerateCall
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
-
-#: A Generate call of the core (grpc.aio's server-streaming call object).
-GenerateCall = grpc.aio.UnaryStreamCall[spb.GenerateRequest, spb.GenerateResponse]
 
 #: Headers of every streamed response: no caching, and no buffering by proxies such as nginx,
 #: so each record reaches the client as it is written.
@@ -136,7 +134,7 @@ class CoreStream:
         except BaseException:
             call.cancel()
             raise
-        return cls(call, None if first is grpc.aio.EOF else first)
+        return cls(call, first if isinstance(first, spb.GenerateResponse) else None)  # else EOF
 
     async def __aiter__(self) -> AsyncIterator[spb.GenerateResponse]:
         last = self._first
@@ -147,7 +145,7 @@ class CoreStream:
         try:
             while True:
                 msg = await self.call.read()
-                if msg is grpc.aio.EOF:
+                if not isinstance(msg, spb.GenerateResponse):  # grpc.aio.EOF: the call ended
                     break
                 last = msg
                 yield msg

@@ -261,14 +261,14 @@ class ResponseRenderer:
     """
 
     def __init__(self, model_name: str, model_version: str, *, client_id: str | None = None, logprobs: bool = False):
-        self._head: dict = {"model_name": model_name, "model_version": model_version}
+        self._head: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
         if client_id is not None:
             self._head = {"id": client_id, **self._head}
         self.logprobs = logprobs
         self._pending_prompt = ""
         self._cumulative = 0.0
 
-    def event(self, msg: spb.GenerateResponse) -> dict | None:
+    def event(self, msg: spb.GenerateResponse) -> dict[str, Any] | None:
         """The event for one stream message, or None when it carries no output (lifecycle states)."""
         if msg.HasField("prompt_text"):
             self._pending_prompt += msg.prompt_text
@@ -289,7 +289,7 @@ class ResponseRenderer:
             obj["finish_reason"] = finish_word(out.finish_reason, FINISH_REASONS)
         return obj
 
-    def response(self, messages: Iterable[spb.GenerateResponse]) -> dict:
+    def response(self, messages: Iterable[spb.GenerateResponse]) -> dict[str, Any]:
         """The single /generate object for a complete stream's messages."""
         parts: list[str] = []
         logprobs: list[float] = []
@@ -325,7 +325,7 @@ OUTPUTS = (
 )
 
 
-def model_metadata(served: ServedModel) -> dict:
+def model_metadata(served: ServedModel) -> dict[str, Any]:
     """KServe v2 model metadata: name, versions, platform ("trellis_<engine>"), and the generate
     inputs (text_input plus every canonical parameter) and outputs as tensors."""
     inputs = [schema.TensorMetadata(name="text_input", datatype="BYTES", shape=[-1])]
@@ -339,6 +339,6 @@ def model_metadata(served: ServedModel) -> dict:
     ).dump()
 
 
-def server_metadata(version: str) -> dict:
+def server_metadata(version: str) -> dict[str, Any]:
     """KServe v2 server metadata; `generate` is the only extension served."""
     return schema.ServerMetadata(name="trellis", version=version, extensions=["generate"]).dump()

@@ -43,7 +43,7 @@ def error_text(err: GatewayError, *, request_id: str | None = None, prompt: str 
     return client_error(err, NAMES).message
 
 
-def render_in_stream(err: GatewayError, request_id: str | None = None, *, prompt: str | None = None) -> dict:
+def render_in_stream(err: GatewayError, request_id: str | None = None, *, prompt: str | None = None) -> dict[str, str]:
     """The in-band entry for `err`: a prompt's ERROR event, or `{"error"}` for a refused frame
     (request_id None). The caller sends it inside a JSON array."""
     text = error_text(err, request_id=request_id, prompt=prompt)

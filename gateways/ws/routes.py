@@ -35,7 +35,7 @@ from gateways.ws.config import SETTINGS_KEY, WsSettings
 log = logging.getLogger(__name__)
 
 ROUTES = ("/ws", "/api/ws")
-SOCKETS_KEY = web.AppKey("ws_sockets", weakref.WeakSet[web.WebSocketResponse])
+SOCKETS_KEY = web.AppKey("ws_sockets", weakref.WeakSet[web.WebSocketResponse[bool]])
 
 #: A queued outgoing item: an event (shares an array with the other ready events), or a whole
 #: frame (a list, sent on its own).
@@ -203,5 +203,6 @@ async def websocket(request: web.Request) -> web.StreamResponse:
 
 async def close_sockets(app: web.Application) -> None:
     """on_shutdown: close live sockets with 1001 Going Away (their prompts are cancelled)."""
-    for ws in list(app[SOCKETS_KEY]):
+    sockets = app[SOCKETS_KEY]
+    for ws in list(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")

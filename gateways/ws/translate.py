@@ -22,12 +22,13 @@ No I/O, clocks or ids in here: the route owns the socket and passes `PromptState
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.fields import FieldTable, by_rule, same_names
-from gateways.common.streaming import sequence_error
+from gateways.common.streaming import incomplete_stream, sequence_error
 from gateways.ws.schema import GenerationConfig, PromptItem, WsRequest
 
 ACCEPTED = "ACCEPTED"
@@ -122,7 +123,7 @@ class PromptState:
         return cls(item.request_id, body.new_tokens_only, body.streaming, item.prompt)
 
 
-def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
+def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict[str, Any]]:
     """Events for one Generate message (lifecycle and PROGRESS; never COMPLETE), updating `state`.
 
     Raises:
@@ -131,7 +132,7 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
     """
     if msg.HasField("prompt_text"):
         state.input_text = msg.prompt_text
-    events: list[dict] = []
+    events: list[dict[str, Any]] = []
     kind = _STATE_EVENTS.get(msg.state)
     if kind == INITIALIZED:
         text = "" if state.only_new_tokens else state.input_text
@@ -154,7 +155,7 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
     return events
 
 
-def to_complete(state: PromptState) -> dict:
+def to_complete(state: PromptState) -> dict[str, Any]:
     """The COMPLETE event (seed "Type COMPLETE") of a prompt whose call ended cleanly, so
     `state.final` is set.
 
@@ -162,8 +163,13 @@ def to_complete(state: PromptState) -> dict:
     `new_tokens_count` is usage.completion_tokens; `is_eos` is finish_reason EOS;
     `execution_time` is the core's timing.total_ms in seconds (arrival at the core to the final
     message, which excludes the gateway hop).
+
+    Raises:
+        GatewayError: INTERNAL when the final message never came (streaming.incomplete_stream).
     """
     final = state.final
+    if final is None:
+        raise incomplete_stream()
     generated = "".join(state.parts)
     return {
         "request_id": state.request_id,

@@ -64,13 +64,13 @@ def _neutral(name: str, value: Any) -> bool:
     if value is None:
         return True
     if name in ("tools", "functions"):
-        return value == []
+        return bool(value == [])
     if name in ("tool_choice", "function_call"):
-        return value == "none"
+        return bool(value == "none")
     if name == "response_format":
         return isinstance(value, dict) and value.get("type") == "text" and len(value) == 1
     if name == "modalities":
-        return value == ["text"]
+        return bool(value == ["text"])
     return False
 
 

@@ -31,7 +31,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message
 from gateways.common.fields import Field, FieldTable, by_rule, same_names
-from gateways.common.streaming import finish_word
+from gateways.common.streaming import finish_word, incomplete_stream
 
 CHUNK_OBJECT = "chat.completion.chunk"
 COMPLETION_OBJECT = "chat.completion"
@@ -177,8 +177,14 @@ def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
     ]
 
 
-def usage_dict(usage: pb.Usage) -> dict[str, int]:
-    """`{"prompt_tokens", "completion_tokens", "total_tokens"}` (seed "Usage")."""
+def usage_dict(usage: pb.Usage | None) -> dict[str, int]:
+    """`{"prompt_tokens", "completion_tokens", "total_tokens"}` (seed "Usage").
+
+    Raises:
+        GatewayError: no usage, the final message did not come (streaming.incomplete_stream).
+    """
+    if usage is None:
+        raise incomplete_stream()
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -225,7 +231,8 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
 def usage_chunk(state: StreamState) -> dict[str, Any]:
     """The last chunk when `stream_options.include_usage` is set: empty choices, usage set.
 
-    Requires `state.usage` (the final message was seen).
+    Raises:
+        GatewayError: the final message was not seen (`usage_dict`).
     """
     chunk = _chunk(state, [])
     chunk["usage"] = usage_dict(state.usage)
