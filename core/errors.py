@@ -3,8 +3,8 @@
 Every failure the core reports to a client is a CoreError subclass. `to_status()` turns it
 into a gRPC status with machine-readable details: `google.rpc.ErrorInfo` (reason, domain
 "trellis", metadata "param") and, for field errors, `google.rpc.BadRequest` naming the field by
-its GenerateRequest path (e.g. "sampling.top_p"). Gateways decode these details to fill their
-schema's error shape (OpenAI `param`, LMI/Triton messages).
+its GenerateRequest path (e.g. "sampling.top_p"). Gateways decode these details once
+(GatewayError) and name the client's own field through their schema's field table.
 """
 
 from __future__ import annotations

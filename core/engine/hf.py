@@ -1,10 +1,11 @@
 """HF engine: in-flight batching of any transformers causal LM on torch (the CPU default).
 
-The batch is iteration-level, TGI-style: a worker thread owns one padded running batch and its
-KV cache. At each step boundary it applies cancellations, admits waiting requests (prefilled
-together as a left-padded group, whose cache is then concatenated to the running one), or runs
-one decode step for every running sequence. Finished and cancelled sequences are filtered out
-of the cache at the next boundary, and left padding no longer needed is trimmed.
+The batch is iteration-level, TGI-style: a worker thread owns the running batch, one slot per
+running sequence in a slot-addressed KV cache written in place (core.engine.hf_cache). At each
+step boundary it applies cancellations, admits waiting requests (prefilled together as a
+left-padded group; each new sequence's keys and values are then copied into a free slot), or
+runs one decode step for every running sequence. A finished or cancelled sequence frees its
+slot at once, without moving any KV data.
 
 Why this instead of transformers' continuous-batching manager: measured on this CPU
 (reference/environment-facts.md §3), that manager has no per-request seed, returns processed

@@ -4,7 +4,9 @@ A gateway is a package `gateways/<name>/` with the same modules, each with one r
 `config.py` (its flags and its typed settings dataclass on an AppKey), `schema.py` (the JSON
 shapes and types of its requests), `translate.py` (pure mapping to and from the Generate
 contract, with the schema's field table and finish-reason table), `errors.py` (its error shapes),
-`routes.py` (aiohttp handlers, registered by `add_routes`). Its `__init__.py` is the `Gateway`
+`routes.py` (aiohttp handlers, registered by `add_routes`). The OpenAI gateway's schema,
+translation and errors are gateways.common.chat's, as the LMI gateway speaks that schema too.
+Its `__init__.py` is the `Gateway`
 contract that `trellis-gateway <name>` runs: DEFAULT_PORT, add_arguments and make_app, which
 builds the app with `make_gateway_app`.
 

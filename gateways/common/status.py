@@ -1,10 +1,10 @@
 """gRPC status -> HTTP status, and the gateway-side error type.
 
 The table is grpc-gateway's `HTTPStatusFromCode` (DESIGN.md "Errors, per schema") except for
-CANCELLED (see below); a schema that
-needs other numbers (LMI answers RESOURCE_EXHAUSTED with 503, as DJL does) passes overrides to
-`GatewayError.http_status`. `GatewayError.from_rpc_error` decodes the core's google.rpc details:
-the field named by BadRequest / ErrorInfo metadata "param", and the ErrorInfo reason.
+CANCELLED (see below); a schema that needs other numbers (LMI answers RESOURCE_EXHAUSTED with
+503, as DJL does) passes overrides to `GatewayError.http_status`. `GatewayError.from_rpc_error`
+decodes the core's google.rpc details: the field named by BadRequest / ErrorInfo metadata
+"param", and the ErrorInfo reason.
 """
 
 from __future__ import annotations

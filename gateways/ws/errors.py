@@ -4,7 +4,8 @@ A WebSocket has no status to set once upgraded, so there are two in-band shapes:
 - a refused frame: `[{"error": "<sentence>"}]` (no request_id: nothing of the frame ran);
 - a failed prompt: `{"request_id", "type": "ERROR", "error": "<sentence>"}` (seed "Type ERROR"),
   sent in an event array; the socket stays open and the other prompts continue.
-Before the upgrade (a plain HTTP request to the route) the answer is an HTTP error response.
+Before an upgrade the answer is an HTTP error response in the frame shape `[{"error"}]`: 426 for
+a plain HTTP request to the route, 404/405 for any other path or method (the error middleware).
 
 The sentence names this protocol's field when the core named one (`generation_config.num_beams:
 ...`), mapping the core's field paths through translate.FIELDS (gateways.common.fields).
