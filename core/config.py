@@ -1,8 +1,8 @@
 """Core configuration: command-line flags, each with an environment fallback.
 
-Every flag `--some-flag` can also be given as `TRELLIS_CORE_SOME_FLAG`; the command line wins.
-`load()` is the only place that reads the environment. `EnvArgumentParser` is shared with the
-gateways (prefix `TRELLIS_GATEWAY_`).
+Every flag `--some-flag` can also be given as `TRELLIS_CORE_SOME_FLAG`; the command line wins
+(envflags.EnvArgumentParser, shared with the gateways; booleans read as envflags.parse_bool).
+`load()` is the only place that reads the environment.
 """
 
 from __future__ import annotations
@@ -15,59 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.engine.registry import ENGINES
+from envflags import EnvArgumentParser
 
 ENV_PREFIX = "TRELLIS_CORE_"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-class EnvArgumentParser(argparse.ArgumentParser):
-    """ArgumentParser whose options fall back to `<prefix><DEST>` environment variables.
-
-    Boolean options are declared with `argparse.BooleanOptionalAction` and accept
-    1/true/yes/on and 0/false/no/off in the environment. A malformed environment value is a
-    usage error naming the variable.
-    """
-
-    def __init__(self, *args, env_prefix: str, environ: Mapping[str, str], **kwargs):
-        super().__init__(*args, **kwargs)
-        self.env_prefix = env_prefix
-        self.environ = environ
-
-    def env_name(self, dest: str) -> str:
-        """The environment variable that backs option `dest`."""
-        return self.env_prefix + dest.upper()
-
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
-        for action in self._actions:
-            if not action.option_strings or action.dest == "help":
-                continue
-            name = self.env_name(action.dest)
-            if action.help and name not in action.help:
-                action.help = f"{action.help} [env {name}]"
-            if name not in self.environ:
-                continue
-            raw = self.environ[name]
-            try:
-                action.default = _convert(action, raw)
-            except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
-                self.error(f"environment variable {name}={raw!r}: {e}")
-            action.required = False
-        return super().parse_args(args, namespace)
-
-
-def _convert(action: argparse.Action, raw: str):
-    if isinstance(action, argparse.BooleanOptionalAction):
-        v = raw.strip().lower()
-        if v in _TRUE:
-            return True
-        if v in _FALSE:
-            return False
-        raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
-    value = action.type(raw) if callable(action.type) else raw
-    if action.choices is not None and value not in action.choices:
-        raise ValueError(f"expected one of {', '.join(map(str, action.choices))}")
-    return value
 
 
 def _non_negative(raw: str) -> float:

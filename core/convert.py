@@ -7,6 +7,9 @@ become None.
 
 from __future__ import annotations
 
+from typing import Any
+
+from google.protobuf.message import Message
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
@@ -41,12 +44,14 @@ STATES = {
 _SAMPLING_FIELDS = [f.name for f in pb.SamplingParams.DESCRIPTOR.fields if f.has_presence and f.name != "logit_bias"]
 
 
-def _opt(msg, name: str):
+def _opt(msg: Message, name: str) -> Any:
+    """A proto3 `optional` field's value, None when unset."""
     return getattr(msg, name) if msg.HasField(name) else None
 
 
 def to_generation_request(req: spb.GenerateRequest, request_id: str) -> GenerationRequest:
-    """A GenerateRequest as core types; `request_id` replaces an empty req.request_id."""
+    """A GenerateRequest as core types, under `request_id` (the service passes the client's
+    request_id, or the one it generated when that is empty)."""
     s, st, o = req.sampling, req.stopping, req.output
     which = req.WhichOneof("input")
     messages = None

@@ -3,14 +3,15 @@
 Every failure the core reports to a client is a CoreError subclass. `to_status()` turns it
 into a gRPC status with machine-readable details: `google.rpc.ErrorInfo` (reason, domain
 "trellis", metadata "param") and, for field errors, `google.rpc.BadRequest` naming the field by
-its GenerateRequest path (e.g. "sampling.top_p"). Gateways decode these details to fill their
-schema's error shape (OpenAI `param`, LMI/Triton messages).
+its GenerateRequest path (e.g. "sampling.top_p"). Gateways decode these details once
+(GatewayError) and name the client's own field through their schema's field table.
 """
 
 from __future__ import annotations
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -111,7 +112,7 @@ class EngineDead(EngineFailure):
 _CODE_NUMBERS = {c: getattr(code_pb2, c.name) for c in grpc.StatusCode}
 
 
-def _pack(msg) -> any_pb2.Any:
+def _pack(msg: Message) -> any_pb2.Any:
     a = any_pb2.Any()
     a.Pack(msg)
     return a

@@ -18,7 +18,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from core.detokenize import IncrementalDetokenizer
@@ -225,7 +225,7 @@ class RequestPipeline:
         """
         return _Run(self, prep).stream()
 
-    def _decode_fn(self, prep: PreparedRequest):
+    def _decode_fn(self, prep: PreparedRequest) -> Callable[[Sequence[int]], str]:
         tok, skip, spaces = self.tokenizer, prep.skip_special, prep.spaces_between
         return lambda ids: tok.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
 

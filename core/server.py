@@ -116,7 +116,7 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
-    pending: set[asyncio.Task] = set()
+    pending: set[asyncio.Task[None]] = set()
 
     def on_dead(error: Exception) -> None:
         log.error("engine is dead (%s); health is now NOT_SERVING", error)

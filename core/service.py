@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 from trellis.generate.v1 import generate_service_pb2 as spb
@@ -36,7 +37,9 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         self.config = config
         self.draining = False
 
-    async def Generate(self, request: spb.GenerateRequest, context: grpc.aio.ServicerContext):
+    async def Generate(
+        self, request: spb.GenerateRequest, context: grpc.aio.ServicerContext[spb.GenerateRequest, spb.GenerateResponse]
+    ) -> AsyncIterator[spb.GenerateResponse]:
         """Stream one request's GenerateResponses; a failure ends the call with its CoreError's
         status (before the first message for validation and admission errors)."""
         request_id = request.request_id or uuid.uuid4().hex
@@ -57,7 +60,11 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             log.info("request %s: %s %s", request_id, error.code.name, error.message)
             await context.abort_with_status(error.to_status())
 
-    async def GetModelInfo(self, request: spb.GetModelInfoRequest, context) -> spb.GetModelInfoResponse:
+    async def GetModelInfo(
+        self,
+        request: spb.GetModelInfoRequest,
+        context: grpc.aio.ServicerContext[spb.GetModelInfoRequest, spb.GetModelInfoResponse],
+    ) -> spb.GetModelInfoResponse:
         """The served model, the limits validation applies, and the engine's sampling defaults."""
         p, cfg = self.pipeline, self.config
         info = p.engine.info
@@ -85,7 +92,9 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             max_n=p.limits.max_n,
         )
 
-    async def Tokenize(self, request: spb.TokenizeRequest, context: grpc.aio.ServicerContext) -> spb.TokenizeResponse:
+    async def Tokenize(
+        self, request: spb.TokenizeRequest, context: grpc.aio.ServicerContext[spb.TokenizeRequest, spb.TokenizeResponse]
+    ) -> spb.TokenizeResponse:
         """The token ids Generate would see for the same input, after the same input checks
         (INVALID_ARGUMENT naming the field, e.g. an image part or a model without a chat template)."""
         which = request.WhichOneof("input")

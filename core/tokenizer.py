@@ -13,9 +13,13 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from core.errors import InvalidArgument
 from core.types import ChatMessage
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _HEX_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -42,7 +46,7 @@ class Tokenizer:
         eos_token_ids: the model's EOS ids (generation config and tokenizer together).
     """
 
-    def __init__(self, hf_tokenizer, eos_token_ids: Iterable[int]):
+    def __init__(self, hf_tokenizer: PreTrainedTokenizerBase, eos_token_ids: Iterable[int | None]):
         self.hf = hf_tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids if i is not None)
         self.special_ids = frozenset(int(i) for i in hf_tokenizer.all_special_ids)
@@ -108,7 +112,7 @@ class Tokenizer:
                 entry["name"] = m.name
             convo.append(entry)
         try:
-            text = self.hf.apply_chat_template(convo, tokenize=False, add_generation_prompt=True)
+            text = cast(str, self.hf.apply_chat_template(convo, tokenize=False, add_generation_prompt=True))
         except Exception as e:  # jinja raises TemplateError (or anything raise_exception() throws)
             raise InvalidArgument(f"The model's chat template rejected the messages: {e}", field="messages") from e
         return text, self.encode(text, add_special_tokens=False)
@@ -120,13 +124,17 @@ class Tokenizer:
         true, two adjacent special tokens are separated by a space."""
         if skip_special_tokens or not spaces_between_special_tokens or len(ids) < 2:
             if self._rust is not None:
-                return self._rust.decode(list(ids), skip_special_tokens=skip_special_tokens)
-            return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+                return cast(str, self._rust.decode(list(ids), skip_special_tokens=skip_special_tokens))
+            return self._decode(ids, skip_special_tokens)
         cuts = [i for i in range(1, len(ids)) if ids[i - 1] in self.special_ids and ids[i] in self.special_ids]
         if not cuts:
-            return self.hf.decode(ids, skip_special_tokens=False)
+            return self._decode(ids, False)
         bounds = [0, *cuts, len(ids)]
-        return " ".join(self.hf.decode(ids[a:b], skip_special_tokens=False) for a, b in itertools.pairwise(bounds))
+        return " ".join(self._decode(ids[a:b], False) for a, b in itertools.pairwise(bounds))
+
+    def _decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        # One sequence of ids decodes to one string (transformers types decode for batches too).
+        return cast(str, self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def is_special(self, token_id: int) -> bool:
         """Whether `token_id` is a special token (EOS, BOS, chat markers, ...)."""
@@ -149,7 +157,8 @@ class Tokenizer:
         return t
 
     def _compute_bytes(self, token_id: int) -> bytes:
-        piece = self.hf.convert_ids_to_tokens(token_id)
+        # One id gives one token string, or None for an id the vocabulary does not have.
+        piece = cast("str | None", self.hf.convert_ids_to_tokens(token_id))
         if piece is None:
             return b""
         if token_id in self.special_ids:
@@ -163,10 +172,10 @@ class Tokenizer:
             return bytes([int(m.group(1), 16)])
         if "▁" in piece:  # SentencePiece marks a leading space with U+2581
             return piece.replace("▁", " ").encode("utf-8")
-        return self.hf.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        return self._decode([token_id], False).encode("utf-8")
 
 
-def _is_byte_level(hf_tokenizer) -> bool:
+def _is_byte_level(hf_tokenizer: PreTrainedTokenizerBase) -> bool:
     backend = getattr(hf_tokenizer, "backend_tokenizer", None)
     if backend is None:
         return False

@@ -1,9 +1,9 @@
 """Engine-facing data types of the core.
 
 Engines see only these dataclasses, never protobuf: `core.convert` builds them from a
-GenerateRequest and the request pipeline turns EngineOutput back into GenerateResponse
-messages. Token ids are ints of the served model's tokenizer; times are seconds from
-`time.monotonic()` unless a name says otherwise.
+GenerateRequest, the request pipeline turns EngineOutputs into ResponseDeltas, and
+`core.convert` renders those as GenerateResponse messages. Token ids are ints of the served
+model's tokenizer; times are seconds from `time.monotonic()` unless a name says otherwise.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from core.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
+from core.sampling import NEUTRAL
 from core.types import EngineInfo, GenerationRequest, ResolvedSampling
 
 MAX_TOP_LOGPROBS = 20
@@ -97,16 +98,9 @@ def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, 
             f"prompt_logprobs is not available from the {info.engine} engine as it is running.",
             field="output.prompt_logprobs",
         )
-    neutral = {
-        "typical_p": 1.0,
-        "min_p": 0.0,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
-        "repetition_penalty": 1.0,
-    }
     for name in sorted(info.unsupported_sampling_fields):
         value = getattr(s, name, None)
-        if value is not None and value != neutral.get(name):
+        if value is not None and value != getattr(NEUTRAL, name, None):
             raise InvalidArgument(f"{name} is not supported by the {info.engine} engine.", field=f"sampling.{name}")
 
 
@@ -194,7 +188,18 @@ def _check_input(req: GenerationRequest, limits: Limits) -> None:
                     )
 
 
-def _check_range(value, lo, hi, field: str, *, lo_open: bool = False, hi_open: bool = False, what: str = "") -> None:
+def _check_range(
+    value: float | None,
+    lo: float | None,
+    hi: float | None,
+    field: str,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    what: str = "",
+) -> None:
+    """Raise InvalidArgument naming `field` unless `value` (None: unset, fine) is finite and in
+    the range from `lo` to `hi` (None: unbounded; open ends when told)."""
     if value is None:
         return
     if isinstance(value, float) and not math.isfinite(value):
@@ -209,7 +214,7 @@ def _check_range(value, lo, hi, field: str, *, lo_open: bool = False, hi_open: b
         raise InvalidArgument(f"{name} must be in {rng}{what}, got {_fmt(value)}.", field=field)
 
 
-def _fmt(v) -> str:
+def _fmt(v: float) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 

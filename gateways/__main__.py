@@ -1,6 +1,7 @@
 """`trellis-gateway <lmi|openai|triton|ws> [flags]`: run one gateway process until SIGTERM.
 
-Each gateway package exports DEFAULT_PORT, add_arguments(parser) and make_app(config).
+Each gateway package is a gateways.common.app.Gateway: DEFAULT_PORT, add_arguments(parser) and
+make_app(config).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import json
 import logging
 import signal
 import sys
+from typing import cast
 
-from gateways.common.app import start_app
+from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
 
 GATEWAYS = ("lmi", "openai", "triton", "ws")
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     name = argv[0]
-    module = importlib.import_module(f"gateways.{name}")
+    module = cast(Gateway, importlib.import_module(f"gateways.{name}"))
     config = load(name, module.DEFAULT_PORT, module.add_arguments, argv[1:])
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info(
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(_serve(config, module))
 
 
-async def _serve(config: GatewayConfig, module) -> int:
+async def _serve(config: GatewayConfig, module: Gateway) -> int:
     try:
         app = module.make_app(config)
         runner, port = await start_app(app, config.host, config.port)

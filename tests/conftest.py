@@ -20,7 +20,7 @@ from core.config import CoreConfig
 from core.server import CoreServer, start_core
 from core.tokenizer import Tokenizer
 from gateways.common.app import start_app
-from gateways.common.config import GatewayConfig
+from gateways.common.config import GatewayConfig, load
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -143,8 +143,4 @@ async def start_gateway(core) -> AsyncIterator[GatewayFactory]:
 
 
 def _default_options(module) -> dict[str, Any]:
-    import argparse
-
-    p = argparse.ArgumentParser()
-    module.add_arguments(p)
-    return vars(p.parse_args([]))
+    return dict(load(module.__name__.rsplit(".", 1)[-1], module.DEFAULT_PORT, module.add_arguments, [], {}).options)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from core.errors import EngineDead, NotReady
 from core.types import (
@@ -22,6 +22,9 @@ from core.types import (
     ResolvedSampling,
     SamplingOptions,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +173,9 @@ class OutputStream:
             self._on_close(finished)
 
 
-def prompt_logprobs(logits, prompt: Sequence[int], k: int, vocab: int | None = None) -> list[PromptTokenInfo]:
+def prompt_logprobs(
+    logits: torch.Tensor | Sequence[Sequence[float]], prompt: Sequence[int], k: int, vocab: int | None = None
+) -> list[PromptTokenInfo]:
     """The logprob of every prompt token given the ones before it, with `k` alternatives each.
 
     Args:

@@ -1,10 +1,11 @@
 """HF engine: in-flight batching of any transformers causal LM on torch (the CPU default).
 
-The batch is iteration-level, TGI-style: a worker thread owns one padded running batch and its
-KV cache. At each step boundary it applies cancellations, admits waiting requests (prefilled
-together as a left-padded group, whose cache is then concatenated to the running one), or runs
-one decode step for every running sequence. Finished and cancelled sequences are filtered out
-of the cache at the next boundary, and left padding no longer needed is trimmed.
+The batch is iteration-level, TGI-style: a worker thread owns the running batch, one slot per
+running sequence in a slot-addressed KV cache written in place (core.engine.hf_cache). At each
+step boundary it applies cancellations, admits waiting requests (prefilled together as a
+left-padded group; each new sequence's keys and values are then copied into a free slot), or
+runs one decode step for every running sequence. A finished or cancelled sequence frees its
+slot at once, without moving any KV data.
 
 Why this instead of transformers' continuous-batching manager: measured on this CPU
 (reference/environment-facts.md §3), that manager has no per-request seed, returns processed
@@ -28,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
@@ -35,7 +37,7 @@ from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.hf_cache import SlotKVCache
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
 from core.errors import EngineDead, EngineFailure, InvalidArgument, NotReady, Overloaded
-from core.sampling import resolve_generic
+from core.sampling import NEUTRAL, resolve_generic
 from core.types import (
     EngineInfo,
     EngineOutput,
@@ -48,10 +50,18 @@ from core.types import (
     SequenceStep,
 )
 
+if TYPE_CHECKING:
+    from core.config import CoreConfig
+    from core.tokenizer import Tokenizer
+
 log = logging.getLogger(__name__)
 
+#: Per row of a step: the chosen token's logprob, and its top alternatives (id, logprob).
+Logprobs: TypeAlias = dict[int, float]
+TopLogprobs: TypeAlias = dict[int, list[tuple[int, float]]]
 
-def build(config, tokenizer) -> HfEngine:
+
+def build(config: CoreConfig, tokenizer: Tokenizer) -> HfEngine:
     """Engine factory for `--engine hf` (see core.engine.registry)."""
     return HfEngine(
         config.model,
@@ -96,6 +106,10 @@ class _Row:
     @property
     def history(self) -> list[int]:
         return self.owner.req.prompt_ids + self.generated
+
+
+#: What a worker step hands to the event loop: (request, output) pairs, in order.
+Emits: TypeAlias = list[tuple[_Req, EngineOutput]]
 
 
 class HfEngine(EngineLifecycle):
@@ -157,7 +171,8 @@ class HfEngine(EngineLifecycle):
         self._dtype_name = dtype
         self._device = torch.device(device)
         self._threads = threads
-        self._model = None
+        # The transformers causal LM (loaded by start()); its forward takes keyword tensors.
+        self._model: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         # Shared between the event loop and the worker (guarded by _cv's lock, as are _alive
@@ -176,8 +191,9 @@ class HfEngine(EngineLifecycle):
         self._cache: SlotKVCache | None = None
         self._pos = torch.zeros(max_batch_size, dtype=torch.long, device=self._device)  # next position per slot
         self._next = torch.full((max_batch_size,), self._pad, dtype=torch.long, device=self._device)  # next input
-        self._seen: torch.Tensor | None = None  # [slots, V] bool: prompt + output tokens (penalties)
-        self._counts: torch.Tensor | None = None  # [slots, V] float: output token counts (penalties)
+        # While a running row has a penalty: per slot, [slots, V] bool seen tokens (prompt and
+        # output) and [slots, V] float output token counts.
+        self._history: tuple[torch.Tensor, torch.Tensor] | None = None
         self._penalty_synced: set[int] = set()
         self._params: BatchParams | None = None
         self._sample_idx: torch.Tensor | None = None
@@ -204,7 +220,7 @@ class HfEngine(EngineLifecycle):
             dtype = torch.float32 if self._device.type == "cpu" else "auto"
         else:
             dtype = getattr(torch, self._dtype_name)
-        model = AutoModelForCausalLM.from_pretrained(self._path, dtype=dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(self._path, dtype=dtype)
         model.to(self._device)
         model.eval()
         self._model = model
@@ -348,11 +364,11 @@ class HfEngine(EngineLifecycle):
         if crashed:
             self._loop.call_soon_threadsafe(self._mark_dead, error)
 
-    def _cancel_pending(self, emits) -> None:
+    def _cancel_pending(self, emits: Emits) -> None:
         """Under the lock: drop aborted requests that are still waiting."""
         if not self._aborts:
             return
-        keep = collections.deque()
+        keep: collections.deque[_Req] = collections.deque()
         for r in self._pending:
             if r.req.request_id in self._aborts:
                 self._aborts.discard(r.req.request_id)
@@ -381,13 +397,13 @@ class HfEngine(EngineLifecycle):
             self._reserved += r.reserved_tokens
         return admitted
 
-    def _cancel_running(self, ids: set[str], emits) -> None:
+    def _cancel_running(self, ids: set[str], emits: Emits) -> None:
         owners = {id(row.owner): row.owner for row in self._rows_live if row.owner.req.request_id in ids}
         for r in owners.values():
             emits.append((r, _cancelled(r)))
         self._release([row for row in self._rows_live if row.owner.req.request_id in ids])
 
-    def _fail_batch(self, admitted: list[_Req], error: Exception, emits) -> None:
+    def _fail_batch(self, admitted: list[_Req], error: Exception, emits: Emits) -> None:
         owners = {id(r): r for r in admitted}
         owners.update({id(row.owner): row.owner for row in self._rows_live})
         for r in owners.values():
@@ -406,7 +422,7 @@ class HfEngine(EngineLifecycle):
 
     # ---------------------------------------------------------------- prefill
 
-    def _prefill(self, reqs: list[_Req], emits) -> None:
+    def _prefill(self, reqs: list[_Req], emits: Emits) -> None:
         """Prefill a group of new requests together, sample their first tokens, and give each
         sequence a slot in the running batch."""
         from transformers import DynamicCache
@@ -453,10 +469,8 @@ class HfEngine(EngineLifecycle):
         if len(source) != len(reqs):
             logits = logits[torch.tensor(source, device=dev)]
         params = BatchParams.from_rows([row.params for row in rows], dev)
-        seen = counts = None
-        if params.any_penalty:
-            seen, counts = self._penalty_rows(rows)
-        tokens, lps, tops = self._sample(rows, logits, params, seen, counts, self._bias_for(rows))
+        seen_counts = self._penalty_rows(rows) if params.any_penalty else None
+        tokens, lps, tops = self._sample(rows, logits, params, seen_counts, self._bias_for(rows))
         self._emit_tokens(rows, tokens, lps, tops, emits)
         if self._cache is None:
             self._cache = SlotKVCache(len(group_cache.layers), self._max_batch, dev)
@@ -474,17 +488,17 @@ class HfEngine(EngineLifecycle):
         self._recompose()
 
     def _new_row(self, r: _Req, k: int, slot: int) -> _Row:
-        s = r.req.sampling
+        s, n = r.req.sampling, NEUTRAL
         params = RowParams(
             do_sample=s.do_sample,
-            temperature=s.temperature if s.temperature is not None else 1.0,
-            top_k=s.top_k or 0,
-            top_p=s.top_p if s.top_p is not None else 1.0,
-            min_p=s.min_p or 0.0,
-            typical_p=s.typical_p if s.typical_p is not None else 1.0,
-            repetition_penalty=s.repetition_penalty if s.repetition_penalty is not None else 1.0,
-            presence_penalty=s.presence_penalty or 0.0,
-            frequency_penalty=s.frequency_penalty or 0.0,
+            temperature=n.temperature if s.temperature is None else s.temperature,
+            top_k=n.top_k if s.top_k is None else s.top_k,
+            top_p=n.top_p if s.top_p is None else s.top_p,
+            min_p=n.min_p if s.min_p is None else s.min_p,
+            typical_p=n.typical_p if s.typical_p is None else s.typical_p,
+            repetition_penalty=n.repetition_penalty if s.repetition_penalty is None else s.repetition_penalty,
+            presence_penalty=n.presence_penalty if s.presence_penalty is None else s.presence_penalty,
+            frequency_penalty=n.frequency_penalty if s.frequency_penalty is None else s.frequency_penalty,
         )
         gen = None
         if s.do_sample:
@@ -494,9 +508,11 @@ class HfEngine(EngineLifecycle):
 
     # ---------------------------------------------------------------- decode
 
-    def _decode(self, emits) -> None:
+    def _decode(self, emits: Emits) -> None:
         """One decode step for every running sequence."""
         cache, live, rows = self._cache, self._live_slots, self._rows_live
+        idx, params = self._live_idx, self._params
+        assert cache is not None and idx is not None and params is not None, "decode without running rows"
         extent = self._extent
         cache.make_room(live)
         end = cache.length
@@ -509,39 +525,57 @@ class HfEngine(EngineLifecycle):
             use_cache=True,
         )
         cache.length = end + 1
-        idx = self._live_idx
         self._pos[idx] += 1
         logits = out.logits[:, -1, :]
         if len(live) != extent:
             logits = logits[idx]
-        seen = counts = None
-        if self._seen is not None:
-            seen, counts = self._seen[idx], self._counts[idx]
+        history = self._history
+        seen_counts = None if history is None else (history[0][idx], history[1][idx])
         tokens, lps, tops = self._sample(
-            rows, logits.float(), self._params, seen, counts, self._bias, self._sample_idx, self._sample_params
+            rows, logits.float(), params, seen_counts, self._bias, self._sample_idx, self._sample_params
         )
         self._next[idx] = tokens
-        if self._seen is not None:
-            self._seen[idx, tokens] = True
-            self._counts[idx, tokens] += 1
+        if history is not None:
+            history[0][idx, tokens] = True
+            history[1][idx, tokens] += 1
         self._emit_tokens(rows, tokens, lps, tops, emits)
         if any(row.finished for row in rows):
             self._release([row for row in rows if row.finished])
 
-    def _sample(self, rows, logits, params, seen, counts, bias, sample_idx=None, sample_params=None):
+    def _sample(
+        self,
+        rows: list[_Row],
+        logits: torch.Tensor,
+        params: BatchParams,
+        seen_counts: tuple[torch.Tensor, torch.Tensor] | None,
+        bias: torch.Tensor | None,
+        sample_idx: torch.Tensor | None = None,
+        sample_params: BatchParams | None = None,
+    ) -> tuple[torch.Tensor, Logprobs | None, TopLogprobs | None]:
         """Choose the next token of every row. Returns (tokens [R] tensor, {row: logprob} or
-        None, {row: top alternatives} or None)."""
+        None, {row: top alternatives} or None).
+
+        Args:
+            rows: the rows, in logits order.
+            logits: [R, V] float raw logits.
+            params: the rows' parameters.
+            seen_counts: [R, V] seen tokens and output counts, when a row has a penalty.
+            bias: [R, V] logit bias, if any row has one.
+            sample_idx, sample_params: the sampling rows and their parameters (computed when
+                not given).
+        """
         want_lp = [i for i, row in enumerate(rows) if row.owner.req.logprobs]
         raw_lp = logits[want_lp].log_softmax(dim=-1) if want_lp else None
         x = logits
         if params.any_penalty:
-            x = apply_penalties(x, params, seen, counts)
+            assert seen_counts is not None, "rows with penalties come with their token history"
+            x = apply_penalties(x, params, *seen_counts)
         if bias is not None:
             x = x + bias
         x = self._ban(rows, x)
         tokens = x.argmax(dim=-1)
         if params.any_sample:
-            if sample_idx is None:
+            if sample_idx is None or sample_params is None:
                 sample_idx, sample_params = _sampling_subset(rows, params)
             probs = filter_logits(x[sample_idx], sample_params).softmax(dim=-1)
             tokens[sample_idx] = draw(probs, [rows[i].generator for i in sample_idx.tolist()])
@@ -553,12 +587,11 @@ class HfEngine(EngineLifecycle):
         kmax = max(rows[i].owner.req.top_logprobs for i in want_lp)
         if kmax == 0:
             return tokens, lps, None
-        vals, idx = raw_lp.topk(kmax, dim=-1)
-        vals, idx = vals.tolist(), idx.tolist()
-        tops = {}
+        top_vals, top_ids = (t.tolist() for t in raw_lp.topk(kmax, dim=-1))
+        tops: TopLogprobs = {}
         for j, i in enumerate(want_lp):
             k = rows[i].owner.req.top_logprobs
-            tops[i] = list(zip(idx[j][:k], vals[j][:k], strict=True))
+            tops[i] = list(zip(top_ids[j][:k], top_vals[j][:k], strict=True))
         return tokens, lps, tops
 
     def _ban(self, rows: list[_Row], x: torch.Tensor) -> torch.Tensor:
@@ -584,7 +617,14 @@ class HfEngine(EngineLifecycle):
                 x[i, banned] = float("-inf")
         return x
 
-    def _emit_tokens(self, rows: list[_Row], tokens: torch.Tensor, lps, tops, emits) -> None:
+    def _emit_tokens(
+        self,
+        rows: list[_Row],
+        tokens: torch.Tensor,
+        lps: Logprobs | None,
+        tops: TopLogprobs | None,
+        emits: Emits,
+    ) -> None:
         now = time.monotonic()
         by_owner: dict[int, tuple[_Req, list[SequenceStep]]] = {}
         for i, tok in enumerate(tokens.tolist()):
@@ -617,7 +657,7 @@ class HfEngine(EngineLifecycle):
     def _release(self, rows: list[_Row]) -> None:
         """Free the slots of finished or cancelled rows (no KV data moves)."""
         for row in rows:
-            if self._slots[row.slot] is row:
+            if self._slots[row.slot] is row and self._cache is not None:
                 self._slots[row.slot] = None
                 self._cache.release(row.slot)
                 self._pos[row.slot] = 0
@@ -628,11 +668,11 @@ class HfEngine(EngineLifecycle):
     def _recompose(self) -> None:
         """Rebuild per-row tensors after sequences joined or left the batch."""
         live = self._live_slots
-        self._rows_live = [self._slots[s] for s in live]
+        self._rows_live = [row for s in live if (row := self._slots[s]) is not None]
         self._extent = max(live) + 1 if live else 0
         if not live:
             self._params = self._sample_idx = self._sample_params = self._bias = None
-            self._seen = self._counts = None
+            self._history = None
             if self._cache is not None:
                 self._cache.length = 0
                 self._cache.mask.zero_()
@@ -644,16 +684,19 @@ class HfEngine(EngineLifecycle):
         else:
             self._sample_idx = self._sample_params = None
         if not self._params.any_penalty:
-            self._seen = self._counts = None
+            self._history = None
         else:
-            if self._seen is None:
-                self._seen = torch.zeros((self._max_batch, self._logit_dim), dtype=torch.bool, device=self._device)
-                self._counts = torch.zeros((self._max_batch, self._logit_dim), dtype=torch.float32, device=self._device)
+            if self._history is None:
+                shape = (self._max_batch, self._logit_dim)
+                self._history = (
+                    torch.zeros(shape, dtype=torch.bool, device=self._device),
+                    torch.zeros(shape, dtype=torch.float32, device=self._device),
+                )
                 self._penalty_synced = set()
             for row in self._rows_live:
                 if id(row) not in self._penalty_synced:
                     seen, counts = self._penalty_rows([row])
-                    self._seen[row.slot], self._counts[row.slot] = seen[0], counts[0]
+                    self._history[0][row.slot], self._history[1][row.slot] = seen[0], counts[0]
             self._penalty_synced = {id(row) for row in self._rows_live}
         self._bias = self._bias_for(self._rows_live)
 

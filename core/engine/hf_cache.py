@@ -13,26 +13,33 @@ are dropped from the left (compaction), or the capacity doubles.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-class _SlotLayer(CacheLayerMixin):
+# transformers' cache classes are not annotated (their __init__ and __init_subclass__ count as
+# untyped calls under mypy --strict).
+class _SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
     """One decoder layer's keys and values, written in place at the shared timeline's end."""
 
     is_sliding = False
 
     def __init__(self, owner: SlotKVCache):
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.owner = owner
-        self.kbuf: torch.Tensor | None = None
-        self.vbuf: torch.Tensor | None = None
+        # [slots, kv_heads, capacity, head_dim] once the cache is allocated (empty before).
+        self.kbuf = torch.empty(0, device=owner.device)
+        self.vbuf = torch.empty(0, device=owner.device)
         self.is_initialized = True
 
-    def lazy_initialization(self, key_states, value_states) -> None:  # buffers come from allocate()
-        return None
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        return None  # the buffers come from SlotKVCache._allocate
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rows, end = key_states.shape[0], self.owner.length
         n = key_states.shape[-2]
         self.kbuf[:rows, :, end : end + n] = key_states
@@ -68,14 +75,14 @@ class SlotKVCache(Cache):
         self.capacity = capacity
         self.mask = torch.zeros((slots, capacity), dtype=torch.long, device=device)
         self.start = [0] * slots
-        super().__init__(layers=[_SlotLayer(self) for _ in range(num_layers)])
-
-    @property
-    def allocated(self) -> bool:
-        return self.layers[0].kbuf is not None
+        self.allocated = False
+        self.slot_layers = [_SlotLayer(self) for _ in range(num_layers)]
+        layers: list[Any] = list(self.slot_layers)
+        super().__init__(layers=layers)
 
     def _allocate(self, shapes: list[tuple[int, int, torch.dtype]]) -> None:
-        for layer, (heads, dim, dtype) in zip(self.layers, shapes, strict=True):
+        self.allocated = True
+        for layer, (heads, dim, dtype) in zip(self.slot_layers, shapes, strict=True):
             layer.kbuf = torch.zeros((self.slots, heads, self.capacity, dim), dtype=dtype, device=self.device)
             layer.vbuf = torch.zeros_like(layer.kbuf)
 
@@ -93,7 +100,7 @@ class SlotKVCache(Cache):
         if self.length + 1 > self.capacity:
             self.make_room(live)
         begin = self.length - plen
-        for layer, k, v in zip(self.layers, keys, values, strict=True):
+        for layer, k, v in zip(self.slot_layers, keys, values, strict=True):
             layer.kbuf[slot, :, begin : self.length] = k
             layer.vbuf[slot, :, begin : self.length] = v
         self.mask[slot].zero_()
@@ -119,7 +126,7 @@ class SlotKVCache(Cache):
 
     def _shift_left(self, cols: int, live: list[int]) -> None:
         keep = self.length - cols
-        for layer in self.layers:
+        for layer in self.slot_layers:
             layer.kbuf[:, :, :keep] = layer.kbuf[:, :, cols : self.length].clone()
             layer.vbuf[:, :, :keep] = layer.vbuf[:, :, cols : self.length].clone()
         self.mask[:, :keep] = self.mask[:, cols : self.length].clone()
@@ -146,16 +153,17 @@ class SlotKVCache(Cache):
     def _rebuild(self, capacity: int, offset: int) -> None:
         """Reallocate to `capacity` columns, moving the used columns right by `offset`."""
         end = self.length
-        for layer in self.layers:
-            for name in ("kbuf", "vbuf"):
-                old = getattr(layer, name)
-                new = torch.zeros(
-                    (self.slots, old.shape[1], capacity, old.shape[3]), dtype=old.dtype, device=old.device
-                )
-                new[:, :, offset : offset + end] = old[:, :, :end]
-                setattr(layer, name, new)
+        for layer in self.slot_layers:
+            layer.kbuf, layer.vbuf = (_moved(old, capacity, offset, end) for old in (layer.kbuf, layer.vbuf))
         mask = torch.zeros((self.slots, capacity), dtype=torch.long, device=self.device)
         mask[:, offset : offset + end] = self.mask[:, :end]
         self.mask = mask
         self.capacity = capacity
         self.length = end + offset
+
+
+def _moved(old: torch.Tensor, capacity: int, offset: int, end: int) -> torch.Tensor:
+    """`old`'s first `end` columns in a new [slots, heads, capacity, dim] buffer at `offset`."""
+    new = torch.zeros((old.shape[0], old.shape[1], capacity, old.shape[3]), dtype=old.dtype, device=old.device)
+    new[:, :, offset : offset + end] = old[:, :, :end]
+    return new

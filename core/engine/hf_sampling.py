@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.sampling import NEUTRAL
+
 NEG_INF = float("-inf")
 
 
@@ -22,19 +24,24 @@ class RowParams:
     """Sampling parameters of one batch row (resolved values, neutral when unused)."""
 
     do_sample: bool
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    typical_p: float = 1.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = NEUTRAL.temperature
+    top_k: int = NEUTRAL.top_k
+    top_p: float = NEUTRAL.top_p
+    min_p: float = NEUTRAL.min_p
+    typical_p: float = NEUTRAL.typical_p
+    repetition_penalty: float = NEUTRAL.repetition_penalty
+    presence_penalty: float = NEUTRAL.presence_penalty
+    frequency_penalty: float = NEUTRAL.frequency_penalty
 
     @property
     def needs_penalties(self) -> bool:
         """Whether any token-history penalty is active."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        n = NEUTRAL
+        return (
+            self.repetition_penalty != n.repetition_penalty
+            or self.presence_penalty != n.presence_penalty
+            or self.frequency_penalty != n.frequency_penalty
+        )
 
 
 @dataclass(slots=True)
@@ -61,17 +68,18 @@ class BatchParams:
     def from_rows(cls, rows: Sequence[RowParams], device: torch.device | str = "cpu") -> BatchParams:
         """Stack per-row parameters."""
 
-        def t(values, dtype):
+        def t(values: Sequence[float], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)
 
+        n = NEUTRAL  # greedy rows take the neutral values: their filters must change nothing
         do_sample = [r.do_sample for r in rows]
-        top_k = [r.top_k if r.do_sample else 0 for r in rows]
-        top_p = [r.top_p if r.do_sample else 1.0 for r in rows]
-        min_p = [r.min_p if r.do_sample else 0.0 for r in rows]
-        typical = [r.typical_p if r.do_sample else 1.0 for r in rows]
+        top_k = [r.top_k if r.do_sample else n.top_k for r in rows]
+        top_p = [r.top_p if r.do_sample else n.top_p for r in rows]
+        min_p = [r.min_p if r.do_sample else n.min_p for r in rows]
+        typical = [r.typical_p if r.do_sample else n.typical_p for r in rows]
         return cls(
             do_sample=t(do_sample, torch.bool),
-            temperature=t([max(r.temperature, 1e-5) if r.do_sample else 1.0 for r in rows], torch.float32),
+            temperature=t([max(r.temperature, 1e-5) if r.do_sample else n.temperature for r in rows], torch.float32),
             top_k=t(top_k, torch.long),
             top_p=t(top_p, torch.float32),
             min_p=t(min_p, torch.float32),
@@ -81,10 +89,10 @@ class BatchParams:
             frequency_penalty=t([r.frequency_penalty for r in rows], torch.float32),
             any_sample=any(do_sample),
             any_penalty=any(r.needs_penalties for r in rows),
-            any_top_k=any(k > 0 for k in top_k),
-            any_top_p=any(p < 1.0 for p in top_p),
-            any_min_p=any(p > 0.0 for p in min_p),
-            any_typical=any(p < 1.0 for p in typical),
+            any_top_k=any(k > n.top_k for k in top_k),
+            any_top_p=any(p < n.top_p for p in top_p),
+            any_min_p=any(p > n.min_p for p in min_p),
+            any_typical=any(p < n.typical_p for p in typical),
         )
 
 

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
     from core.config import CoreConfig
     from core.engine.base import Engine
     from core.tokenizer import Tokenizer
 
-# name -> "module:factory"; each factory is `build(config, tokenizer) -> Engine`.
+#: An engine module's factory: `build(config: CoreConfig, tokenizer: Tokenizer) -> Engine`.
+EngineFactory: TypeAlias = "Callable[[CoreConfig, Tokenizer], Engine]"
+
+# name -> "module:factory" (an EngineFactory).
 ENGINES = {
     "hf": "core.engine.hf:build",
     "mock": "core.engine.mock:build",
@@ -36,8 +40,8 @@ def create_engine(config: CoreConfig, tokenizer: Tokenizer) -> Engine:
     if target is None:
         raise ValueError(f"unknown engine {config.engine!r}; choose one of {', '.join(ENGINES)}")
     module_name, _, factory = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, factory)(config, tokenizer)
+    build: EngineFactory = getattr(importlib.import_module(module_name), factory)
+    return build(config, tokenizer)
 
 
 # Written by scripts/build_trtllm_engine.py into an engine directory; names the tokenizer.

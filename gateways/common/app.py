@@ -1,21 +1,84 @@
-"""aiohttp application and server helpers shared by the gateways."""
+"""The gateway contract, and the aiohttp pieces every gateway shares.
+
+A gateway is a package `gateways/<name>/` with the same modules, each with one responsibility:
+`config.py` (its flags and its typed settings dataclass on an AppKey), `schema.py` (the JSON
+shapes and types of its requests), `translate.py` (pure mapping to and from the Generate
+contract, with the schema's field table and finish-reason table), `errors.py` (its error shapes),
+`routes.py` (aiohttp handlers, registered by `add_routes`). The OpenAI gateway's schema,
+translation and errors are gateways.common.chat's, as the LMI gateway speaks that schema too.
+Its `__init__.py` is the `Gateway`
+contract that `trellis-gateway <name>` runs: DEFAULT_PORT, add_arguments and make_app, which
+builds the app with `make_gateway_app`.
+
+Every app built so has: the gateway's settings on its AppKey, the core client
+(`core_client(request)`), the body size limit, and the error middleware, so every error is in the
+schema's own shape: those the handlers render themselves (they know the request), and those that
+happen around them, rendered by the schema's `render_http_error`: an unknown path (404), a wrong
+method (405), a body over --max-body-bytes (413), an unexpected failure before the response
+started (500).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
+from envflags import EnvArgumentParser
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
+from gateways.common.framing import loads
+from gateways.common.status import GatewayError
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+#: `render(request, status, message)`: a schema's response for an HTTP-level error.
+HttpErrorRenderer = Callable[[web.Request, int, str], web.Response]
+
+#: Set on a request once a response to it was prepared (its status line is sent).
+RESPONSE_STARTED = web.RequestKey("trellis_response_started", bool)
+
+INTERNAL_ERROR = "Internal error in the gateway; see its log."
 
 
-def make_base_app(config: GatewayConfig, middlewares=()) -> web.Application:
-    """An app with the config and core client attached and the body size limit applied."""
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=list(middlewares))
+class Gateway(Protocol):
+    """What a gateway package exports (gateways/__main__.py runs it)."""
+
+    DEFAULT_PORT: int
+
+    def add_arguments(self, parser: EnvArgumentParser) -> None:
+        """Add the gateway's own flags."""
+
+    def make_app(self, config: GatewayConfig) -> web.Application:
+        """The gateway's aiohttp application (see `make_gateway_app`).
+
+        Raises:
+            ValueError: a setting that cannot be used (e.g. a bad .env value).
+        """
+
+
+def make_gateway_app(
+    config: GatewayConfig,
+    settings_key: web.AppKey[S],
+    settings: S,
+    *,
+    render_error: HttpErrorRenderer,
+    add_routes: Callable[[web.Application], None],
+) -> web.Application:
+    """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
+    error middleware with the schema's `render_error`, and the routes from `add_routes`."""
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware(render_error)])
     app[CONFIG_KEY] = config
+    app[settings_key] = settings
     app.cleanup_ctx.append(core_client_ctx)
+    app.on_response_prepare.append(_mark_started)
+    add_routes(app)
     return app
 
 
@@ -24,34 +87,64 @@ def core_client(request: web.Request) -> CoreClient:
     return request.app[CORE_CLIENT_KEY]
 
 
-def option(request: web.Request, name: str, default: Any = None) -> Any:
-    """A gateway-specific option (argparse dest) of the app's GatewayConfig."""
-    return request.app[CONFIG_KEY].option(name, default)
+async def read_json(request: web.Request, *, param: str | None = None, empty: str | None = None) -> Any:
+    """The request body as strict JSON (framing.loads: NaN and Infinity refused); any
+    Content-Type is accepted.
 
+    Args:
+        request: the request.
+        param: the field to name in the errors (e.g. "body"), if any.
+        empty: the message for a blank body; None treats it as invalid JSON.
 
-def error_middleware(render: Callable[[int, str], web.Response]):
-    """A middleware that answers aiohttp's own HTTP errors (unknown path 404, wrong method 405,
-    body over --max-body-bytes 413) with `render(status, message)`, the schema's error shape,
-    instead of aiohttp's plain text.
-
-    The message names the method and path for 404 and 405 ("Not Found: GET /v2/nothing"), and
-    is aiohttp's explanation otherwise ("Maximum request body size 1024 exceeded, ...").
+    Raises:
+        web.HTTPRequestEntityTooLarge: the body exceeds --max-body-bytes (the error middleware
+            answers 413 in the schema's shape).
+        GatewayError: INVALID_ARGUMENT for a blank body (with `empty`), invalid UTF-8 or JSON.
     """
+    raw = await request.read()
+    if empty is not None and not raw.strip():
+        raise GatewayError.invalid(empty, param)
+    try:
+        return loads(raw)
+    except GatewayError as e:
+        e.param = param
+        raise
+
+
+def error_middleware(render: HttpErrorRenderer) -> Middleware:
+    """Render the errors that escape a handler with the schema's `render(request, status,
+    message)`: aiohttp's HTTP errors (the message names the method and path for 404 and 405,
+    "Not Found: GET /v2/nothing"; gives the limit for 413; is aiohttp's explanation otherwise),
+    and any other exception as 500 when no response was started yet (after that the connection
+    is closed, as aiohttp does)."""
 
     @web.middleware
-    async def middleware(request: web.Request, handler) -> web.StreamResponse:
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            if exc.status in (404, 405) or exc.text in (None, f"{exc.status}: {exc.reason}"):
-                message = f"{exc.reason}: {request.method} {request.path}"
-            else:
-                message = exc.text
-            return render(exc.status, message)
+            return render(request, exc.status, _http_message(request, exc))
+        except Exception:
+            if request.get(RESPONSE_STARTED):
+                raise
+            log.exception("%s %s failed", request.method, request.path)
+            return render(request, 500, INTERNAL_ERROR)
 
     return middleware
+
+
+def _http_message(request: web.Request, exc: web.HTTPException) -> str:
+    if exc.status == web.HTTPRequestEntityTooLarge.status_code:
+        return f"The request body is larger than the limit of {request.app[CONFIG_KEY].max_body_bytes} bytes."
+    if exc.status in (404, 405) or exc.text in (None, f"{exc.status}: {exc.reason}"):
+        return f"{exc.reason}: {request.method} {request.path}"
+    return exc.text or exc.reason
+
+
+async def _mark_started(request: web.Request, response: web.StreamResponse) -> None:
+    request[RESPONSE_STARTED] = True
 
 
 async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -64,5 +157,6 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
-    return runner, bound
+    server = site._server  # aiohttp exposes no public accessor for the bound port
+    assert isinstance(server, asyncio.Server)
+    return runner, int(server.sockets[0].getsockname()[1])

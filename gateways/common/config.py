@@ -1,19 +1,25 @@
 """Gateway configuration: common flags plus each gateway's own, all with environment fallbacks.
 
-Every flag `--some-flag` can also be set as `TRELLIS_GATEWAY_SOME_FLAG`; the command line wins.
-A gateway module adds its own flags in `add_arguments(parser)` and reads them back from
-`GatewayConfig.options`.
+Every flag `--some-flag` can also be set as `TRELLIS_GATEWAY_SOME_FLAG`; the command line wins
+(envflags.EnvArgumentParser, shared with the core). A gateway adds its own flags in
+`add_arguments(parser)` (its config.py) and turns the parsed values into its typed settings
+dataclass once, with `settings_from`; handlers read that dataclass from the app, never a flag by
+name.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from core.config import EnvArgumentParser
+from envflags import EnvArgumentParser
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+S = TypeVar("S", bound="DataclassInstance")
 
 ENV_PREFIX = "TRELLIS_GATEWAY_"
 
@@ -30,7 +36,8 @@ class GatewayConfig:
         max_body_bytes: largest request body accepted (larger bodies get 413).
         max_message_bytes: gRPC message size limit towards the core.
         log_level: logging level name.
-        options: the gateway's own flags (by argparse dest).
+        options: the gateway's own flags as parsed (by argparse dest), the input of its
+            settings dataclass (`settings_from`).
     """
 
     name: str
@@ -43,9 +50,16 @@ class GatewayConfig:
     log_level: str = "INFO"
     options: Mapping[str, Any] = field(default_factory=dict)
 
-    def option(self, name: str, default: Any = None) -> Any:
-        """A gateway-specific option by argparse dest."""
-        return self.options.get(name, default)
+
+def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
+    """A gateway's settings dataclass from its parsed flags: each field takes the option of the
+    same name (argparse dest); a field without an option keeps its default.
+
+    Raises:
+        TypeError: `cls` is not a dataclass.
+    """
+    names = {f.name for f in fields(cls)}
+    return cls(**{name: value for name, value in options.items() if name in names})
 
 
 _COMMON = {"core", "host", "port", "request_timeout", "max_body_bytes", "max_message_bytes", "log_level"}
@@ -54,7 +68,7 @@ _COMMON = {"core", "host", "port", "request_timeout", "max_body_bytes", "max_mes
 def load(
     name: str,
     default_port: int,
-    add_arguments: Callable[[argparse.ArgumentParser], None],
+    add_arguments: Callable[[EnvArgumentParser], None],
     argv: Sequence[str] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> GatewayConfig:

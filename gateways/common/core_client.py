@@ -6,6 +6,7 @@ Lives on the aiohttp app (`CORE_CLIENT_KEY`) for the app's lifetime (`core_clien
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TypeAlias, cast
 
 import grpc
 from aiohttp import web
@@ -15,6 +16,9 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from gateways.common.config import GatewayConfig
 from gateways.common.status import GatewayError
+
+#: A Generate call of the core (grpc.aio's server-streaming call object).
+GenerateCall: TypeAlias = grpc.aio.UnaryStreamCall[spb.GenerateRequest, spb.GenerateResponse]
 
 
 class CoreClient:
@@ -44,9 +48,9 @@ class CoreClient:
         """Close the channel (in-flight calls are cancelled)."""
         await self._channel.close()
 
-    def generate(self, request: spb.GenerateRequest) -> grpc.aio.UnaryStreamCall:
+    def generate(self, request: spb.GenerateRequest) -> GenerateCall:
         """Start a Generate stream; iterate it, and cancel it in a `finally`."""
-        return self.stub.Generate(request, timeout=self.timeout)
+        return cast(GenerateCall, self.stub.Generate(request, timeout=self.timeout))
 
     async def model_info(self) -> spb.GetModelInfoResponse:
         """The served model's info (cached after the first success).
@@ -56,7 +60,8 @@ class CoreClient:
         """
         if self._model_info is None:
             try:
-                self._model_info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10)
+                info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10)
+                self._model_info = cast(spb.GetModelInfoResponse, info)
             except grpc.RpcError as e:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info
@@ -64,10 +69,13 @@ class CoreClient:
     async def serving(self) -> bool:
         """Whether the core answers grpc.health.v1 Check with SERVING (within 2 s)."""
         try:
-            resp = await self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+            # types-grpcio-health-checking declares HealthStub without its methods.
+            resp = await self._health.Check(  # type: ignore[attr-defined]
+                health_pb2.HealthCheckRequest(service=""), timeout=2.0
+            )
         except grpc.RpcError:
             return False
-        return resp.status == health_pb2.HealthCheckResponse.SERVING
+        return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 CORE_CLIENT_KEY = web.AppKey("core_client", CoreClient)

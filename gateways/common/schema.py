@@ -1,17 +1,16 @@
 """Shape and type helpers shared by the gateways' schema and translate modules.
 
 Gateways check only JSON shapes and types (DESIGN.md principle 3). What every schema needs for
-that lives here: the proto's integer widths as pydantic types, JSON type names and field paths
-for error messages, and the copy of the fields a client set onto a proto message.
+that lives here: the proto's integer widths as pydantic types, and JSON type names and field
+paths for error messages. (What the checked fields set on the contract: gateways.common.fields.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from typing import Annotated, Any
 
-from google.protobuf.message import Message
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -65,21 +64,3 @@ def field_path(loc: Iterable[int | str], *, tags: Collection[str] = ()) -> str:
 
 def _is_union_tag(part: str) -> bool:
     return part in _PLAIN_TYPE_TAGS or not part.islower() or "[" in part or "-" in part
-
-
-def copy_given(source: BaseModel, target: Message, names: Iterable[str] | Mapping[str, str]) -> None:
-    """Set fields of the proto message `target` from the attributes of `source` the client gave
-    (not None); unset ones stay unset, so the core's engine defaults apply to them (DESIGN.md
-    "Sampling defaults are the engine's").
-
-    Args:
-        source: a checked wire model.
-        target: e.g. `request.sampling`.
-        names: attribute names that are also the proto field names, or a mapping from the
-            attribute name to the proto field name (`{"ignore_eos_token": "ignore_eos"}`).
-    """
-    pairs = names.items() if isinstance(names, Mapping) else ((name, name) for name in names)
-    for attr, proto_field in pairs:
-        value = getattr(source, attr)
-        if value is not None:
-            setattr(target, proto_field, value)

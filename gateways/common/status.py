@@ -1,15 +1,16 @@
 """gRPC status -> HTTP status, and the gateway-side error type.
 
 The table is grpc-gateway's `HTTPStatusFromCode` (DESIGN.md "Errors, per schema") except for
-CANCELLED (see below); a schema that
-needs other numbers (LMI answers RESOURCE_EXHAUSTED with 503, as DJL does) passes overrides to
-`GatewayError.http_status`. `GatewayError.from_rpc_error` decodes the core's google.rpc details:
-the field named by BadRequest / ErrorInfo metadata "param", and the ErrorInfo reason.
+CANCELLED (see below); a schema that needs other numbers (LMI answers RESOURCE_EXHAUSTED with
+503, as DJL does) passes overrides to `GatewayError.http_status`. `GatewayError.from_rpc_error`
+decodes the core's google.rpc details: the field named by BadRequest / ErrorInfo metadata
+"param", and the ErrorInfo reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import grpc
 from google.rpc import error_details_pb2
@@ -77,7 +78,8 @@ class GatewayError(Exception):
         param = reason = None
         status = None
         try:
-            status = rpc_status.from_call(error)
+            # grpc.aio's errors carry the Call methods from_call reads (code, details, trailers).
+            status = rpc_status.from_call(cast(grpc.Call, error))
         except Exception:  # malformed or missing details: keep code and message
             status = None
         if status is not None:

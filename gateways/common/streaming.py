@@ -1,4 +1,5 @@
-"""The first-message rule for streaming routes, and the relay loop every streaming route shares.
+"""The I/O of every gateway's Generate calls: the first-message rule, the relay loop of
+streamed HTTP responses, and the fan-in that merges ready outputs into one write.
 
 An HTTP status can only be chosen before the first byte is sent (aiohttp's `prepare()`), so a
 streaming route pulls the first message of the Generate stream before preparing its response:
@@ -10,25 +11,46 @@ per schema").
 A Generate stream is complete only when its last message is the final one, the one carrying
 `usage` (DESIGN.md "The gRPC contract"). `CoreStream` checks that once, for every gateway: a
 call that ends with an OK status but without its final message raises INTERNAL.
+
+Rendering stays pure and per schema (each translate module); the writes happen here: `relay`
+writes one streamed HTTP response, `FanIn` lets one writer send, as one frame, whatever several
+producers made ready meanwhile (the LMI dynamic batch's lines, the WebSocket's event arrays).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 from aiohttp import web
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.core_client import GenerateCall
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
 #: Headers of every streamed response: no caching, and no buffering by proxies such as nginx,
 #: so each record reaches the client as it is written.
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class Stream(Protocol[T_co]):
+    """What `relay` answers with: items to render, and a way to cancel the calls behind them."""
+
+    def __aiter__(self) -> AsyncIterator[T_co]:
+        """The items; raises GatewayError for a failure after the first one."""
+        ...
+
+    def cancel(self) -> None:
+        """Cancel the Generate calls behind the stream (no-op for ended ones)."""
 
 
 def incomplete_stream() -> GatewayError:
@@ -57,6 +79,26 @@ def sequence_error(finish_reason: int) -> GatewayError | None:
     return None
 
 
+def finish_word(finish_reason: int, words: Mapping[int, str]) -> str | None:
+    """A sequence's finish reason in a schema's words (its finish-reason table).
+
+    Returns:
+        The word; None while the sequence is unfinished (FINISH_REASON_UNSPECIFIED).
+
+    Raises:
+        GatewayError: a finish reason the table has no word for (CANCELLED and ERROR in
+            schemas without them): see `sequence_error`.
+    """
+    if not finish_reason:
+        return None
+    word = words.get(finish_reason)
+    if word is None:
+        raise sequence_error(finish_reason) or GatewayError(
+            grpc.StatusCode.INTERNAL, f"The model server sent an unknown finish reason {finish_reason}."
+        )
+    return word
+
+
 class CoreStream:
     """A Generate call with its first message already received.
 
@@ -73,12 +115,12 @@ class CoreStream:
     without its final message (`incomplete_stream`, INTERNAL).
     """
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall, first: spb.GenerateResponse | None):
+    def __init__(self, call: GenerateCall, first: spb.GenerateResponse | None):
         self.call = call
         self._first = first
 
     @classmethod
-    async def open(cls, call: grpc.aio.UnaryStreamCall) -> CoreStream:
+    async def open(cls, call: GenerateCall) -> CoreStream:
         """Wait for the first message.
 
         Raises:
@@ -92,9 +134,7 @@ class CoreStream:
         except BaseException:
             call.cancel()
             raise
-        if first is grpc.aio.EOF:
-            first = None
-        return cls(call, first)
+        return cls(call, first if isinstance(first, spb.GenerateResponse) else None)  # else EOF
 
     async def __aiter__(self) -> AsyncIterator[spb.GenerateResponse]:
         last = self._first
@@ -105,7 +145,7 @@ class CoreStream:
         try:
             while True:
                 msg = await self.call.read()
-                if msg is grpc.aio.EOF:
+                if not isinstance(msg, spb.GenerateResponse):  # grpc.aio.EOF: the call ended
                     break
                 last = msg
                 yield msg
@@ -120,7 +160,7 @@ class CoreStream:
         self.call.cancel()
 
 
-async def collect(call: grpc.aio.UnaryStreamCall) -> list[spb.GenerateResponse]:
+async def collect(call: GenerateCall) -> list[spb.GenerateResponse]:
     """All messages of a call (for non-streaming routes); the last one is the final message.
 
     Raises:
@@ -131,6 +171,128 @@ async def collect(call: grpc.aio.UnaryStreamCall) -> list[spb.GenerateResponse]:
         return [msg async for msg in stream]
     finally:
         stream.cancel()
+
+
+async def collect_all(calls: Sequence[GenerateCall]) -> list[list[spb.GenerateResponse]]:
+    """`collect` of several calls at once, in their order; the first failure cancels the others.
+
+    Raises:
+        GatewayError: the first call that failed.
+    """
+    tasks = [asyncio.create_task(collect(call)) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def open_all(calls: Sequence[GenerateCall]) -> list[CoreStream]:
+    """`CoreStream.open` of several calls at once, in their order; on a failure the opened ones
+    are cancelled.
+
+    Raises:
+        GatewayError: the first call that failed before its first message.
+    """
+    tasks = [asyncio.create_task(CoreStream.open(call)) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(outcome, CoreStream):
+                outcome.cancel()
+        raise
+
+
+class FanIn(Generic[T]):
+    """A queue that several producers fill and one consumer empties a batch at a time.
+
+    A batch is the next item (waited for) and every item already queued behind it: the consumer
+    sends what arrived meanwhile as one frame, and no item waits for one that is not ready yet.
+
+    Args:
+        maxsize: items that may wait before a producer's `put` waits (0: unbounded).
+    """
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize)
+
+    async def put(self, item: T) -> None:
+        """Queue an item, waiting while the queue is full."""
+        await self._queue.put(item)
+
+    def put_nowait(self, item: T) -> None:
+        """Queue an item now (the queue must be unbounded or have room)."""
+        self._queue.put_nowait(item)
+
+    async def batch(self) -> list[T]:
+        """The next item and every item ready behind it, in order."""
+        items = [await self._queue.get()]
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        return items
+
+
+class _End:
+    """A stream's end in a MergedStreams queue."""
+
+
+class MergedStreams(Generic[T]):
+    """Several opened Generate calls read at once, merged by arrival.
+
+    Each iteration gives `(index, each(message))` for every message that arrived since the last
+    one, in arrival order (index: the stream's position in `streams`). It ends when every stream
+    has ended; the first failure (a stream's GatewayError, or one raised by `each`) is raised
+    after the items that arrived before it.
+
+    Args:
+        streams: opened calls (`open_all`).
+        each: the per-message translation (pure; may raise GatewayError).
+    """
+
+    def __init__(self, streams: Sequence[CoreStream], each: Callable[[spb.GenerateResponse], T]) -> None:
+        self.streams = list(streams)
+        self._each = each
+
+    async def __aiter__(self) -> AsyncIterator[list[tuple[int, T]]]:
+        queue: FanIn[tuple[int, T | GatewayError | _End]] = FanIn()
+        pumps = [asyncio.create_task(self._pump(i, s, queue)) for i, s in enumerate(self.streams)]
+        try:
+            remaining = len(pumps)
+            while remaining:
+                items: list[tuple[int, T]] = []
+                error: GatewayError | None = None
+                for i, item in await queue.batch():
+                    if isinstance(item, _End):
+                        remaining -= 1
+                    elif isinstance(item, GatewayError):
+                        error = error or item
+                    else:
+                        items.append((i, item))
+                if items:
+                    yield items
+                if error is not None:
+                    raise error
+        finally:
+            for task in pumps:
+                task.cancel()
+
+    async def _pump(self, index: int, stream: CoreStream, queue: FanIn[tuple[int, T | GatewayError | _End]]) -> None:
+        try:
+            async for msg in stream:
+                queue.put_nowait((index, self._each(msg)))
+        except GatewayError as e:
+            queue.put_nowait((index, e))
+            return
+        queue.put_nowait((index, _End()))
+
+    def cancel(self) -> None:
+        """Cancel every call."""
+        for stream in self.streams:
+            stream.cancel()
 
 
 def stream_response(
@@ -152,8 +314,8 @@ def stream_response(
 
 async def relay(
     request: web.Request,
-    stream: CoreStream,
-    render: Callable[[spb.GenerateResponse], bytes],
+    stream: Stream[T],
+    render: Callable[[T], bytes],
     render_error: Callable[[GatewayError], bytes],
     *,
     content_type: str,
@@ -162,30 +324,32 @@ async def relay(
     end: Callable[[], bytes] | None = None,
     request_id: str = "",
 ) -> web.StreamResponse:
-    """Answer with an open Generate stream: one write per message, as it arrives.
+    """Answer with an open stream: one write per item, as it arrives.
 
     Args:
         request: the request answered.
-        stream: the opened call (`CoreStream.open` succeeded, so the status is 200).
-        render: the framed bytes for one message (b"" for none, e.g. lifecycle-only messages).
+        stream: the opened call(s) (`CoreStream.open` succeeded, so the status is 200): a
+            CoreStream (items: Generate messages) or MergedStreams (items: batches).
+        render: the framed bytes for one item (b"" for none, e.g. lifecycle-only messages); a
+            GatewayError it raises ends the stream in-band, as a failed call does.
         render_error: the framed in-band error that ends a stream failing after it started
             (everything the schema sends last, e.g. OpenAI's error event and `data: [DONE]`).
         content_type, charset, headers: see `stream_response`.
-        end: the framed bytes after the last message of a complete stream (e.g. a usage chunk,
+        end: the framed bytes after the last item of a complete stream (e.g. a usage chunk,
             `data: [DONE]`), if any.
         request_id: for the log.
 
     Returns:
-        The response, ended unless the client went away. The call is cancelled in all cases
+        The response, ended unless the client went away. The calls are cancelled in all cases
         (also on the handler's cancellation or a failed write), so the core aborts the engine
-        request.
+        requests.
     """
     resp = stream_response(content_type, charset=charset, headers=headers)
     try:
         await resp.prepare(request)
         try:
-            async for msg in stream:
-                data = render(msg)
+            async for item in stream:
+                data = render(item)
                 if data:
                     await resp.write(data)
             if end is not None and (data := end()):

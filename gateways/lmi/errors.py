@@ -3,8 +3,8 @@
 Before the first byte of a rolling-batch response:
 - malformed payload (bad JSON, missing `inputs`, wrong types, unknown keys): 424
   `{"error": msg, "code": 424}`;
-- body above the size limit: 413, unknown model on `/predictions/{name}`: 404, both in the same
-  `{"error", "code"}` shape;
+- body above the size limit: 413, unknown model on `/predictions/{name}`: 404, unknown path or
+  wrong method: 404/405, all in the same `{"error", "code"}` shape;
 - a bad parameter value or a generation failure: the HTTP status of the gRPC code (DESIGN.md
   table, with RESOURCE_EXHAUSTED -> 503 as DJL answers a full job queue) and the body
   `{"generated_text": "", "details": {"finish_reason": "error", "generated_tokens": null,
@@ -15,9 +15,13 @@ Before the first byte of a rolling-batch response:
 After the stream started: a last record with the `id: -1` token and `finish_reason: "error"`
 (in the TGI token shape under TGI compatibility), again with `error` added for the message.
 
-Dynamic batching answers every error with `{"code": 424, "message": "invoke handler failure",
-"error": msg}`: status 424, except 413 (body too large), 404 (unknown model) and 503 (core
-unreachable or overloaded), which keep their status so load balancers can act on them.
+Dynamic batching answers every error of its handler with `{"code": 424, "message": "invoke
+handler failure", "error": msg}`: status 424, except 413 (body too large), 404 (unknown model)
+and 503 (core unreachable or overloaded), which keep their status so load balancers can act on
+them. An unknown path or a wrong method never reaches a handler and is answered as above.
+
+The message of an error about a parameter leads with its LMI name ("parameters.top_p: ..."):
+the routes map the core's field paths through translate.FIELDS (gateways.common.fields).
 """
 
 from __future__ import annotations
@@ -29,47 +33,21 @@ from aiohttp import web
 
 from gateways.common.framing import dumps
 from gateways.common.status import GatewayError
+from gateways.lmi.config import SETTINGS_KEY
 
 #: LMI's departures from the generic gRPC -> HTTP table (DESIGN.md: "LMI: 503, as DJL does").
 LMI_STATUS_OVERRIDES = {grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
 
 MALFORMED_PAYLOAD = "MALFORMED_PAYLOAD"
-PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
 
 # Reasons rendered in the `{"error", "code"}` shape, with their HTTP status.
-_SHAPE_ERRORS = {MALFORMED_PAYLOAD: 424, PAYLOAD_TOO_LARGE: 413, MODEL_NOT_FOUND: 404}
+_SHAPE_ERRORS = {MALFORMED_PAYLOAD: 424, MODEL_NOT_FOUND: 404}
 # Statuses a dynamic-batch error keeps instead of 424.
 _DYNAMIC_KEPT = {413, 404, 503}
-
-# Core field paths -> LMI parameter names (for messages). "sampling.n" and "output.*" depend on
-# which LMI field the client used; see `lmi_param`.
-_PARAM_NAMES = {
-    "text": "inputs",
-    "sampling.do_sample": "parameters.do_sample",
-    "sampling.temperature": "parameters.temperature",
-    "sampling.top_k": "parameters.top_k",
-    "sampling.top_p": "parameters.top_p",
-    "sampling.min_p": "parameters.min_p",
-    "sampling.typical_p": "parameters.typical_p",
-    "sampling.repetition_penalty": "parameters.repetition_penalty",
-    "sampling.presence_penalty": "parameters.presence_penalty",
-    "sampling.frequency_penalty": "parameters.frequency_penalty",
-    "sampling.length_penalty": "parameters.length_penalty",
-    "sampling.early_stopping": "parameters.early_stopping",
-    "sampling.seed": "parameters.seed",
-    "sampling.num_beams": "parameters.num_beams",
-    "sampling.bad_words": "parameters.bad_sequences",
-    "stopping.max_new_tokens": "parameters.max_new_tokens",
-    "stopping.min_new_tokens": "parameters.min_length",
-    "stopping.stop": "parameters.stop_sequences",
-    "stopping.stop_token_ids": "parameters.stop_token_ids",
-    "stopping.ignore_eos": "parameters.ignore_eos_token",
-    "stopping.include_stop_str_in_output": "parameters.include_stop_str_in_output",
-    "stopping.truncate_input_tokens": "parameters.truncate",
-    "output.skip_special_tokens": "parameters.skip_special_tokens",
-    "output.spaces_between_special_tokens": "parameters.spaces_between_special_tokens",
-}
+# HTTP errors of the router: no handler ran.
+_ROUTING = {404, 405}
+_ROLLING_ERROR_DETAILS = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
 
 
 class PayloadError(GatewayError):
@@ -77,15 +55,6 @@ class PayloadError(GatewayError):
 
     def __init__(self, message: str, *, param: str | None = None):
         super().__init__(grpc.StatusCode.INVALID_ARGUMENT, message, param=param, reason=MALFORMED_PAYLOAD)
-
-
-def payload_too_large(limit: int) -> GatewayError:
-    """The error for a body above `limit` bytes (answered with 413)."""
-    return GatewayError(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        f"The request body is larger than the limit of {limit} bytes.",
-        reason=PAYLOAD_TOO_LARGE,
-    )
 
 
 def model_not_found(name: str, served: str) -> GatewayError:
@@ -96,44 +65,6 @@ def model_not_found(name: str, served: str) -> GatewayError:
         param="model_name",
         reason=MODEL_NOT_FOUND,
     )
-
-
-def lmi_param(core_param: str | None, given: set[str]) -> str | None:
-    """The LMI field a core field path stands for.
-
-    Args:
-        core_param: the GenerateRequest path the core named (e.g. "sampling.top_p"), or None.
-        given: names of the `parameters` fields the client set (to tell `n` from `best_of`,
-            `logprobs` from `top_n_tokens`, `prompt_logprobs` from `decoder_input_details`).
-
-    Returns:
-        e.g. "parameters.top_p"; None when the core named no field. A path without an LMI
-        counterpart is returned unchanged.
-    """
-    if not core_param:
-        return None
-    if core_param in _PARAM_NAMES:
-        return _PARAM_NAMES[core_param]
-    if core_param == "sampling.n":
-        return "parameters.n" if "n" in given or "best_of" not in given else "parameters.best_of"
-    if core_param == "sampling.best_of":
-        return "parameters.best_of" if "best_of" in given or "n" not in given else "parameters.n"
-    if core_param in ("output.top_logprobs", "output.logprobs"):
-        return "parameters.top_n_tokens" if "top_n_tokens" in given else "parameters.logprobs"
-    if core_param == "output.prompt_logprobs":
-        return "parameters.prompt_logprobs" if "prompt_logprobs" in given else "parameters.decoder_input_details"
-    return core_param
-
-
-def with_lmi_param(err: GatewayError, given: set[str]) -> GatewayError:
-    """`err` with its `param` renamed to the LMI field and the message prefixed with it
-    ("parameters.top_p: top_p must be in (0, 1], got 0."). Gateway-found errors, which already
-    use LMI names, are returned unchanged."""
-    if err.reason in _SHAPE_ERRORS or err.param is None or err.param.startswith("parameters."):
-        return err
-    param = lmi_param(err.param, given)
-    message = err.message if err.message.startswith(f"{param}:") else f"{param}: {err.message}"
-    return GatewayError(err.code, message, param=param, reason=err.reason)
 
 
 def http_status(err: GatewayError) -> int:
@@ -147,11 +78,11 @@ def error_body(err: GatewayError) -> dict[str, Any]:
     """The rolling-batch JSON body of an error answered before the stream started."""
     if err.reason in _SHAPE_ERRORS:
         return {"error": err.message, "code": _SHAPE_ERRORS[err.reason]}
-    return {
-        "generated_text": "",
-        "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None},
-        "error": err.message,
-    }
+    return _rolling_error(err.message)
+
+
+def _rolling_error(message: str) -> dict[str, Any]:
+    return {"generated_text": "", "details": dict(_ROLLING_ERROR_DETAILS), "error": message}
 
 
 def render_before_stream(err: GatewayError, *, dynamic: bool = False) -> web.Response:
@@ -165,6 +96,23 @@ def render_before_stream(err: GatewayError, *, dynamic: bool = False) -> web.Res
         status, body = dynamic_error(err)
     else:
         status, body = http_status(err), error_body(err)
+    return _json(status, body)
+
+
+def render_http_error(request: web.Request, status: int, message: str) -> web.Response:
+    """An HTTP-level error, for the error middleware (gateways.common.app): an unknown path or a
+    wrong method in the `{"error", "code"}` shape; a body too large (413) or a gateway failure
+    (500) in the shape of the batching mode (rolling: `{"error", "code"}` for 413, the error body
+    for 500; dynamic: `dynamic_error`'s)."""
+    if request.app[SETTINGS_KEY].dynamic and status not in _ROUTING:
+        kept = status if status in _DYNAMIC_KEPT else 424
+        return _json(kept, _dynamic_body(kept, message))
+    if status >= 500:
+        return _json(status, _rolling_error(message))
+    return _json(status, {"error": message, "code": status})
+
+
+def _json(status: int, body: dict[str, Any]) -> web.Response:
     return web.Response(status=status, text=dumps(body), content_type="application/json")
 
 
@@ -188,4 +136,8 @@ def dynamic_error(err: GatewayError) -> tuple[int, dict[str, Any]]:
     dynamic-batch stream)."""
     status = http_status(err)
     status = status if status in _DYNAMIC_KEPT else 424
-    return status, {"code": status, "message": "invoke handler failure", "error": err.message}
+    return status, _dynamic_body(status, err.message)
+
+
+def _dynamic_body(status: int, message: str) -> dict[str, Any]:
+    return {"code": status, "message": "invoke handler failure", "error": message}

@@ -14,12 +14,14 @@ parameter we do not know is never silently dropped. Every shape or type problem 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateways.common.schema import Int32, Int64, field_path, json_type
 from gateways.lmi.errors import PayloadError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class GenerationParameters(BaseModel):
@@ -79,13 +81,13 @@ class _Request(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    parameters: GenerationParameters | None = Field(default=None, validate_default=True)
+    parameters: GenerationParameters = Field(default_factory=GenerationParameters)
     stream: bool | None = None
 
-    @field_validator("parameters")
+    @field_validator("parameters", mode="before")
     @classmethod
-    def _fill_parameters(cls, value: GenerationParameters | None) -> GenerationParameters:
-        return value or GenerationParameters()
+    def _null_is_absent(cls, value: Any) -> Any:
+        return {} if value is None else value
 
 
 class RollingBatchRequest(_Request):
@@ -146,7 +148,7 @@ def _require_object(body: Any) -> None:
         raise PayloadError("The request body has no 'inputs' field.", param="inputs")
 
 
-def _validate(model: type[BaseModel], body: dict) -> Any:
+def _validate(model: type[M], body: dict[str, Any]) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as e:

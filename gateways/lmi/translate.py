@@ -2,13 +2,15 @@
 "Translation is data in, data out").
 
 Request side: `render_options` decides what the response will show, `to_generate_request` maps
-`inputs` + GenerationParameters (seed "GenerationParameters") onto one `GenerateRequest`.
+`inputs` + GenerationParameters (seed "GenerationParameters") onto one `GenerateRequest`
+through the schema's field table `FIELDS`, which also names the LMI parameter when the core
+refuses a value (`client_names`).
 Response side: `StreamRenderer` turns Generate messages into jsonlines/SSE records as they
 arrive (seed "Response Schema", streaming), `collect_messages` + `render_response` build the
 non-streaming body, and the `dynamic_*` helpers render the dynamic-batch schema. They take the
 messages of a complete stream (gateways.common.streaming.CoreStream checks that the final
-message came). A sequence the core cancelled or failed is an error here (`check_finish`): LMI
-has no finish_reason for it.
+message came). A sequence the core cancelled or failed is an error here: LMI's finish reasons
+(`FINISH_REASONS`, also used for chat completions on `/invocations`) have no word for it.
 
 Token texts. A record's `text` is the part of the sequence's text that arrived with that token:
 the core sends UTF-8-safe text deltas per message (holding back partial characters and possible
@@ -27,44 +29,68 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.schema import copy_given
+from gateways.common.fields import Field, FieldTable, Transform, by_rule, same_names, true_or_unset
 from gateways.common.status import GatewayError
-from gateways.common.streaming import sequence_error
+from gateways.common.streaming import finish_word
 from gateways.lmi.schema import GenerationParameters
 
 #: The schema's max_new_tokens default (seed "GenerationParameters": default = 30), set
 #: explicitly so the answer does not depend on the core's configured default.
 DEFAULT_MAX_NEW_TOKENS = 30
 
-#: Core finish reasons -> LMI/TGI `finish_reason` (seed "Details"). TIME_LIMIT cannot happen
+#: Core finish reasons -> LMI's `finish_reason` words, the seeds' enum "length", "eos_token",
+#: "stop_sequence" (`lmi-input-output-schema.md` "Details", `lmi-chat-completions-schema.md`;
+#: TGI's FinishReason, which the `text-generation` client validates). TIME_LIMIT cannot happen
 #: through this gateway (it never sets a time limit); it reads as a length limit if it does.
-FINISH_REASONS = {
+#: CANCELLED and ERROR have no word: they are errors (UNAVAILABLE, so the client retries, and
+#: INTERNAL; gateways.common.streaming.sequence_error), on every LMI path, chat included.
+FINISH_REASONS: dict[int, str] = {
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_EOS: "eos_token",
     pb.FINISH_REASON_STOP_SEQUENCE: "stop_sequence",
     pb.FINISH_REASON_TIME_LIMIT: "length",
 }
 
-_SAMPLING_PASS_THROUGH = (
-    "do_sample",
-    "temperature",
-    "min_p",
-    "typical_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "length_penalty",
-    "early_stopping",
-    "seed",
-    "num_beams",
+
+def _unset_if(neutral: object) -> Transform:
+    """A transform that leaves the contract field unset for the schema's "disabled" value."""
+    return lambda value: None if value == neutral else value
+
+
+#: The request fields (seed "GenerationParameters", with the LMI-Dist/vLLM, TensorRT-LLM and
+#: TGI additions) and the GenerateRequest paths they set. `by_rule` rows are set by
+#: `to_generate_request` itself (rules across fields: n and best_of, the two stop fields, the
+#: logprob counts) and only name the path in errors. Where two rows set one path, the later one
+#: the client gave names it.
+FIELDS = FieldTable(
+    (
+        *by_rule("inputs", "text"),
+        *same_names("parameters.", "sampling", ("do_sample", "temperature")),
+        Field("parameters.top_k", "sampling.top_k", _unset_if(-1)),  # vLLM/LMI-Dist: -1 disables
+        Field("parameters.top_p", "sampling.top_p", _unset_if(0)),  # TensorRT-LLM table: 0 when greedy
+        *same_names("parameters.", "sampling", ("min_p", "typical_p", "repetition_penalty", "presence_penalty")),
+        *same_names("parameters.", "sampling", ("frequency_penalty", "length_penalty", "early_stopping")),
+        *same_names("parameters.", "sampling", ("seed", "num_beams")),
+        *by_rule("parameters.best_of", "sampling.n"),
+        *by_rule("parameters.n", "sampling.n", "sampling.best_of"),
+        *by_rule("parameters.best_of", "sampling.best_of"),
+        Field("parameters.bad_sequences", "sampling.bad_words"),
+        *same_names("parameters.", "stopping", ("max_new_tokens",)),
+        Field("parameters.min_length", "stopping.min_new_tokens"),
+        *by_rule("parameters.stop_sequences", "stopping.stop"),
+        *same_names("parameters.", "stopping", ("stop_token_ids",)),
+        Field("parameters.ignore_eos_token", "stopping.ignore_eos"),
+        *same_names("parameters.", "stopping", ("include_stop_str_in_output",)),
+        Field("parameters.truncate", "stopping.truncate_input_tokens"),
+        *by_rule("parameters.logprobs", "output.logprobs", "output.top_logprobs"),
+        *by_rule("parameters.top_n_tokens", "output.logprobs", "output.top_logprobs"),
+        *by_rule("parameters.decoder_input_details", "output.prompt_logprobs"),
+        *by_rule("parameters.prompt_logprobs", "output.prompt_logprobs"),
+        Field("parameters.return_full_text", "output.echo", true_or_unset),
+        *same_names("parameters.", "output", ("skip_special_tokens", "spaces_between_special_tokens")),
+    )
 )
-# LMI parameter -> StoppingParams field, passed through when given.
-_STOPPING_RENAMED = {
-    "min_length": "min_new_tokens",
-    "ignore_eos_token": "ignore_eos",
-    "include_stop_str_in_output": "include_stop_str_in_output",
-    "truncate": "truncate_input_tokens",
-}
+
 # Parameters whose output the dynamic-batch schema ({generated_text} only) cannot carry.
 _ROLLING_ONLY = ("details", "decoder_input_details", "prompt_logprobs", "logprobs", "top_n_tokens")
 
@@ -197,14 +223,10 @@ def to_generate_request(
     req = spb.GenerateRequest(request_id=request_id, text=inputs)
     if model:
         req.model = model
+    FIELDS.apply(dict(p), req)
     s, st, o = req.sampling, req.stopping, req.output
-    copy_given(p, s, _SAMPLING_PASS_THROUGH)
     if opts.tgi_compat and p.do_sample is False:
         s.ClearField("do_sample")
-    if p.top_k is not None and p.top_k != -1:
-        s.top_k = p.top_k
-    if p.top_p is not None and p.top_p != 0:
-        s.top_p = p.top_p
     if (p.n is not None and p.n < 1) or (p.best_of is not None and p.best_of < 1):
         # Out of range: pass both as given so the core's check names the offending one.
         if p.n is not None:
@@ -213,15 +235,9 @@ def to_generate_request(
             s.best_of = p.best_of
     elif p.n is not None or p.best_of is not None:
         s.n = opts.num_sequences
-    if p.bad_sequences:
-        s.bad_words.extend(p.bad_sequences)
-
-    st.max_new_tokens = DEFAULT_MAX_NEW_TOKENS if p.max_new_tokens is None else p.max_new_tokens
-    copy_given(p, st, _STOPPING_RENAMED)
+    if p.max_new_tokens is None:
+        st.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     st.stop.extend(stop_sequences(p))
-    if p.stop_token_ids:
-        st.stop_token_ids.extend(p.stop_token_ids)
-
     top = [v for v in (p.logprobs, p.top_n_tokens) if v is not None]
     o.logprobs = opts.stream or opts.details or opts.num_sequences > 1 or bool(top)
     if top:
@@ -229,9 +245,6 @@ def to_generate_request(
     prompt = [v for v in (0 if p.decoder_input_details else None, p.prompt_logprobs) if v is not None]
     if prompt:
         o.prompt_logprobs = _merge(prompt)
-    if p.return_full_text:
-        o.echo = True
-    copy_given(p, o, ("skip_special_tokens", "spaces_between_special_tokens"))
     return req
 
 
@@ -251,9 +264,11 @@ def stop_sequences(p: GenerationParameters) -> list[str]:
     return list(dict.fromkeys(seqs))
 
 
-def given_parameters(p: GenerationParameters) -> set[str]:
-    """Names of the parameters the client set (for error messages, errors.lmi_param)."""
-    return {name for name in type(p).model_fields if getattr(p, name) is not None}
+def client_names(p: GenerationParameters) -> dict[str, str]:
+    """The LMI field for each GenerateRequest path the core may name in an error, for the
+    parameters the client set: "sampling.n" is "parameters.n" or "parameters.best_of",
+    "output.top_logprobs" "parameters.logprobs" or "parameters.top_n_tokens", and so on."""
+    return FIELDS.names([name for name, value in p if value is not None])
 
 
 # ---------------------------------------------------------------------------------- tokens
@@ -306,17 +321,6 @@ def aligned(out: pb.SequenceOutput, carry: str = "") -> list[tuple[pb.Token, str
     return [(tok, carry + out.text if i == last else "") for i, tok in enumerate(out.tokens)]
 
 
-def check_finish(out: pb.SequenceOutput) -> None:
-    """Raise for a sequence the core ended without a result.
-
-    Raises:
-        GatewayError: FINISH_REASON_CANCELLED (UNAVAILABLE) or FINISH_REASON_ERROR (INTERNAL);
-            see gateways.common.streaming.sequence_error.
-    """
-    if out.finish_reason and (err := sequence_error(out.finish_reason)) is not None:
-        raise err
-
-
 def _seed(msg: spb.GenerateResponse) -> int | None:
     """TGI reports the seed only when the request sampled."""
     if msg.HasField("seed") and msg.effective_sampling.do_sample:
@@ -341,7 +345,7 @@ class StreamRenderer:
         self._parts: list[str] = []
         self._carry = ""
         self._generated = 0
-        self._finish = 0
+        self._finish = "length"  # the word, once the sequence finished
         self._prompt_text = ""
         self._prefill: list[dict[str, Any]] = []
 
@@ -349,7 +353,8 @@ class StreamRenderer:
         """Records for one message (often none: lifecycle-only messages).
 
         Raises:
-            GatewayError: the sequence was cancelled by the core or failed (check_finish).
+            GatewayError: the sequence was cancelled by the core or failed (FINISH_REASONS has
+                no word for it).
         """
         opts = self.opts
         if msg.HasField("prompt_text"):
@@ -361,8 +366,7 @@ class StreamRenderer:
             if out.index != 0:
                 continue
             if out.finish_reason:
-                check_finish(out)
-                self._finish = out.finish_reason
+                self._finish = finish_word(out.finish_reason, FINISH_REASONS) or self._finish
             self._parts.append(out.text)
             tokens = out.tokens
             if not tokens:
@@ -396,7 +400,7 @@ class StreamRenderer:
     def _details(self, msg: spb.GenerateResponse) -> dict[str, Any]:
         opts = self.opts
         details: dict[str, Any] = {
-            "finish_reason": FINISH_REASONS.get(self._finish, "length"),
+            "finish_reason": self._finish,
             "generated_tokens": self._generated,
             "inputs": opts.inputs,
         }
@@ -423,7 +427,7 @@ class SequenceResult:
     index: int
     text: str = ""
     tokens: list[tuple[pb.Token, str]] = field(default_factory=list)
-    finish_reason: int = 0
+    finish_reason: str = "length"
     cumulative_logprob: float | None = None
 
 
@@ -442,7 +446,8 @@ def collect_messages(messages: Iterable[spb.GenerateResponse]) -> Collected:
     finish reason, cumulative logprob; plus prompt text/tokens and the (TGI-reported) seed.
 
     Raises:
-        GatewayError: a sequence was cancelled by the core or failed (check_finish).
+        GatewayError: a sequence was cancelled by the core or failed (FINISH_REASONS has no
+            word for it).
     """
     c = Collected()
     carry: dict[int, str] = {}
@@ -452,7 +457,7 @@ def collect_messages(messages: Iterable[spb.GenerateResponse]) -> Collected:
         if msg.prompt_tokens:
             c.prompt_tokens = list(msg.prompt_tokens)
         for out in msg.outputs:
-            check_finish(out)
+            word = finish_word(out.finish_reason, FINISH_REASONS)
             seq = c.sequences.setdefault(out.index, SequenceResult(out.index))
             seq.text += out.text
             pairs = aligned(out, carry.pop(out.index, ""))
@@ -463,8 +468,8 @@ def collect_messages(messages: Iterable[spb.GenerateResponse]) -> Collected:
                 seq.tokens[-1] = (tok, text + out.text)
             elif out.text:
                 carry[out.index] = carry.get(out.index, "") + out.text
-            if out.finish_reason:
-                seq.finish_reason = out.finish_reason
+            if word is not None:
+                seq.finish_reason = word
             if out.HasField("cumulative_logprob"):
                 seq.cumulative_logprob = out.cumulative_logprob
         if msg.HasField("usage"):
@@ -492,7 +497,7 @@ def render_response(c: Collected, opts: RenderOptions) -> dict[str, Any] | list[
     result: dict[str, Any] = {"generated_text": _full_text(c, best, opts)}
     if opts.details:
         details: dict[str, Any] = {
-            "finish_reason": FINISH_REASONS.get(best.finish_reason, "length"),
+            "finish_reason": best.finish_reason,
             "generated_tokens": len(best.tokens),
             "inputs": opts.inputs,
         }
@@ -501,7 +506,7 @@ def render_response(c: Collected, opts: RenderOptions) -> dict[str, Any] | list[
             details["best_of_sequences"] = [
                 {
                     "generated_text": _full_text(c, s, opts),
-                    "finish_reason": FINISH_REASONS.get(s.finish_reason, "length"),
+                    "finish_reason": s.finish_reason,
                     "generated_tokens": len(s.tokens),
                     **_sequence_details(c, s, opts),
                 }
@@ -534,11 +539,12 @@ def dynamic_delta(msg: spb.GenerateResponse) -> str:
     under return_full_text).
 
     Raises:
-        GatewayError: the sequence was cancelled by the core or failed (check_finish).
+        GatewayError: the sequence was cancelled by the core or failed (FINISH_REASONS has no
+            word for it).
     """
     text = msg.prompt_text if msg.HasField("prompt_text") else ""
     for out in msg.outputs:
-        check_finish(out)
+        finish_word(out.finish_reason, FINISH_REASONS)
         if out.index == 0:
             text += out.text
     return text

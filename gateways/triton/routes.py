@@ -15,16 +15,15 @@ import uuid
 from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.app import core_client, error_middleware, option
-from gateways.common.framing import SSE_CONTENT_TYPE, dumps, loads, sse_event
+from gateways.common.app import core_client, read_json
+from gateways.common.framing import SSE_CONTENT_TYPE, dumps, sse_event
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect, relay
 from gateways.triton import errors, translate
+from gateways.triton.config import SETTINGS_KEY
 from gateways.triton.translate import ResponseRenderer, ServedModel
 
 log = logging.getLogger(__name__)
-
-SERVER_VERSION_KEY = web.AppKey("triton_server_version", str)
 
 
 def add_routes(app: web.Application) -> None:
@@ -39,11 +38,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v2", server_metadata)
 
 
-#: aiohttp's own errors (unknown path 404, wrong method 405, body too large 413) as
-#: `{"error": msg}`, the shape Triton uses for every error.
-json_errors = error_middleware(errors.error_response)
-
-
 async def _served(request: web.Request) -> ServedModel:
     """The served model, from the core's (cached) GetModelInfo and the --model-version flag.
 
@@ -51,7 +45,7 @@ async def _served(request: web.Request) -> ServedModel:
         GatewayError: the core cannot be reached (UNAVAILABLE -> 503).
     """
     info = await core_client(request).model_info()
-    version = option(request, "model_version") or info.model_version
+    version = request.app[SETTINGS_KEY].model_version or info.model_version
     return ServedModel(name=info.model_name, version=version, engine=info.engine)
 
 
@@ -61,31 +55,16 @@ async def _target(request: web.Request) -> ServedModel:
     return served
 
 
-async def _read_json(request: web.Request) -> object:
-    """The decoded body; any Content-Type is accepted (the seed's curl example sends none).
-
-    Raises:
-        GatewayError: empty body, invalid UTF-8 or invalid JSON (NaN and Infinity included).
-        web.HTTPRequestEntityTooLarge: the body exceeds --max-body-bytes (rendered by json_errors).
-    """
-    raw = await request.read()
-    if not raw.strip():
-        raise GatewayError.invalid("The request body is empty; send a JSON object with 'text_input'.", "body")
-    try:
-        return loads(raw)
-    except GatewayError as e:
-        e.param = "body"
-        raise
-
-
 async def _prepare(request: web.Request) -> tuple[translate.Translation, ResponseRenderer]:
     served = await _target(request)
-    body = await _read_json(request)
+    body = await read_json(
+        request, param="body", empty="The request body is empty; send a JSON object with 'text_input'."
+    )
     tr = translate.to_generate_request(
         body,
         model=served.name,
         request_id=f"triton-{uuid.uuid4().hex}",
-        ignore_unknown=bool(option(request, "ignore_unknown_parameters", False)),
+        ignore_unknown=request.app[SETTINGS_KEY].ignore_unknown_parameters,
     )
     if tr.ignored:
         log.debug("request %s: ignored unknown parameters %s", tr.request.request_id, ", ".join(tr.ignored))
@@ -169,4 +148,4 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 async def server_metadata(request: web.Request) -> web.Response:
     """GET /v2: KServe v2 server metadata listing the generate extension."""
-    return web.json_response(translate.server_metadata(request.app[SERVER_VERSION_KEY]), dumps=dumps)
+    return web.json_response(translate.server_metadata(request.app[SETTINGS_KEY].server_version), dumps=dumps)

@@ -8,7 +8,9 @@ Any other top-level property is a parameter too (the seed's note: "Any additiona
 the request object are passed either as parameters or tensors"). Parameters are typed as the
 TensorRT-LLM ensemble declares its inputs (`all_models/inflight_batcher_llm/ensemble/config.pbtxt`):
 integers, floats, booleans, and word lists (a string or an array of strings). This module checks
-only shapes and JSON types; value ranges are the core's (`core/validation.py`).
+only shapes and JSON types (`Kind`, `check_value`); value ranges are the core's
+(`core/validation.py`). The accepted parameters and what they set are the field table in
+translate.py.
 
 The KServe v2 server/model metadata objects are pydantic models, rendered with `dump()`. The
 generate response objects are plain dicts built in translate.py (`ResponseRenderer`), since
@@ -41,55 +43,6 @@ class Kind(enum.Enum):
     BOOL = "bool"  # true or false
     WORDS = "words"  # a string or an array of strings
 
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One accepted parameter.
-
-    Attributes:
-        name: the canonical (TensorRT-LLM ensemble) name.
-        kind: the JSON type it must have.
-        field: the GenerateRequest field path it sets (None: accepted without effect on the core
-            request, such as `stream`, which the route decides).
-        aliases: other names accepted for it (common in TensorRT-LLM's LLM API and OpenAI).
-        datatype: the KServe v2 tensor datatype reported in model metadata.
-        shape: the KServe v2 tensor shape reported in model metadata.
-    """
-
-    name: str
-    kind: Kind
-    field: str | None
-    aliases: tuple[str, ...] = ()
-    datatype: str = ""
-    shape: tuple[int, ...] = (1,)
-
-
-#: Accepted parameters, canonical name first. Source: the issue's list, the TensorRT-LLM
-#: ensemble's inputs, and the aliases clients of the LLM API send.
-PARAMETERS: tuple[ParamSpec, ...] = (
-    ParamSpec("max_tokens", Kind.INT32, "stopping.max_new_tokens", ("max_new_tokens",), "INT32"),
-    ParamSpec("temperature", Kind.FLOAT, "sampling.temperature", (), "FP32"),
-    ParamSpec("top_k", Kind.INT32, "sampling.top_k", (), "INT32"),
-    ParamSpec("top_p", Kind.FLOAT, "sampling.top_p", (), "FP32"),
-    ParamSpec("random_seed", Kind.INT64, "sampling.seed", ("seed",), "INT64"),
-    ParamSpec("repetition_penalty", Kind.FLOAT, "sampling.repetition_penalty", (), "FP32"),
-    ParamSpec("presence_penalty", Kind.FLOAT, "sampling.presence_penalty", (), "FP32"),
-    ParamSpec("frequency_penalty", Kind.FLOAT, "sampling.frequency_penalty", (), "FP32"),
-    ParamSpec("length_penalty", Kind.FLOAT, "sampling.length_penalty", (), "FP32"),
-    ParamSpec("min_length", Kind.INT32, "stopping.min_new_tokens", ("min_tokens",), "INT32"),
-    ParamSpec("stop_words", Kind.WORDS, "stopping.stop", ("stop",), "BYTES", (-1,)),
-    ParamSpec("bad_words", Kind.WORDS, "sampling.bad_words", (), "BYTES", (-1,)),
-    ParamSpec("beam_width", Kind.INT32, "sampling.num_beams", (), "INT32"),
-    ParamSpec("end_id", Kind.INT32, "stopping.stop_token_ids", (), "INT32"),
-    ParamSpec("pad_id", Kind.INT32, None, (), "INT32"),
-    ParamSpec("return_log_probs", Kind.BOOL, "output.logprobs", (), "BOOL"),
-    ParamSpec("exclude_input_in_output", Kind.BOOL, "output.echo", (), "BOOL"),
-    ParamSpec("include_stop_str_in_output", Kind.BOOL, "stopping.include_stop_str_in_output", (), "BOOL"),
-    ParamSpec("stream", Kind.BOOL, None, (), "BOOL"),
-)
-
-#: Every accepted name (canonical or alias) -> its spec.
-BY_NAME: dict[str, ParamSpec] = {n: p for p in PARAMETERS for n in (p.name, *p.aliases)}
 
 #: TensorRT-LLM ensemble / BLS inputs this server cannot honour. The value is the one setting
 #: that changes nothing (accepted), or None when any value is refused. They are refused even

@@ -1,8 +1,9 @@
 """Pure translation between Triton's generate extension and the core's Generate contract.
 
-Data in, data out: request bodies become `spb.GenerateRequest`s, Generate stream messages become
-`$generate_response` objects, GetModelInfo becomes KServe v2 metadata. No I/O, clocks or random
-ids here; the routes pass the request id in.
+Data in, data out: request bodies become `spb.GenerateRequest`s through the schema's field
+table (`PARAMETERS`, which also names the client's parameter when the core refuses a value),
+Generate stream messages become `$generate_response` objects, GetModelInfo becomes KServe v2
+metadata. No I/O, clocks or random ids here; the routes pass the request id in.
 
 Sources: the generate extension seeds (v2 wins: `id` is echoed), the TensorRT-LLM ensemble's
 inputs and outputs, and DESIGN.md ("Sampling defaults are the engine's", "Errors, per schema").
@@ -14,14 +15,17 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.fields import Field, FieldTable, Transform, by_rule, same, true_or_unset
 from gateways.common.status import GatewayError
+from gateways.common.streaming import finish_word
 from gateways.triton import schema
-from gateways.triton.schema import BY_NAME, PARAMETERS, UNSUPPORTED, Kind
+from gateways.triton.schema import UNSUPPORTED, Kind
 
 #: Core FinishReason -> TensorRT-LLM LLM API `finish_reason` ("stop" covers EOS, end_id and
 #: stop words, as there).
@@ -34,12 +38,66 @@ FINISH_REASONS: dict[int, str] = {
     pb.FINISH_REASON_ERROR: "error",
 }
 
-#: Core field path -> the schema's name for it, when the client did not use an alias.
-DEFAULT_NAMES: dict[str, str] = {
-    "text": "text_input",
-    "model": "model_name",
-    **{p.field: p.name for p in PARAMETERS if p.field is not None},
-}
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamSpec(Field):
+    """One accepted parameter: a field table row (the canonical, TensorRT-LLM ensemble name, the
+    GenerateRequest path, the transform, aliases common in TensorRT-LLM's LLM API and OpenAI),
+    plus what the schema says of it.
+
+    Attributes:
+        kind: the JSON type it must have (schema.check_value).
+        datatype: the KServe v2 tensor datatype reported in model metadata.
+        shape: the KServe v2 tensor shape reported in model metadata.
+    """
+
+    kind: Kind
+    datatype: str
+    shape: tuple[int, ...] = (1,)
+
+
+def _positive(value: float) -> float | None:
+    """top_p <= 0 is left unset, as Triton's TensorRT-LLM backend drops it."""
+    return value if value > 0 else None
+
+
+def _echo(exclude_input: bool) -> bool | None:
+    return True if not exclude_input else None
+
+
+_WORDS: Transform = same  # a checked word list extends the repeated field (empty: nothing)
+
+#: Accepted parameters, canonical name first. Source: the TensorRT-LLM ensemble's inputs, and
+#: the aliases clients of the LLM API send. `end_id` sets two fields (see to_generate_request);
+#: `pad_id` and `stream` are accepted without an effect on the core request (text output has
+#: no padding; the route decides streaming).
+PARAMETERS: tuple[ParamSpec, ...] = (
+    ParamSpec("max_tokens", "stopping.max_new_tokens", aliases=("max_new_tokens",), kind=Kind.INT32, datatype="INT32"),
+    ParamSpec("temperature", "sampling.temperature", kind=Kind.FLOAT, datatype="FP32"),
+    ParamSpec("top_k", "sampling.top_k", kind=Kind.INT32, datatype="INT32"),
+    ParamSpec("top_p", "sampling.top_p", _positive, kind=Kind.FLOAT, datatype="FP32"),
+    ParamSpec("random_seed", "sampling.seed", aliases=("seed",), kind=Kind.INT64, datatype="INT64"),
+    ParamSpec("repetition_penalty", "sampling.repetition_penalty", kind=Kind.FLOAT, datatype="FP32"),
+    ParamSpec("presence_penalty", "sampling.presence_penalty", kind=Kind.FLOAT, datatype="FP32"),
+    ParamSpec("frequency_penalty", "sampling.frequency_penalty", kind=Kind.FLOAT, datatype="FP32"),
+    ParamSpec("length_penalty", "sampling.length_penalty", kind=Kind.FLOAT, datatype="FP32"),
+    ParamSpec("min_length", "stopping.min_new_tokens", aliases=("min_tokens",), kind=Kind.INT32, datatype="INT32"),
+    ParamSpec("stop_words", "stopping.stop", _WORDS, ("stop",), kind=Kind.WORDS, datatype="BYTES", shape=(-1,)),
+    ParamSpec("bad_words", "sampling.bad_words", _WORDS, kind=Kind.WORDS, datatype="BYTES", shape=(-1,)),
+    ParamSpec("beam_width", "sampling.num_beams", kind=Kind.INT32, datatype="INT32"),
+    ParamSpec("end_id", "stopping.stop_token_ids", None, kind=Kind.INT32, datatype="INT32"),
+    ParamSpec("pad_id", None, kind=Kind.INT32, datatype="INT32"),
+    ParamSpec("return_log_probs", "output.logprobs", true_or_unset, kind=Kind.BOOL, datatype="BOOL"),
+    ParamSpec("exclude_input_in_output", "output.echo", _echo, kind=Kind.BOOL, datatype="BOOL"),
+    ParamSpec("include_stop_str_in_output", "stopping.include_stop_str_in_output", kind=Kind.BOOL, datatype="BOOL"),
+    ParamSpec("stream", None, kind=Kind.BOOL, datatype="BOOL"),
+)
+
+#: Every accepted name (canonical or alias) -> its spec.
+BY_NAME: dict[str, ParamSpec] = {n: p for p in PARAMETERS for n in (p.name, *p.aliases)}
+
+#: The schema's field table: the parameters, and the members outside `parameters`.
+FIELDS = FieldTable((*by_rule("text_input", "text"), *by_rule("model_name", "model"), *PARAMETERS))
 
 _VERSION = re.compile(r"[0-9]{1,18}")
 
@@ -68,7 +126,8 @@ class Translation:
         request: the Generate call to make.
         client_id: the body's `id`, echoed in every response object (None: absent).
         logprobs: `return_log_probs` was true (responses carry log probs).
-        names: core field path -> the parameter name the client used, for error messages.
+        names: core field path -> the parameter name the client used (FIELDS.names), for
+            error messages (gateways.common.fields.client_error).
         ignored: unknown parameters accepted without effect (--ignore-unknown-parameters).
     """
 
@@ -119,7 +178,7 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
             since clients reuse ids such as "42").
         ignore_unknown: accept unknown parameters without effect instead of refusing them.
 
-    Mapping (the issue's table): max_tokens -> stopping.max_new_tokens, min_length ->
+    Mapping (PARAMETERS): max_tokens -> stopping.max_new_tokens, min_length ->
     stopping.min_new_tokens, stop_words -> stopping.stop, bad_words -> sampling.bad_words,
     random_seed -> sampling.seed, beam_width -> sampling.num_beams, return_log_probs ->
     output.logprobs, exclude_input_in_output false -> output.echo, end_id -> stopping.stop_token_ids
@@ -135,7 +194,8 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
             unsupported TensorRT-LLM input set to a value with an effect.
     """
     env = schema.parse_envelope(body)
-    given: dict[str, tuple[str, object]] = {}
+    values: dict[str, Any] = {}  # canonical name -> checked value
+    used: list[str] = []  # the names as the client spelled them
     ignored: list[str] = []
     for name, raw in env.parameters.items():
         spec = BY_NAME.get(name)
@@ -149,44 +209,24 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
                     f"Unknown parameter '{name}'. Accepted parameters: {', '.join(sorted(BY_NAME))}.", name
                 )
             continue
-        if spec.name in given:
-            first = given[spec.name][0]
+        if spec.name in values:
+            first = next(u for u in used if BY_NAME[u] is spec)
             raise GatewayError.invalid(
                 f"Parameters '{first}' and '{name}' set the same thing; give only one of them.", name
             )
-        given[spec.name] = (name, schema.check_value(name, spec.kind, raw))
+        values[spec.name] = schema.check_value(name, spec.kind, raw)
+        used.append(name)
 
     req = spb.GenerateRequest(request_id=request_id, model=model, text=env.text_input)
-    names = dict(DEFAULT_NAMES)
-    logprobs = False
-    for canonical, (used, value) in given.items():
-        spec = BY_NAME[canonical]
-        if spec.field is None:
-            continue
-        names[spec.field] = used
-        if canonical == "top_p" and value <= 0:
-            continue
-        if canonical == "end_id":
-            # The ensemble's end_id replaces the model's EOS; -1 (what TensorRT-LLM's own tests
-            # send) means none: generate max_tokens tokens.
-            if value != -1:
-                req.stopping.stop_token_ids.append(value)
-            req.stopping.ignore_eos = True
-        elif canonical == "exclude_input_in_output":
-            if not value:
-                req.output.echo = True
-        elif canonical == "return_log_probs":
-            if value:
-                req.output.logprobs = True
-                logprobs = True
-        elif spec.kind is Kind.WORDS:
-            if value:
-                group, leaf = spec.field.split(".")
-                getattr(getattr(req, group), leaf).extend(value)
-        else:
-            group, leaf = spec.field.split(".")
-            setattr(getattr(req, group), leaf, value)
-    return Translation(req, env.id, logprobs, names, tuple(ignored))
+    FIELDS.apply(values, req)
+    end_id = values.get("end_id")
+    if end_id is not None:
+        # The ensemble's end_id replaces the model's EOS; -1 (what TensorRT-LLM's own tests send)
+        # means none: generate max_tokens tokens.
+        if end_id != -1:
+            req.stopping.stop_token_ids.append(end_id)
+        req.stopping.ignore_eos = True
+    return Translation(req, env.id, bool(values.get("return_log_probs")), FIELDS.names(used), tuple(ignored))
 
 
 def _check_unsupported(name: str, value: object) -> None:
@@ -197,28 +237,6 @@ def _check_unsupported(name: str, value: object) -> None:
     if neutral is not None:
         message += f"; only {name}={json.dumps(neutral)} is accepted"
     raise GatewayError.invalid(message + ".", name)
-
-
-def client_message(error: GatewayError, names: Mapping[str, str] | None) -> str:
-    """The error's message, speaking of the parameter the client sent rather than the core's field.
-
-    The core names fields by GenerateRequest path ("stopping.max_new_tokens"); the client sent
-    "max_tokens" (or an alias). Field names inside the message are replaced by the client's names;
-    when the offending parameter's name is still absent, it prefixes the message.
-    """
-    param = error.param
-    message = error.message
-    if not param or not names or param not in names:
-        return message
-    used = names[param]
-    for path, name in names.items():
-        leaf = path.rsplit(".", 1)[-1]
-        # Only identifier-like leaves: plain words ("stop", "text") also occur in prose.
-        if "_" in leaf and leaf != name:
-            message = re.sub(rf"\b{re.escape(leaf)}\b", name, message)
-    if re.search(rf"\b{re.escape(used)}\b", message):
-        return message
-    return f"{used}: {message}"
 
 
 # ----------------------------------------------------------------------------- responses
@@ -243,14 +261,14 @@ class ResponseRenderer:
     """
 
     def __init__(self, model_name: str, model_version: str, *, client_id: str | None = None, logprobs: bool = False):
-        self._head: dict = {"model_name": model_name, "model_version": model_version}
+        self._head: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
         if client_id is not None:
             self._head = {"id": client_id, **self._head}
         self.logprobs = logprobs
         self._pending_prompt = ""
         self._cumulative = 0.0
 
-    def event(self, msg: spb.GenerateResponse) -> dict | None:
+    def event(self, msg: spb.GenerateResponse) -> dict[str, Any] | None:
         """The event for one stream message, or None when it carries no output (lifecycle states)."""
         if msg.HasField("prompt_text"):
             self._pending_prompt += msg.prompt_text
@@ -268,10 +286,10 @@ class ResponseRenderer:
             obj["output_log_probs"] = logprobs
             obj["cum_log_probs"] = self._cumulative
         if out.finish_reason:
-            obj["finish_reason"] = FINISH_REASONS.get(out.finish_reason, "stop")
+            obj["finish_reason"] = finish_word(out.finish_reason, FINISH_REASONS)
         return obj
 
-    def response(self, messages: Iterable[spb.GenerateResponse]) -> dict:
+    def response(self, messages: Iterable[spb.GenerateResponse]) -> dict[str, Any]:
         """The single /generate object for a complete stream's messages."""
         parts: list[str] = []
         logprobs: list[float] = []
@@ -284,7 +302,7 @@ class ResponseRenderer:
                 parts.append(out.text)
                 logprobs += [t.logprob for t in out.tokens if t.HasField("logprob")]
                 if out.finish_reason:
-                    finish = FINISH_REASONS.get(out.finish_reason, "stop")
+                    finish = finish_word(out.finish_reason, FINISH_REASONS)
                 if out.HasField("cumulative_logprob"):
                     cumulative = out.cumulative_logprob
         obj = {**self._head, "text_output": "".join(parts)}
@@ -307,7 +325,7 @@ OUTPUTS = (
 )
 
 
-def model_metadata(served: ServedModel) -> dict:
+def model_metadata(served: ServedModel) -> dict[str, Any]:
     """KServe v2 model metadata: name, versions, platform ("trellis_<engine>"), and the generate
     inputs (text_input plus every canonical parameter) and outputs as tensors."""
     inputs = [schema.TensorMetadata(name="text_input", datatype="BYTES", shape=[-1])]
@@ -321,6 +339,6 @@ def model_metadata(served: ServedModel) -> dict:
     ).dump()
 
 
-def server_metadata(version: str) -> dict:
+def server_metadata(version: str) -> dict[str, Any]:
     """KServe v2 server metadata; `generate` is the only extension served."""
     return schema.ServerMetadata(name="trellis", version=version, extensions=["generate"]).dump()

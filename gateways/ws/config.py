@@ -10,28 +10,29 @@ process environment, which wins (python-dotenv's precedence). A name set in neit
 field unset, so the core's engine default applies. Unlike the original, nothing is defaulted
 here: its defaults (top_k 50, max_new_tokens 4096) would override the engine's.
 
-This is the only module of the gateway that reads the environment or the file system.
+The gateway's flags (`add_arguments`) become `WsSettings` once (`load_settings`); handlers read
+it from the app (SETTINGS_KEY). This is the only module of the gateway that reads the
+environment or the file system.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from dotenv import dotenv_values
 from pydantic import ValidationError
 
-from gateways.common.config import GatewayConfig
+from envflags import EnvArgumentParser, parse_bool
+from gateways.common.config import GatewayConfig, settings_from
 from gateways.ws.schema import GenerationConfig, first_error
 
 ENV_PREFIX = "MODEL_DEFAULT_"
 DEFAULT_ENV_FILE = ".env"
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ class WsSettings:
         heartbeat_seconds: interval of the server's pings (0: none); a peer that does not answer
             within half of it is disconnected.
         max_queued_events: events waiting for the socket writer before producers wait.
-        defaults: generation defaults "from .env".
-        env_file: the .env file read, or None.
+        env_file: the --env-file option ("": none; None: ./.env if present); after
+            `load_settings`, the .env file read, or None.
+        defaults: generation defaults "from .env" (read by `load_settings`).
     """
 
     max_prompts_per_batch: int = 64
@@ -54,26 +56,68 @@ class WsSettings:
     max_in_flight_prompts: int = 256
     heartbeat_seconds: float = 20.0
     max_queued_events: int = 4096
-    defaults: GenerationConfig = field(default_factory=GenerationConfig)
     env_file: str | None = None
+    defaults: GenerationConfig = field(default_factory=GenerationConfig)
 
 
-def _parse(name: str, raw: str, kind: Any) -> Any:
-    value = raw.strip()
+SETTINGS_KEY = web.AppKey("ws_settings", WsSettings)
+
+
+def add_arguments(parser: EnvArgumentParser) -> None:
+    """The ws gateway's flags."""
+    d = WsSettings()
+    parser.add_argument(
+        "--max-prompts-per-batch", type=int, default=d.max_prompts_per_batch, help="prompts accepted in one frame"
+    )
+    parser.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=d.max_frame_bytes,
+        help="largest client frame; a larger one closes the socket with 1009 (Message Too Big)",
+    )
+    parser.add_argument(
+        "--max-in-flight-prompts",
+        type=int,
+        default=d.max_in_flight_prompts,
+        help="prompts running at once on one socket",
+    )
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=d.heartbeat_seconds,
+        help="interval of the server's pings; a peer silent for half of it after a ping is dropped (0: off)",
+    )
+    parser.add_argument(
+        "--max-queued-events",
+        type=int,
+        default=d.max_queued_events,
+        help="events waiting to be sent on one socket before its prompts wait (backpressure)",
+    )
+    parser.add_argument(
+        "--env-file",
+        default=d.env_file,
+        help="file with MODEL_DEFAULT_* generation defaults (default: ./.env if present; '' for none)",
+    )
+
+
+def _parse(name: str, raw: str, kind: type) -> Any:
+    """A MODEL_DEFAULT_* value (not blank) of type `kind` (bool: envflags.parse_bool).
+
+    Raises:
+        ValueError: naming the variable.
+    """
     if kind is bool:
-        low = value.lower()
-        if low in _TRUE:
-            return True
-        if low in _FALSE:
-            return False
-        raise ValueError(f"{name}={raw!r}: expected true or false")
+        try:
+            return parse_bool(raw)
+        except ValueError as e:
+            raise ValueError(f"{name}={raw!r}: {e}") from None
     try:
-        return kind(value)
+        return kind(raw.strip())
     except ValueError:
         raise ValueError(f"{name}={raw!r}: expected {'an integer' if kind is int else 'a number'}") from None
 
 
-_KINDS = {"num_beams": int, "top_k": int, "max_new_tokens": int, "do_sample": bool}
+_KINDS: dict[str, type] = {"num_beams": int, "top_k": int, "max_new_tokens": int, "do_sample": bool}
 
 
 def load_generation_defaults(env_file: str | None, environ: Mapping[str, str]) -> GenerationConfig:
@@ -96,7 +140,7 @@ def load_generation_defaults(env_file: str | None, environ: Mapping[str, str]) -
     for name in GenerationConfig.model_fields:
         var = ENV_PREFIX + name.upper()
         raw = values.get(var)
-        if raw is None or not raw.strip():
+        if raw is None or not raw.strip():  # empty: not set (envflags' rule)
             continue
         parsed[name] = _parse(var, raw, _KINDS.get(name, float))
     try:
@@ -116,20 +160,13 @@ def resolve_env_file(option: str | None, cwd: Path | None = None) -> str | None:
 
 
 def load_settings(config: GatewayConfig, environ: Mapping[str, str] | None = None) -> WsSettings:
-    """WsSettings from the gateway's options (see gateways.ws.add_arguments) and environment.
+    """WsSettings from the gateway's parsed flags (`add_arguments`), with the .env file resolved
+    and the generation defaults read from it and the environment.
 
     Raises:
         ValueError: a bad .env value or a missing --env-file.
     """
     environ = os.environ if environ is None else environ
-    env_file = resolve_env_file(config.option("env_file"))
-    d = WsSettings()
-    return WsSettings(
-        max_prompts_per_batch=config.option("max_prompts_per_batch", d.max_prompts_per_batch),
-        max_frame_bytes=config.option("max_frame_bytes", d.max_frame_bytes),
-        max_in_flight_prompts=config.option("max_in_flight_prompts", d.max_in_flight_prompts),
-        heartbeat_seconds=config.option("heartbeat_seconds", d.heartbeat_seconds),
-        max_queued_events=config.option("max_queued_events", d.max_queued_events),
-        defaults=load_generation_defaults(env_file, environ),
-        env_file=env_file,
-    )
+    settings = settings_from(WsSettings, config.options)
+    env_file = resolve_env_file(settings.env_file)
+    return replace(settings, env_file=env_file, defaults=load_generation_defaults(env_file, environ))

@@ -4,10 +4,11 @@ A WebSocket has no status to set once upgraded, so there are two in-band shapes:
 - a refused frame: `[{"error": "<sentence>"}]` (no request_id: nothing of the frame ran);
 - a failed prompt: `{"request_id", "type": "ERROR", "error": "<sentence>"}` (seed "Type ERROR"),
   sent in an event array; the socket stays open and the other prompts continue.
-Before the upgrade (a plain HTTP request to the route) the answer is an HTTP error response.
+Before an upgrade the answer is an HTTP error response in the frame shape `[{"error"}]`: 426 for
+a plain HTTP request to the route, 404/405 for any other path or method (the error middleware).
 
 The sentence names this protocol's field when the core named one (`generation_config.num_beams:
-...`), translating the core's proto field paths with translate.PARAM_TO_FIELD.
+...`), mapping the core's field paths through translate.FIELDS (gateways.common.fields).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import grpc
 from aiohttp import web
 
+from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
-from gateways.ws.translate import ERROR, PARAM_TO_FIELD
+from gateways.ws.translate import ERROR, NAMES
 
 UPGRADE_REQUIRED = "UPGRADE_REQUIRED"
 
@@ -39,19 +41,22 @@ def error_text(err: GatewayError, *, request_id: str | None = None, prompt: str 
             f"prompt: the prompt is empty and there is no session for request_id '{request_id}' to continue; "
             "send a prompt."
         )
-    field = PARAM_TO_FIELD.get(err.param or "")
-    if field and not err.message.startswith(f"{field}:"):
-        return f"{field}: {err.message}"
-    return err.message
+    return client_error(err, NAMES).message
 
 
-def render_in_stream(err: GatewayError, request_id: str | None = None, *, prompt: str | None = None) -> dict:
+def render_in_stream(err: GatewayError, request_id: str | None = None, *, prompt: str | None = None) -> dict[str, str]:
     """The in-band entry for `err`: a prompt's ERROR event, or `{"error"}` for a refused frame
     (request_id None). The caller sends it inside a JSON array."""
     text = error_text(err, request_id=request_id, prompt=prompt)
     if request_id is None:
         return {"error": text}
     return {"request_id": request_id, "type": ERROR, "error": text}
+
+
+def render_http_error(request: web.Request, status: int, message: str) -> web.Response:
+    """An HTTP-level error (unknown path 404, wrong method 405, a gateway failure 500) as
+    `[{"error": msg}]`, for the error middleware (gateways.common.app)."""
+    return web.json_response([{"error": message}], status=status)
 
 
 def render_before_stream(err: GatewayError) -> web.Response:

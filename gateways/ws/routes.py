@@ -1,11 +1,12 @@
 """aiohttp handler of `/ws` and `/api/ws`: one Connection per socket.
 
 A Connection reads frames, starts one task per accepted prompt (one Generate call each), and
-sends events through a single writer task that drains a bounded queue: whatever events are
-ready when the writer runs go out together as one JSON array, so no event waits for one that is
-not ready yet and no stream is ever buffered whole (DESIGN.md principle 5). A refused frame's
-`[{"error"}]` always goes out on its own. Per-socket state is bounded by the options: frame
-size, prompts per frame, prompts in flight, queued events.
+sends events through a single writer task that drains a bounded queue (a FanIn of
+gateways.common.streaming): whatever events are ready when the writer runs go out together as
+one JSON array, so no event waits for one that is not ready yet and no stream is ever buffered
+whole (DESIGN.md principle 5). A refused frame's `[{"error"}]` always goes out on its own.
+Per-socket state is bounded by the options: frame size, prompts per frame, prompts in flight,
+queued events.
 
 Cancellation: when the socket closes (the client closes it, the connection drops, the heartbeat
 finds no pong, or the server shuts down), every prompt task is cancelled, and each one's
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from typing import Any
 
 import grpc
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -26,14 +28,26 @@ from gateways.common.app import core_client
 from gateways.common.core_client import CoreClient
 from gateways.common.framing import dumps
 from gateways.common.status import GatewayError
-from gateways.common.streaming import CoreStream
+from gateways.common.streaming import CoreStream, FanIn
 from gateways.ws import errors, schema, translate
-from gateways.ws.config import WsSettings
+from gateways.ws.config import SETTINGS_KEY, WsSettings
 
 log = logging.getLogger(__name__)
 
-SETTINGS_KEY = web.AppKey("ws_settings", WsSettings)
-SOCKETS_KEY = web.AppKey("ws_sockets", weakref.WeakSet)
+ROUTES = ("/ws", "/api/ws")
+SOCKETS_KEY = web.AppKey("ws_sockets", weakref.WeakSet[web.WebSocketResponse[bool]])
+
+#: A queued outgoing item: an event (shares an array with the other ready events), or a whole
+#: frame (a list, sent on its own).
+Outgoing = dict[str, Any] | list[dict[str, Any]]
+
+
+def add_routes(app: web.Application) -> None:
+    """Register `/ws` and `/api/ws` on `app`, and close live sockets at shutdown."""
+    app[SOCKETS_KEY] = weakref.WeakSet()
+    for path in ROUTES:
+        app.router.add_get(path, websocket)
+    app.on_shutdown.append(close_sockets)
 
 
 class Connection:
@@ -49,10 +63,8 @@ class Connection:
         self.ws = ws
         self.client = client
         self.settings = settings
-        self.tasks: dict[str, asyncio.Task] = {}
-        # Items: an event dict (may share an array with other ready events) or a list (a
-        # complete frame sent on its own).
-        self.out: asyncio.Queue[dict | list] = asyncio.Queue(maxsize=settings.max_queued_events)
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.out: FanIn[Outgoing] = FanIn(maxsize=settings.max_queued_events)
 
     async def serve(self) -> None:
         """Read frames until the socket closes; then cancel everything this socket started."""
@@ -138,10 +150,7 @@ class Connection:
         """Send queued events: all that are ready go out as one array."""
         try:
             while True:
-                items = [await self.out.get()]
-                while not self.out.empty():
-                    items.append(self.out.get_nowait())
-                for frame in _frames(items):
+                for frame in _frames(await self.out.batch()):
                     await self.ws.send_str(dumps(frame))
         except asyncio.CancelledError:
             raise
@@ -150,10 +159,10 @@ class Connection:
             await self.ws.close(code=WSCloseCode.ABNORMAL_CLOSURE)
 
 
-def _frames(items: list[dict | list]) -> list[list]:
+def _frames(items: list[Outgoing]) -> list[list[dict[str, Any]]]:
     """Group queued items into frames: consecutive events share an array; a list stays alone."""
-    frames: list[list] = []
-    events: list[dict] = []
+    frames: list[list[dict[str, Any]]] = []
+    events: list[dict[str, Any]] = []
     for item in items:
         if isinstance(item, list):
             if events:
@@ -194,5 +203,6 @@ async def websocket(request: web.Request) -> web.StreamResponse:
 
 async def close_sockets(app: web.Application) -> None:
     """on_shutdown: close live sockets with 1001 Going Away (their prompts are cancelled)."""
-    for ws in list(app[SOCKETS_KEY]):
+    sockets = app[SOCKETS_KEY]
+    for ws in list(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")

@@ -1,9 +1,10 @@
 """Pure translation between the `/ws` protocol and the core's Generate stream.
 
-Request side: one GenerateRequest per prompt (`to_generate_request`), with `session_id` set to
-the prompt's request_id so that the core continues a live session ("continue generation",
-DESIGN.md "Sessions"). Default precedence (written down once): a `generation_config` field the
-client set > the gateway's ".env" default > unset (the core's engine default).
+Request side: one GenerateRequest per prompt (`to_generate_request`, through the schema's field
+table `FIELDS`), with `session_id` set to the prompt's request_id so that the core continues a
+live session ("continue generation", DESIGN.md "Sessions"). Default precedence (written down
+once): a `generation_config` field the client set > the gateway's ".env" default > unset (the
+core's engine default).
 
 Response side: the core's lifecycle markers map 1:1 to the seed's events (DESIGN.md "The gRPC
 contract"): QUEUED -> ACCEPTED, SCHEDULED -> STARTED, PREFILLED -> INITIALIZED. Every message
@@ -21,12 +22,13 @@ No I/O, clocks or ids in here: the route owns the socket and passes `PromptState
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.schema import copy_given
-from gateways.common.streaming import sequence_error
+from gateways.common.fields import FieldTable, by_rule, same_names
+from gateways.common.streaming import incomplete_stream, sequence_error
 from gateways.ws.schema import GenerationConfig, PromptItem, WsRequest
 
 ACCEPTED = "ACCEPTED"
@@ -42,16 +44,23 @@ _STATE_EVENTS = {
     pb.GENERATE_STATE_PREFILLED: INITIALIZED,
 }
 
-_SAMPLING_FIELDS = ("num_beams", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "length_penalty")
+#: The protocol's fields (seed "generation_config", "prompts") and the GenerateRequest paths
+#: they set; the prompt, request_id and only_new_tokens are set by `to_generate_request`.
+FIELDS = FieldTable(
+    (
+        *same_names(
+            "generation_config.",
+            "sampling",
+            ("num_beams", "do_sample", "temperature", "top_p", "top_k", "repetition_penalty", "length_penalty"),
+        ),
+        *same_names("generation_config.", "stopping", ("max_new_tokens",)),
+        *by_rule("prompt", "text"),
+        *by_rule("request_id", "session_id", "request_id"),
+    )
+)
 
-# Core field paths (google.rpc.BadRequest) -> this protocol's names, for ERROR texts.
-PARAM_TO_FIELD = {
-    **{f"sampling.{name}": f"generation_config.{name}" for name in _SAMPLING_FIELDS},
-    "stopping.max_new_tokens": "generation_config.max_new_tokens",
-    "text": "prompt",
-    "session_id": "request_id",
-    "request_id": "request_id",
-}
+#: Contract path -> this protocol's name, for ERROR texts (every field is always named the same).
+NAMES = FIELDS.names()
 
 
 def effective_config(given: GenerationConfig | None, defaults: GenerationConfig) -> GenerationConfig:
@@ -78,9 +87,7 @@ def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationC
     req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id)
     if item.prompt:
         req.text = item.prompt
-    copy_given(cfg, req.sampling, _SAMPLING_FIELDS)
-    if cfg.max_new_tokens is not None:
-        req.stopping.max_new_tokens = cfg.max_new_tokens
+    FIELDS.apply(dict(cfg), req)
     if not body.new_tokens_only:
         req.output.echo = True
     return req
@@ -116,7 +123,7 @@ class PromptState:
         return cls(item.request_id, body.new_tokens_only, body.streaming, item.prompt)
 
 
-def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
+def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict[str, Any]]:
     """Events for one Generate message (lifecycle and PROGRESS; never COMPLETE), updating `state`.
 
     Raises:
@@ -125,7 +132,7 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
     """
     if msg.HasField("prompt_text"):
         state.input_text = msg.prompt_text
-    events: list[dict] = []
+    events: list[dict[str, Any]] = []
     kind = _STATE_EVENTS.get(msg.state)
     if kind == INITIALIZED:
         text = "" if state.only_new_tokens else state.input_text
@@ -148,7 +155,7 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict]:
     return events
 
 
-def to_complete(state: PromptState) -> dict:
+def to_complete(state: PromptState) -> dict[str, Any]:
     """The COMPLETE event (seed "Type COMPLETE") of a prompt whose call ended cleanly, so
     `state.final` is set.
 
@@ -156,8 +163,13 @@ def to_complete(state: PromptState) -> dict:
     `new_tokens_count` is usage.completion_tokens; `is_eos` is finish_reason EOS;
     `execution_time` is the core's timing.total_ms in seconds (arrival at the core to the final
     message, which excludes the gateway hop).
+
+    Raises:
+        GatewayError: INTERNAL when the final message never came (streaming.incomplete_stream).
     """
     final = state.final
+    if final is None:
+        raise incomplete_stream()
     generated = "".join(state.parts)
     return {
         "request_id": state.request_id,

@@ -17,8 +17,9 @@ from text_generation.errors import BadRequestError
 
 from core.server import start_core
 from tests.conftest import core_config
+from tests.golden.harness import match
+from tests.golden.test_lmi import check_records, load_case, parse_records
 from tests.integration.core_helpers import wait_idle
-from tests.integration.test_gateway_lmi_golden import check_records, load_case, match, parse_records
 
 Q = "What is Deep Learning?"
 ERROR_BODY = {
@@ -231,6 +232,21 @@ async def test_predictions_route(http, lmi):
 
 
 # ------------------------------------------------------------------------------ errors needing special setups
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("GET", "/nothing", 404, "Not Found: GET /nothing"),
+        ("GET", "/invocations", 405, "Method Not Allowed: GET /invocations"),
+        ("POST", "/ping", 405, "Method Not Allowed: POST /ping"),
+    ],
+)
+async def test_unknown_paths_and_methods_answer_in_the_lmi_shape(http, lmi, dynamic, method, path, status, message):
+    for base in (lmi, dynamic):
+        async with http.request(method, base + path) as resp:
+            assert (resp.status, resp.content_type) == (status, "application/json")
+            assert await resp.json() == {"error": message, "code": status}
 
 
 async def test_body_over_the_limit_is_413(http, start_gateway):

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 import pytest_asyncio
 
+from tests.golden.harness import GOLDEN, load, match, shape_of
 from tests.integration.core_helpers import wait_idle
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "openai"
 MODEL = "tiny"
 BAN = {str(i): -100 for i in range(8)}
 HI = [{"role": "user", "content": "Tell me about gardens."}]
@@ -319,40 +318,20 @@ async def test_include_usage(aclient):
 # --------------------------------------------------------------------------- the seed's examples
 
 
-def assert_same_shape(got, want, path="$"):
-    """Same keys and JSON types as the golden example; numbers keep their sign. Values random by
-    nature (ids, timestamps, text, logprob values) are not compared."""
-    if isinstance(want, dict):
-        assert isinstance(got, dict) and set(got) == set(want), f"{path}: {sorted(got)} != {sorted(want)}"
-        for key in want:
-            assert_same_shape(got[key], want[key], f"{path}.{key}")
-    elif isinstance(want, list):
-        assert isinstance(got, list), path
-        for i, item in enumerate(got):
-            assert_same_shape(item, want[0], f"{path}[{i}]")
-    elif isinstance(want, bool) or want is None:
-        assert got == want, path
-    elif isinstance(want, (int, float)):
-        assert isinstance(got, (int, float)) and not isinstance(got, bool), path
-        assert (got <= 0) == (want <= 0) or (isinstance(want, int) and got >= 0), path
-    else:
-        assert type(got) is type(want), path
-
-
 async def test_seed_request_non_streaming_matches_the_seed_shape(base_url):
-    body = json.loads((GOLDEN / "seed_request.json").read_text())["body"]
-    want = json.loads((GOLDEN / "seed_logprobs.json").read_text())["expected"]
+    body = load(GOLDEN / "openai" / "seed_request.json")["body"]
+    want = load(GOLDEN / "openai" / "seed_logprobs.json")["expected"]
     async with aiohttp.ClientSession() as s, s.post(f"{base_url}/v1/chat/completions", json=body) as r:
         assert r.status == 200 and r.content_type == "application/json"
         got = await r.json()
-    assert_same_shape(got, want)
+    match(shape_of(want), got)
     assert got["id"].startswith("chatcmpl-") and got["object"] == "chat.completion"
     assert got["choices"][0]["finish_reason"] in ("stop", "length")
 
 
 @pytest.mark.parametrize("golden", ["seed_stream_sse", "seed_stream_jsonlines"])
 async def test_seed_stream_matches_the_seed_shape(base_url, lmi_url, golden):
-    case = json.loads((GOLDEN / f"{golden}.json").read_text())
+    case = load(GOLDEN / "openai" / f"{golden}.json")
     body = {**case["body"], "max_tokens": 6, "logit_bias": BAN}
     url = f"{base_url}/v1/chat/completions" if case["framing"] == "sse" else f"{lmi_url}/invocations"
     async with aiohttp.ClientSession() as s, s.post(url, json=body) as r:
@@ -370,10 +349,10 @@ async def test_seed_stream_matches_the_seed_shape(base_url, lmi_url, golden):
     first, last = case["expected"][0], case["expected"][-1]
     middle = json.loads(json.dumps(last))
     middle["choices"][0]["finish_reason"] = None
-    assert_same_shape(chunks[0], first)
-    assert_same_shape(chunks[-1], last)
+    match(shape_of(first), chunks[0])
+    match(shape_of(last), chunks[-1])
     for chunk in chunks[1:-1]:
-        assert_same_shape(chunk, middle)
+        match(shape_of(middle), chunk)
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import defaultdict
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -27,11 +26,12 @@ from websockets.exceptions import ConnectionClosed
 import gateways.ws
 from gateways.common.app import start_app
 from gateways.common.config import GatewayConfig
+from tests.golden.harness import GOLDEN
 from tests.integration.core_helpers import wait_idle
 
 WAIT = 60.0  # seconds a test waits for a frame before failing (a guard against hangs, not a timing check)
 LONG = 1000  # new tokens: a generation that is still running when a test acts on it
-SEED_EXAMPLE = Path(__file__).resolve().parents[1] / "golden" / "ws" / "seed_example.json"
+SEED_EXAMPLE = GOLDEN / "ws" / "seed_example.json"
 SEED_PAYLOAD = json.loads(SEED_EXAMPLE.read_text())["payload"]  # the seed's queue-generation payload
 KEYS = {
     "ACCEPTED": {"request_id", "type"},
@@ -340,6 +340,19 @@ async def test_plain_http_request_gets_426(gateway):
         assert resp.headers["Upgrade"] == "websocket"
         body = await resp.json()
     assert len(body) == 1 and body[0]["error"].startswith("This endpoint speaks the WebSocket batch protocol")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("GET", "/nothing", 404, "Not Found: GET /nothing"),
+        ("POST", "/ws", 405, "Method Not Allowed: POST /ws"),
+    ],
+)
+async def test_other_http_requests_get_the_protocols_error_shape(gateway, method, path, status, message):
+    async with aiohttp.ClientSession() as http, http.request(method, gateway + path) as resp:
+        assert (resp.status, resp.content_type) == (status, "application/json")
+        assert await resp.json() == [{"error": message}]
 
 
 # ---------------------------------------------------------------------------------------- per-prompt errors

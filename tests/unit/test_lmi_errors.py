@@ -1,5 +1,6 @@
 """Every LMI error row (DESIGN.md "Errors, per schema"; seed "Error Responses"): status and body
-before the stream, the in-band record after it, and the dynamic-batch shape."""
+before the stream, the in-band record after it, the dynamic-batch shape, HTTP-level errors, and
+the LMI names of the core's field paths (translate.FIELDS)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,21 @@ import json
 
 import grpc
 import pytest
+from aiohttp.test_utils import make_mocked_request
 
+from gateways.common.config import GatewayConfig
+from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
+from gateways.lmi import make_app
 from gateways.lmi.errors import (
     PayloadError,
     dynamic_error,
-    lmi_param,
     model_not_found,
-    payload_too_large,
     render_before_stream,
+    render_http_error,
     render_in_stream,
-    with_lmi_param,
 )
+from gateways.lmi.translate import FIELDS
 
 ERROR_BODY = {
     "generated_text": "",
@@ -54,7 +58,6 @@ def test_before_stream_status_from_grpc_code(code, status):
     ("err", "status"),
     [
         (PayloadError("bad shape", param="inputs"), 424),
-        (payload_too_large(10), 413),
         (model_not_found("gpt2", "tiny"), 404),
     ],
 )
@@ -64,8 +67,26 @@ def test_before_stream_error_code_shape(err, status):
     assert json.loads(resp.text) == {"error": err.message, "code": status}
 
 
+@pytest.mark.parametrize(
+    ("batching", "status", "want_status", "body"),
+    [
+        ("rolling", 404, 404, {"error": "boom", "code": 404}),
+        ("rolling", 405, 405, {"error": "boom", "code": 405}),
+        ("rolling", 413, 413, {"error": "boom", "code": 413}),
+        ("rolling", 500, 500, ERROR_BODY),
+        ("dynamic", 404, 404, {"error": "boom", "code": 404}),
+        ("dynamic", 405, 405, {"error": "boom", "code": 405}),
+        ("dynamic", 413, 413, {"code": 413, "message": "invoke handler failure", "error": "boom"}),
+        ("dynamic", 500, 424, {"code": 424, "message": "invoke handler failure", "error": "boom"}),
+    ],
+)
+def test_http_errors(batching, status, want_status, body):
+    app = make_app(GatewayConfig(name="lmi", options={"batching": batching}))
+    resp = render_http_error(make_mocked_request("GET", "/x", app=app), status, "boom")
+    assert (resp.status, resp.content_type, json.loads(resp.text)) == (want_status, "application/json", body)
+
+
 def test_shape_error_messages():
-    assert payload_too_large(10).message == "The request body is larger than the limit of 10 bytes."
     assert model_not_found("gpt2", "tiny").message == "Model not found: 'gpt2'; this server serves 'tiny'."
 
 
@@ -94,7 +115,6 @@ def test_in_stream_record(tgi_compat):
         (PayloadError("boom"), 424),
         (GatewayError(grpc.StatusCode.UNAVAILABLE, "boom"), 503),
         (GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED, "boom"), 503),
-        (GatewayError(grpc.StatusCode.INVALID_ARGUMENT, "boom", reason="PAYLOAD_TOO_LARGE"), 413),
     ],
 )
 def test_dynamic_errors(err, status):
@@ -139,13 +159,13 @@ def test_dynamic_errors(err, status):
         ("session_id", set(), "session_id"),
     ],
 )
-def test_lmi_param(core_param, given, lmi):
-    assert lmi_param(core_param, given) == lmi
+def test_lmi_names_of_core_fields(core_param, given, lmi):
+    assert FIELDS.names(given).get(core_param, core_param) == lmi
 
 
-def test_with_lmi_param_prefixes_the_message():
+def test_client_error_prefixes_the_message():
     err = GatewayError(grpc.StatusCode.INVALID_ARGUMENT, "top_p must be in (0, 1], got 0.", param="sampling.top_p")
-    out = with_lmi_param(err, set())
+    out = client_error(err, FIELDS.names())
     assert out.param == "parameters.top_p"
     assert out.message == "parameters.top_p: top_p must be in (0, 1], got 0."
     assert out.code is grpc.StatusCode.INVALID_ARGUMENT
@@ -159,5 +179,5 @@ def test_with_lmi_param_prefixes_the_message():
         PayloadError("bad", param="inputs"),
     ],
 )
-def test_with_lmi_param_leaves_other_errors(err):
-    assert with_lmi_param(err, set()) is err
+def test_client_error_leaves_the_gateways_own_errors(err):
+    assert client_error(err, FIELDS.names()) is err

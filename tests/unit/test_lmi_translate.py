@@ -16,10 +16,10 @@ from gateways.lmi.schema import GenerationParameters
 from gateways.lmi.translate import (
     RenderOptions,
     StreamRenderer,
+    client_names,
     collect_messages,
     dynamic_delta,
     dynamic_line,
-    given_parameters,
     refuse_unsupported,
     render_dynamic,
     render_options,
@@ -189,9 +189,11 @@ def test_no_refusal(params):
 
 
 def test_stop_sequences_and_given():
-    p = GenerationParameters(stop_sequences=["a", "a", "b"], stop=["b", "c"], top_k=3)
+    p = GenerationParameters(stop_sequences=["a", "a", "b"], stop=["b", "c"], top_k=3, best_of=2)
     assert stop_sequences(p) == ["a", "b", "c"]
-    assert given_parameters(p) == {"stop_sequences", "stop", "top_k"}
+    names = client_names(p)
+    assert (names["stopping.stop"], names["sampling.top_k"]) == ("parameters.stop_sequences", "parameters.top_k")
+    assert (names["sampling.n"], names["text"]) == ("parameters.best_of", "inputs")
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""OpenAI's error object before and after the first byte (gateways/openai/errors.py)."""
+"""OpenAI's error object before and after the first byte (gateways/common/chat/errors.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import grpc
 import pytest
 
+from gateways.common.chat import errors
 from gateways.common.status import GatewayError
-from gateways.openai import errors
 
 STATUSES = [
     # (gRPC code, HTTP status, OpenAI type) per DESIGN.md "Errors, per schema"

@@ -1,10 +1,10 @@
-"""Pure parts of the OpenAI gateway's handlers (gateways/openai/routes.py)."""
+"""Pure parts of the chat completions route (gateways/common/chat/route.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateways.openai import routes
+from gateways.common.chat import route as routes
 
 CHUNK = {"id": "chatcmpl-1", "choices": []}
 
@@ -29,5 +29,3 @@ def test_framing(framing, body, tail):
 async def test_handle_chat_refuses_unknown_framings():
     with pytest.raises(ValueError):
         await routes.handle_chat(None, {"messages": []}, framing="xml")
-    with pytest.raises(ValueError):
-        await routes.handle_chat(None, {"messages": []}, finish_reasons="tgi")

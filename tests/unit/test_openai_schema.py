@@ -1,12 +1,12 @@
-"""Shape and type checks of chat completion bodies (gateways/openai/schema.py)."""
+"""Shape and type checks of chat completion bodies (gateways/common/chat/schema.py)."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
+from gateways.common.chat.schema import ImagePart, TextPart, parse_chat_request
 from gateways.common.status import GatewayError
-from gateways.openai.schema import ImagePart, TextPart, parse_chat_request
 
 USER = [{"role": "user", "content": "hi"}]
 

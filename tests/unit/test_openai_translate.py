@@ -1,14 +1,17 @@
-"""Table tests of the chat completions translation (gateways/openai/translate.py)."""
+"""Table tests of the chat completions translation (gateways/common/chat/translate.py)."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from google.protobuf import text_format
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.openai import translate
-from gateways.openai.schema import parse_chat_request
+from gateways.common.chat import translate
+from gateways.common.chat.schema import parse_chat_request
+from gateways.common.status import GatewayError
+from gateways.lmi.translate import FINISH_REASONS as LMI_FINISH_REASONS
 
 USER = [{"role": "user", "content": "hi"}]
 USER_PB = 'messages { messages { role: "user" content { text: "hi" } } }'
@@ -132,41 +135,51 @@ PARAMS = [
 ]
 
 
+def _openai_param(path, req):
+    return translate.client_names(req).get(path, path)
+
+
 @pytest.mark.parametrize("path, fields, param", PARAMS)
-def test_to_openai_param(path, fields, param):
+def test_openai_names_of_core_fields(path, fields, param):
     req = parse_chat_request({"messages": USER, **fields})
-    assert translate.to_openai_param(path, req) == param
+    assert _openai_param(path, req) == param
 
 
-def test_to_openai_param_without_request():
-    assert translate.to_openai_param("stopping.max_new_tokens", None) == "max_tokens"
+def test_openai_names_without_request():
+    assert _openai_param("stopping.max_new_tokens", None) == "max_tokens"
 
 
 FINISH = [
+    # (core reason, OpenAI's word, LMI's word or the error it is)
     (pb.FINISH_REASON_UNSPECIFIED, None, None),
     (pb.FINISH_REASON_LENGTH, "length", "length"),
     (pb.FINISH_REASON_EOS, "stop", "eos_token"),
     (pb.FINISH_REASON_STOP_SEQUENCE, "stop", "stop_sequence"),
     (pb.FINISH_REASON_TIME_LIMIT, "length", "length"),
-    (pb.FINISH_REASON_CANCELLED, "abort", "abort"),
-    (pb.FINISH_REASON_ERROR, "error", "error"),
+    (pb.FINISH_REASON_CANCELLED, "abort", grpc.StatusCode.UNAVAILABLE),
+    (pb.FINISH_REASON_ERROR, "error", grpc.StatusCode.INTERNAL),
 ]
+
+
+def _finish_chunk(reason, words):
+    msg = spb.GenerateResponse(outputs=[pb.SequenceOutput(index=0, text="x", finish_reason=reason)])
+    return translate.to_chunks(msg, _state(finish_words=words))[0]["choices"][0]["finish_reason"]
 
 
 @pytest.mark.parametrize("reason, openai, lmi", FINISH)
 def test_finish_reasons(reason, openai, lmi):
-    assert translate.StreamState("c", 1, "m").reason_names.get(reason) == openai
-    assert translate.StreamState("c", 1, "m", finish_reasons="lmi").reason_names.get(reason) == lmi
+    assert _finish_chunk(reason, translate.FINISH_REASONS) == openai
+    if isinstance(lmi, grpc.StatusCode):
+        # LMI's words are the seed's enum: a request the core cancelled or failed is an error.
+        with pytest.raises(GatewayError) as info:
+            _finish_chunk(reason, LMI_FINISH_REASONS)
+        assert info.value.code is lmi
+    else:
+        assert _finish_chunk(reason, LMI_FINISH_REASONS) == lmi
 
 
-def test_every_proto_finish_reason_is_mapped():
-    for vocabulary in translate.FINISH_REASONS.values():
-        assert set(vocabulary) == set(pb.FinishReason.values()) - {pb.FINISH_REASON_UNSPECIFIED}
-
-
-def test_unknown_vocabulary_is_refused():
-    with pytest.raises(ValueError):
-        translate.StreamState("chatcmpl-x", 1, "m", finish_reasons="tgi")
+def test_every_proto_finish_reason_has_an_openai_word():
+    assert set(translate.FINISH_REASONS) == set(pb.FinishReason.values()) - {pb.FINISH_REASON_UNSPECIFIED}
 
 
 def _msg(text: str) -> spb.GenerateResponse:
@@ -265,7 +278,7 @@ def _chunk(index, delta, finish=None, logprobs=None, usage=False):
 
 
 def test_to_chunks_role_first_finish_last_per_choice():
-    state = _state(finish_reasons="lmi")
+    state = _state(finish_words=LMI_FINISH_REASONS)
     chunks = [c for m in STREAM for c in translate.to_chunks(_msg(m), state)]
     assert chunks == [
         _chunk(0, {"role": "assistant", "content": "He"}),
@@ -331,7 +344,7 @@ def test_to_completion():
 
 
 def test_to_completion_logprobs():
-    got = translate.to_completion([_msg(m) for m in STREAM], _state(logprobs=True, finish_reasons="lmi"))
+    got = translate.to_completion([_msg(m) for m in STREAM], _state(logprobs=True, finish_words=LMI_FINISH_REASONS))
     assert [t["token"] for t in got["choices"][0]["logprobs"]["content"]] == ["He", "llo"]
     assert [t["token"] for t in got["choices"][1]["logprobs"]["content"]] == ["W", "o"]
     assert [c["finish_reason"] for c in got["choices"]] == ["length", "eos_token"]
@@ -341,7 +354,7 @@ def test_state_for_takes_options_from_the_request():
     req = parse_chat_request(
         {"messages": USER, "logprobs": True, "stream": True, "stream_options": {"include_usage": True}}
     )
-    state = translate.state_for(req, completion_id="chatcmpl-9", created=5, model="m", finish_reasons="lmi")
-    assert (state.logprobs, state.include_usage, state.finish_reasons) == (True, True, "lmi")
+    state = translate.state_for(req, completion_id="chatcmpl-9", created=5, model="m", finish_words=LMI_FINISH_REASONS)
+    assert (state.logprobs, state.include_usage, state.finish_words) == (True, True, LMI_FINISH_REASONS)
     plain = translate.state_for(parse_chat_request({"messages": USER}), completion_id="c", created=5, model="m")
-    assert (plain.logprobs, plain.include_usage, plain.finish_reasons) == (False, False, "openai")
+    assert (plain.logprobs, plain.include_usage, plain.finish_words) == (False, False, translate.FINISH_REASONS)

@@ -12,9 +12,10 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.config import GatewayConfig, load
+from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
 from gateways.triton import add_arguments, errors, make_app, translate
-from gateways.triton.routes import SERVER_VERSION_KEY
+from gateways.triton.config import SETTINGS_KEY, load_settings
 from gateways.triton.translate import ResponseRenderer, ServedModel
 
 RID = "triton-test"
@@ -206,7 +207,7 @@ def test_check_target(model, version, served_version, code):
             "stopping.max_new_tokens",
             "max_new_tokens must be in [1, 1024], got 5000.",
             {},
-            "max_tokens must be in [1, 1024], got 5000.",
+            "max_tokens: max_new_tokens must be in [1, 1024], got 5000.",
         ),
         (
             "stopping.max_new_tokens",
@@ -218,13 +219,13 @@ def test_check_target(model, version, served_version, code):
             "stopping.min_new_tokens",
             "min_new_tokens (5) must not exceed max_new_tokens (2).",
             {"min_length": 5, "max_tokens": 2},
-            "min_length (5) must not exceed max_tokens (2).",
+            "min_length: min_new_tokens (5) must not exceed max_new_tokens (2).",
         ),
         (
             "sampling.num_beams",
             "num_beams=2 asks for beam search; use num_beams=1.",
             {},
-            "beam_width=2 asks for beam search; use beam_width=1.",
+            "beam_width: num_beams=2 asks for beam search; use num_beams=1.",
         ),
         (
             "stopping.stop_token_ids",
@@ -249,7 +250,7 @@ def test_check_target(model, version, served_version, code):
             "stopping.stop",
             "At most 16 stop sequences are allowed, got 17.",
             {"stop": ["a"]},
-            "At most 16 stop sequences are allowed, got 17.",
+            "stop: At most 16 stop sequences are allowed, got 17.",
         ),
         (None, "The server is at capacity.", {}, "The server is at capacity."),
         ("top_k", "Parameter 'top_k' must be an integer.", {}, "Parameter 'top_k' must be an integer."),
@@ -258,7 +259,7 @@ def test_check_target(model, version, served_version, code):
 def test_client_message_speaks_of_the_clients_parameter(param, message, names_from, expected):
     names = _translate({"text_input": "hi", "parameters": names_from}).names
     err = GatewayError(grpc.StatusCode.INVALID_ARGUMENT, message, param=param)
-    assert translate.client_message(err, names) == expected
+    assert client_error(err, names).message == expected
 
 
 def test_error_renderings():
@@ -270,8 +271,8 @@ def test_error_renderings():
     bad = GatewayError(
         grpc.StatusCode.INVALID_ARGUMENT, "max_new_tokens must be in [1, 8], got 9.", param="stopping.max_new_tokens"
     )
-    assert errors.render_in_stream(bad, translate.DEFAULT_NAMES) == (
-        b'data: {"error":"max_tokens must be in [1, 8], got 9."}\n\n'
+    assert errors.render_in_stream(bad, translate.FIELDS.names()) == (
+        b'data: {"error":"max_tokens: max_new_tokens must be in [1, 8], got 9."}\n\n'
     )
 
 
@@ -389,22 +390,26 @@ def test_model_and_server_metadata():
 
 def test_flags_and_environment():
     cfg = load("triton", 8001, add_arguments, [])
-    assert (cfg.port, cfg.option("model_version"), cfg.option("ignore_unknown_parameters")) == (8001, None, False)
+    s = load_settings(cfg)
+    assert (cfg.port, s.model_version, s.ignore_unknown_parameters) == (8001, None, False)
     env = {"TRELLIS_GATEWAY_MODEL_VERSION": "03", "TRELLIS_GATEWAY_IGNORE_UNKNOWN_PARAMETERS": "yes"}
-    cfg = load("triton", 8001, add_arguments, [], environ=env)
-    assert (cfg.option("model_version"), cfg.option("ignore_unknown_parameters")) == ("3", True)
-    cfg = load("triton", 8001, add_arguments, ["--model-version", "7", "--no-ignore-unknown-parameters"], environ=env)
-    assert (cfg.option("model_version"), cfg.option("ignore_unknown_parameters")) == ("7", False)
+    s = load_settings(load("triton", 8001, add_arguments, [], environ=env))
+    assert (s.model_version, s.ignore_unknown_parameters) == ("3", True)
+    argv = ["--model-version", "7", "--no-ignore-unknown-parameters"]
+    s = load_settings(load("triton", 8001, add_arguments, argv, environ=env))
+    assert (s.model_version, s.ignore_unknown_parameters) == ("7", False)
+    with pytest.raises(SystemExit):
+        load("triton", 8001, add_arguments, [], environ={"TRELLIS_GATEWAY_MODEL_VERSION": "v1"})
     with pytest.raises(SystemExit):
         load("triton", 8001, add_arguments, ["--model-version", "v1"], environ={})
 
 
 def test_server_version_comes_from_the_installed_package(monkeypatch):
     config = GatewayConfig(name="triton")
-    assert make_app(config)[SERVER_VERSION_KEY] == importlib.metadata.version("trellis")
+    assert make_app(config)[SETTINGS_KEY].server_version == importlib.metadata.version("trellis")
 
     def missing(name: str) -> str:
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)  # a source checkout that is not installed
-    assert make_app(config)[SERVER_VERSION_KEY] == "0.0.0"
+    assert make_app(config)[SETTINGS_KEY].server_version == "0.0.0"

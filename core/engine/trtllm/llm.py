@@ -338,7 +338,8 @@ class TrtllmLlmEngine(EngineLifecycle):
             return
         self._post(live, EngineOutput(req.request_id, state=RequestState.QUEUED, time=time.monotonic()))
         if live.aborted:  # aborted while submitting
-            self._abort_on_llm_loop(live)
+            # The core's loop sets `aborted` meanwhile; mypy narrowed it from the check above.
+            self._abort_on_llm_loop(live)  # type: ignore[unreachable]
         error: CoreError
         try:
             async for ro in live.output:

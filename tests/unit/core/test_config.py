@@ -21,6 +21,12 @@ def test_environment_fallbacks_and_flag_precedence():
     assert load(["--port", "8"], env).port == 8
 
 
+def test_an_empty_boolean_keeps_the_default():
+    env = {"TRELLIS_CORE_TRT_ENABLE_BLOCK_REUSE": "", "TRELLIS_CORE_TRT_ENABLE_CHUNKED_CONTEXT": " "}
+    c = load(["--model", "/m"], env)
+    assert (c.trt_enable_block_reuse, c.trt_enable_chunked_context) == (True, False)
+
+
 @pytest.mark.parametrize(
     "env",
     [{"TRELLIS_CORE_PORT": "x"}, {"TRELLIS_CORE_ENGINE": "nope"}, {"TRELLIS_CORE_TRT_ENABLE_BLOCK_REUSE": "maybe"}],

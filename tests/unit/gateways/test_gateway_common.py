@@ -1,6 +1,6 @@
 """Tables for the helpers every gateway shares (gateways/common): JSON type names and field paths
-for error messages, the copy of given fields onto proto messages, compact JSON, the errors of
-sequences the core cut short, and the headers of streamed responses."""
+for error messages, compact JSON, the errors of sequences the core cut short, finish words, the
+headers of streamed responses, and the fan-in of ready items."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pydantic import BaseModel, ValidationError
 from trellis.generate.v1 import generate_pb2 as pb
 
 from gateways.common.framing import dumps
-from gateways.common.schema import Int32, copy_given, field_path, json_type
-from gateways.common.streaming import incomplete_stream, sequence_error, stream_response
+from gateways.common.schema import Int32, field_path, json_type
+from gateways.common.status import GatewayError
+from gateways.common.streaming import FanIn, finish_word, incomplete_stream, sequence_error, stream_response
 
 
 @pytest.mark.parametrize(
@@ -54,18 +55,7 @@ def test_field_path(loc, tags, path):
 
 
 class _Given(BaseModel):
-    temperature: float | None = None
     top_k: Int32 | None = None
-    ignore_eos_token: bool | None = None
-
-
-def test_copy_given_sets_only_what_the_client_gave():
-    sampling = pb.SamplingParams()
-    copy_given(_Given(temperature=0.5), sampling, ("temperature", "top_k"))
-    assert sampling.temperature == 0.5 and not sampling.HasField("top_k")
-    stopping = pb.StoppingParams()
-    copy_given(_Given(ignore_eos_token=False), stopping, {"ignore_eos_token": "ignore_eos"})
-    assert stopping.HasField("ignore_eos") and stopping.ignore_eos is False
 
 
 def test_int32_is_the_proto_range():
@@ -93,6 +83,38 @@ def test_dumps_is_compact_json_that_keeps_non_ascii(obj):
 def test_sequence_error(finish, code):
     err = sequence_error(finish)
     assert (err.code if err else None) is code
+
+
+WORDS = {pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_EOS: "eos_token"}
+
+
+@pytest.mark.parametrize(
+    ("finish", "word", "code"),
+    [
+        (pb.FINISH_REASON_UNSPECIFIED, None, None),
+        (pb.FINISH_REASON_LENGTH, "length", None),
+        (pb.FINISH_REASON_EOS, "eos_token", None),
+        (pb.FINISH_REASON_CANCELLED, None, grpc.StatusCode.UNAVAILABLE),
+        (pb.FINISH_REASON_ERROR, None, grpc.StatusCode.INTERNAL),
+        (pb.FINISH_REASON_STOP_SEQUENCE, None, grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_finish_word_is_the_schemas_word_or_an_error(finish, word, code):
+    if code is None:
+        assert finish_word(finish, WORDS) == word
+    else:
+        with pytest.raises(GatewayError) as info:
+            finish_word(finish, WORDS)
+        assert info.value.code is code
+
+
+async def test_fan_in_batches_everything_ready_in_order():
+    fan_in: FanIn[int] = FanIn()
+    for i in range(3):
+        fan_in.put_nowait(i)
+    assert await fan_in.batch() == [0, 1, 2]
+    fan_in.put_nowait(3)
+    assert await fan_in.batch() == [3]
 
 
 def test_incomplete_stream_is_internal():

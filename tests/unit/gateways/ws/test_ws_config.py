@@ -60,7 +60,7 @@ def test_the_process_environment_wins_over_the_file(tmp_path):
     [
         ("MODEL_DEFAULT_TOP_K=many", "MODEL_DEFAULT_TOP_K='many': expected an integer"),
         ("MODEL_DEFAULT_TEMPERATURE=warm", "MODEL_DEFAULT_TEMPERATURE='warm': expected a number"),
-        ("MODEL_DEFAULT_DO_SAMPLE=maybe", "MODEL_DEFAULT_DO_SAMPLE='maybe': expected true or false"),
+        ("MODEL_DEFAULT_DO_SAMPLE=maybe", "MODEL_DEFAULT_DO_SAMPLE='maybe': expected a boolean (1/0, true/false"),
         ("MODEL_DEFAULT_MAX_NEW_TOKENS=99999999999", "MODEL_DEFAULT_MAX_NEW_TOKENS='99999999999': must fit"),
     ],
 )

@@ -4,13 +4,10 @@ failures) -> the events the client receives, in order.
 
 Each file holds `payload`, `defaults` (".env" values), the expected `requests` (proto-JSON),
 per request_id a `stream` (`messages` in proto-JSON and an optional `error`: code, message,
-param) and the expected `events`. Set TRELLIS_UPDATE_GOLDEN=1 to rewrite `requests` and
-`events` from the current code (then review the diff).
+param) and the expected `events`, checked with the harness of tests/golden/harness.py.
 """
 
 import json
-import os
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,10 +17,9 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from gateways.common.status import GatewayError
 from gateways.ws import errors, translate
 from gateways.ws.schema import GenerationConfig, parse_frame
+from tests.golden.harness import cases, check, load
 
-GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "ws"
-CASES = sorted(GOLDEN.glob("*.json"))
-UPDATE = os.environ.get("TRELLIS_UPDATE_GOLDEN") == "1"
+CASES = cases("ws")
 
 
 def _events(item, body, stream) -> list[dict]:
@@ -42,18 +38,14 @@ def _events(item, body, stream) -> list[dict]:
     return events
 
 
-@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
 def test_golden(path):
-    case = json.loads(path.read_text())
+    case = load(path)
     body = parse_frame(json.dumps(case["payload"]), max_prompts=64)
     defaults = GenerationConfig.model_validate(case.get("defaults", {}))
     requests = [json_format.MessageToDict(translate.to_generate_request(body, item, defaults)) for item in body.prompts]
     events = {item.request_id: _events(item, body, case["streams"][item.request_id]) for item in body.prompts}
-    if UPDATE:
-        case["requests"], case["events"] = requests, events
-        path.write_text(json.dumps(case, indent=2, ensure_ascii=False) + "\n")
-    assert requests == case["requests"]
-    assert events == case["events"]
+    check(path, case, {"requests": requests, "events": events})
 
 
 def test_golden_cases_exist():

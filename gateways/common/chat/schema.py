@@ -1,5 +1,5 @@
-"""Wire models of OpenAI chat completions (`POST /v1/chat/completions`, and LMI `/invocations`
-when the body has `messages`).
+"""Wire models of OpenAI chat completions: the OpenAI gateway's `POST /v1/chat/completions`, and
+the LMI gateway's `/invocations` when the body has `messages` (so they live here, shared).
 
 The request table is the seed's (`shared/seeds/lmi-chat-completions-schema.md`, "Request
 Schema") plus OpenAI's `max_completion_tokens` and `stream_options`. Only JSON shapes and
@@ -64,13 +64,13 @@ def _neutral(name: str, value: Any) -> bool:
     if value is None:
         return True
     if name in ("tools", "functions"):
-        return value == []
+        return bool(value == [])
     if name in ("tool_choice", "function_call"):
-        return value == "none"
+        return bool(value == "none")
     if name == "response_format":
         return isinstance(value, dict) and value.get("type") == "text" and len(value) == 1
     if name == "modalities":
-        return value == ["text"]
+        return bool(value == ["text"])
     return False
 
 
@@ -179,21 +179,9 @@ class ChatCompletionRequest(_Wire):
         return value
 
     @property
-    def stop_list(self) -> list[str]:
-        """`stop` as a list (a single string is one stop sequence)."""
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
-
-    @property
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
-
-    @property
-    def max_tokens_field(self) -> str:
-        """The field that sets the token limit: `max_completion_tokens` wins over `max_tokens`."""
-        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:

@@ -1,4 +1,5 @@
-"""OpenAI's error object, before and after the first byte (DESIGN.md "Errors, per schema").
+"""OpenAI's error object, before and after the first byte (DESIGN.md "Errors, per schema"); the
+error shape of the OpenAI gateway, and of chat completions on the LMI gateway.
 
 Before the stream starts: the HTTP status from `gateways.common.status.GRPC_TO_HTTP` (with
 a caller's overrides on top) and the body
@@ -10,7 +11,7 @@ status is already sent.
 "invalid_request_error", 401 "authentication_error", 403 "permission_error", 429
 "rate_limit_error", 5xx "server_error". `code` is the core's ErrorInfo reason in lower case
 ("model_not_found", "context_length_exceeded", "queue_full", ...), or null; `param` is the
-OpenAI parameter name (see translate.to_openai_param), or null.
+OpenAI parameter name (see translate.client_names), or null.
 """
 
 from __future__ import annotations
@@ -44,9 +45,15 @@ def _code(err: GatewayError) -> str | None:
 
 
 def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None) -> web.Response:
-    """An error response with OpenAI's body, for errors found outside a GatewayError (routing,
-    body size, an unknown model on `/v1/models/{model}`)."""
+    """An error response with OpenAI's body, for errors found outside a GatewayError (an unknown
+    model on `/v1/models/{model}`)."""
     return web.json_response(error_object(message, status, param=param, code=code), status=status, dumps=dumps)
+
+
+def render_http_error(request: web.Request, status: int, message: str) -> web.Response:
+    """An HTTP-level error (unknown path, wrong method, body too large, a gateway failure) in
+    OpenAI's shape, for the error middleware (gateways.common.app)."""
+    return error_response(status, message)
 
 
 def render_before_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> web.Response:

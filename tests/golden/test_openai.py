@@ -1,29 +1,28 @@
-"""Golden cases from the seed's examples (tests/golden/openai/*.json).
+"""Golden cases of the chat completions translation from the seed's examples
+(tests/golden/openai/*.json), checked with the harness of tests/golden/harness.py.
 
 Each file holds one case: `kind` "request" (body -> GenerateRequest), "completion" (scripted
 Generate stream -> chat.completion), "stream" (scripted stream -> chunks and wire bytes) or
 "error" (refused body -> status and error object). Inputs and expected GenerateRequests are
-proto-JSON. Set TRELLIS_UPDATE_GOLDEN=1 to rewrite the `expected` values from the current code
-(then review the diff against the seed).
+proto-JSON. `finish_reasons` names the table: "openai", or "lmi" (the LMI gateway's, for chat
+on /invocations).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from google.protobuf import json_format
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.chat import errors, route, translate
+from gateways.common.chat.schema import parse_chat_request
 from gateways.common.status import GatewayError
-from gateways.openai import errors, routes, translate
-from gateways.openai.schema import parse_chat_request
+from gateways.lmi.translate import FINISH_REASONS as LMI_FINISH_REASONS
+from tests.golden.harness import cases, check, load
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "openai"
-CASES = sorted(GOLDEN.glob("*.json"))
-UPDATE = os.environ.get("TRELLIS_UPDATE_GOLDEN") == "1"
+CASES = cases("openai")
 
 
 def _stream(case) -> list[spb.GenerateResponse]:
@@ -36,7 +35,7 @@ def _state(case) -> translate.StreamState:
         completion_id=case["completion_id"],
         created=case["created"],
         model=case["model"],
-        finish_reasons=case["finish_reasons"],
+        finish_words=LMI_FINISH_REASONS if case["finish_reasons"] == "lmi" else translate.FINISH_REASONS,
     )
 
 
@@ -53,7 +52,7 @@ def _run(case) -> dict:
         if state.include_usage:
             chunks.append(translate.usage_chunk(state))
         framing = case["framing"]
-        wire = (routes.encode(chunks, framing) + routes.end_of_stream(framing)).decode()
+        wire = (route.encode(chunks, framing) + route.end_of_stream(framing)).decode()
         return {"expected": chunks, "expected_wire": wire}
     if kind == "error":
         with pytest.raises(GatewayError) as info:
@@ -64,16 +63,10 @@ def _run(case) -> dict:
 
 
 def test_golden_files_exist():
-    kinds = {json.loads(p.read_text())["kind"] for p in CASES}
-    assert kinds == {"request", "completion", "stream", "error"}
+    assert {load(p)["kind"] for p in CASES} == {"request", "completion", "stream", "error"}
 
 
-@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
 def test_golden(path):
-    case = json.loads(path.read_text())
-    got = _run(case)
-    if UPDATE:
-        case.update(got)
-        path.write_text(json.dumps(case, indent=2, ensure_ascii=False) + "\n")
-    for key, value in got.items():
-        assert value == case[key], key
+    case = load(path)
+    check(path, case, _run(case))

@@ -1,0 +1,313 @@
+"""Chat completions <-> the core's Generate contract, as pure functions (DESIGN.md principle 2).
+
+Request: `to_generate_request` maps a checked ChatCompletionRequest to a GenerateRequest through
+the schema's field table `FIELDS` (the core renders `messages` with the model's own chat
+template). Response: `to_chunks` turns one GenerateResponse into `chat.completion.chunk` objects
+(streaming), `to_completion` turns a whole stream into one `chat.completion` object,
+`usage_chunk` is the `include_usage` chunk. They take the messages of a complete stream:
+gateways.common.streaming.CoreStream checks that the final message (the one with usage) came.
+Errors: `client_names` gives, through the same table, OpenAI's parameter name for each field
+path the core may name.
+
+The finish reasons are a table per schema: `FINISH_REASONS` is OpenAI's; the LMI gateway, which
+serves this schema on `/invocations`, passes its own (gateways.lmi.translate.FINISH_REASONS).
+
+Nothing here reads a clock or draws an id: the completion id, `created` and the model name are
+passed in, once per request, so every chunk of a request carries the same values.
+
+Where we follow OpenAI rather than the seed's examples (`shared/seeds/lmi-chat-completions-schema.md`):
+`logprobs` is the object `{"content": [...]}` (the seed wraps it in a list) and
+`top_logprobs[].token` is the token's text (the seed shows a number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message
+from gateways.common.fields import Field, FieldTable, by_rule, same_names
+from gateways.common.streaming import finish_word, incomplete_stream
+
+CHUNK_OBJECT = "chat.completion.chunk"
+COMPLETION_OBJECT = "chat.completion"
+
+#: OpenAI's finish_reason per core finish reason. A time limit is a spent budget, like
+#: max_tokens. CANCELLED (the core aborted the request, e.g. while draining) and ERROR have no
+#: OpenAI value; "abort" and "error" are vLLM's.
+FINISH_REASONS: dict[int, str] = {
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_EOS: "stop",
+    pb.FINISH_REASON_STOP_SEQUENCE: "stop",
+    pb.FINISH_REASON_TIME_LIMIT: "length",
+    pb.FINISH_REASON_CANCELLED: "abort",
+    pb.FINISH_REASON_ERROR: "error",
+}
+
+
+def _stop_list(stop: str | list[str]) -> list[str]:
+    return [stop] if isinstance(stop, str) else stop
+
+
+def _token_id_keys(bias: dict[str, float]) -> dict[int, float]:
+    return {int(key): value for key, value in bias.items()}
+
+
+#: The request fields (seed "Request Schema") and the GenerateRequest paths they set. `by_rule`
+#: rows are set by `to_generate_request` itself or only name a path in errors: do_sample
+#: follows temperature, n also stands for best_of, any input path is `messages`.
+#: `max_completion_tokens` wins over `max_tokens` (the later row).
+FIELDS = FieldTable(
+    (
+        *by_rule("messages", "messages", "text", "token_ids"),
+        Field("model", "model"),
+        *same_names("", "sampling", ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n")),
+        *by_rule("temperature", "sampling.do_sample"),
+        *by_rule("n", "sampling.best_of"),
+        Field("logit_bias", "sampling.logit_bias", _token_id_keys),
+        *same_names("", "stopping", ("ignore_eos",)),
+        Field("max_tokens", "stopping.max_new_tokens"),
+        Field("max_completion_tokens", "stopping.max_new_tokens"),
+        Field("stop", "stopping.stop", _stop_list),
+        *same_names("", "output", ("logprobs", "top_logprobs")),
+    )
+)
+
+
+def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.GenerateRequest:
+    """The GenerateRequest for a chat completion request.
+
+    Rules (brief and seed "Request Schema"): `do_sample` is set explicitly, true unless
+    temperature is 0 (OpenAI samples by default; DJL's chat path does the same); an unset
+    temperature keeps the engine's default (1.0). `max_completion_tokens` (or else
+    `max_tokens`) -> `stopping.max_new_tokens`; both unset leaves it unset (the core's default
+    applies). `stop` (a string or a list) -> `stopping.stop`. `logit_bias` keys (decimal
+    strings, checked by the schema) become int token ids. `user` has no generation effect and
+    is not sent. A "developer" message is sent with the "system" role.
+
+    Args:
+        req: a request checked by `schema.parse_chat_request`.
+        request_id: the id the core logs and echoes (the completion id).
+    """
+    out = spb.GenerateRequest(
+        request_id=request_id,
+        messages=pb.ChatMessages(messages=[_message(m) for m in req.messages]),
+        sampling=pb.SamplingParams(do_sample=req.temperature != 0),
+        stopping=pb.StoppingParams(),
+        output=pb.OutputOptions(),
+    )
+    FIELDS.apply(dict(req), out)
+    return out
+
+
+def _message(m: Message) -> pb.ChatMessage:
+    msg = pb.ChatMessage(role="system" if m.role == "developer" else m.role)
+    if isinstance(m.content, str):
+        msg.content.append(pb.ContentPart(text=m.content))
+    elif m.content is not None:
+        for part in m.content:
+            if isinstance(part, ImagePart):
+                image = pb.ImageUrl(url=part.image_url.url, detail=part.image_url.detail or "")
+                msg.content.append(pb.ContentPart(image_url=image))
+            else:
+                msg.content.append(pb.ContentPart(text=part.text))
+    if m.name is not None:
+        msg.name = m.name
+    return msg
+
+
+def client_names(req: ChatCompletionRequest | None) -> dict[str, str]:
+    """OpenAI's parameter name for each GenerateRequest path the core may name in an error:
+    "sampling.temperature" -> "temperature", "stopping.max_new_tokens" -> "max_tokens" or
+    "max_completion_tokens" (whichever the request used; max_tokens when neither, or when the
+    request did not parse). Paths below `messages` ("messages[1].content") are OpenAI's too
+    and are not in the table."""
+    given = [name for name, value in req if value is not None] if req is not None else []
+    return FIELDS.names(given)
+
+
+@dataclass
+class StreamState:
+    """What a response needs across the messages of one Generate stream.
+
+    Attributes:
+        completion_id: "chatcmpl-<unique>", the same on every chunk.
+        created: Unix seconds, the same on every chunk.
+        model: the served model's name.
+        finish_words: the schema's finish-reason table (FINISH_REASONS, or LMI's); a finish
+            reason without a word in it is an error (streaming.finish_word).
+        logprobs: whether the client asked for logprobs.
+        include_usage: whether chunks carry `usage` (null until the usage chunk).
+        role_sent: choice indexes whose first delta (carrying the role) was sent.
+        usage: the final message's usage, once it arrived.
+    """
+
+    completion_id: str
+    created: int
+    model: str
+    finish_words: Mapping[int, str] = field(default_factory=lambda: FINISH_REASONS)
+    logprobs: bool = False
+    include_usage: bool = False
+    role_sent: set[int] = field(default_factory=set)
+    usage: pb.Usage | None = None
+
+
+def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
+    """OpenAI `logprobs.content` entries for the tokens of one SequenceOutput.
+
+    Shape: `{"token": text, "logprob": float, "bytes": [int], "top_logprobs": [{"token",
+    "logprob", "bytes"}]}`. The token that ended a sequence on EOS or a stop token id is left
+    out, as its text is left out of `content` (the concatenated `bytes` then equal `content`).
+    """
+    tokens: Iterable[pb.Token] = out.tokens
+    if len(out.tokens) and (out.finish_reason == pb.FINISH_REASON_EOS or out.HasField("stop_token_id")):
+        tokens = out.tokens[:-1]
+    return [
+        {
+            "token": t.text,
+            "logprob": t.logprob if t.HasField("logprob") else None,
+            "bytes": list(t.bytes),
+            "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": list(a.bytes)} for a in t.top_logprobs],
+        }
+        for t in tokens
+    ]
+
+
+def usage_dict(usage: pb.Usage | None) -> dict[str, int]:
+    """`{"prompt_tokens", "completion_tokens", "total_tokens"}` (seed "Usage").
+
+    Raises:
+        GatewayError: no usage, the final message did not come (streaming.incomplete_stream).
+    """
+    if usage is None:
+        raise incomplete_stream()
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
+
+
+def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, Any]]:
+    """The `chat.completion.chunk` objects for one Generate message (one per choice with news).
+
+    A choice gets a chunk when it has new text, new tokens (with logprobs asked for), or its
+    finish_reason. Its first chunk's delta carries `"role": "assistant"`; the chunk that
+    finishes it carries `finish_reason` (with the last text, when there is some). Lifecycle-only
+    messages give no chunk. The final message's usage is kept in `state.usage` for
+    `usage_chunk`.
+
+    Raises:
+        GatewayError: a finish reason without a word in `state.finish_words`.
+    """
+    if msg.HasField("usage"):
+        state.usage = msg.usage
+    chunks = []
+    for out in msg.outputs:
+        reason = finish_word(out.finish_reason, state.finish_words)
+        entries = logprobs_content(out) if state.logprobs else []
+        if not out.text and not entries and reason is None:
+            continue
+        delta: dict[str, Any] = {}
+        if out.index not in state.role_sent:
+            state.role_sent.add(out.index)
+            delta = {"role": "assistant", "content": out.text}
+        elif out.text or reason is None:
+            delta = {"content": out.text}
+        choice = {
+            "index": out.index,
+            "delta": delta,
+            "logprobs": {"content": entries} if state.logprobs else None,
+            "finish_reason": reason,
+        }
+        chunks.append(_chunk(state, [choice]))
+    return chunks
+
+
+def usage_chunk(state: StreamState) -> dict[str, Any]:
+    """The last chunk when `stream_options.include_usage` is set: empty choices, usage set.
+
+    Raises:
+        GatewayError: the final message was not seen (`usage_dict`).
+    """
+    chunk = _chunk(state, [])
+    chunk["usage"] = usage_dict(state.usage)
+    return chunk
+
+
+def _chunk(state: StreamState, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    chunk = {
+        "id": state.completion_id,
+        "object": CHUNK_OBJECT,
+        "created": state.created,
+        "model": state.model,
+        "choices": choices,
+    }
+    if state.include_usage:
+        chunk["usage"] = None  # OpenAI sends null on every chunk but the usage chunk
+    return chunk
+
+
+def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) -> dict[str, Any]:
+    """The `chat.completion` object for a whole Generate stream (non-streaming response).
+
+    Shape: `{id, object, created, model, choices: [{index, message: {role, content}, logprobs,
+    finish_reason}], usage}`, choices in index order. `messages` is a complete stream (its last
+    message carries usage), as `gateways.common.streaming.collect` returns it.
+
+    Raises:
+        GatewayError: a finish reason without a word in `state.finish_words`.
+    """
+    text: dict[int, list[str]] = {}
+    entries: dict[int, list[dict[str, Any]]] = {}
+    reasons: dict[int, str | None] = {}
+    for msg in messages:
+        if msg.HasField("usage"):
+            state.usage = msg.usage
+        for out in msg.outputs:
+            text.setdefault(out.index, []).append(out.text)
+            if state.logprobs:
+                entries.setdefault(out.index, []).extend(logprobs_content(out))
+            reason = finish_word(out.finish_reason, state.finish_words)
+            if reason is not None or out.index not in reasons:
+                reasons[out.index] = reason
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": "".join(text[i])},
+            "logprobs": {"content": entries.get(i, [])} if state.logprobs else None,
+            "finish_reason": reasons[i],
+        }
+        for i in sorted(text)
+    ]
+    return {
+        "id": state.completion_id,
+        "object": COMPLETION_OBJECT,
+        "created": state.created,
+        "model": state.model,
+        "choices": choices,
+        "usage": usage_dict(state.usage),
+    }
+
+
+def state_for(
+    req: ChatCompletionRequest,
+    *,
+    completion_id: str,
+    created: int,
+    model: str,
+    finish_words: Mapping[int, str] = FINISH_REASONS,
+) -> StreamState:
+    """A StreamState for a checked request (logprobs and include_usage taken from it)."""
+    return StreamState(
+        completion_id=completion_id,
+        created=created,
+        model=model,
+        finish_words=finish_words,
+        logprobs=bool(req.logprobs),
+        include_usage=bool(req.stream) and req.include_usage,
+    )

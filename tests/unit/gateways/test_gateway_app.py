@@ -1,0 +1,126 @@
+"""The gateway contract (gateways/common/app.py): settings on their AppKey, routes from
+add_routes, and the error middleware that renders every error around the handlers in the
+schema's shape, on a real aiohttp server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from gateways.common.app import INTERNAL_ERROR, make_gateway_app, read_json, start_app
+from gateways.common.config import GatewayConfig
+from gateways.common.status import GatewayError
+
+
+@dataclass(frozen=True)
+class _Settings:
+    greeting: str = "hi"
+
+
+KEY = web.AppKey("test_settings", _Settings)
+
+
+def _render(request: web.Request, status: int, message: str) -> web.Response:
+    return web.json_response({"shape": "schema", "status": status, "message": message}, status=status)
+
+
+async def _hello(request: web.Request) -> web.Response:
+    return web.json_response({"greeting": request.app[KEY].greeting})
+
+
+async def _echo(request: web.Request) -> web.Response:
+    try:
+        body = await read_json(request, param="body", empty="send something")
+    except GatewayError as e:
+        return web.json_response({"error": e.message, "param": e.param}, status=400)
+    return web.json_response(body)
+
+
+async def _bug(request: web.Request) -> web.Response:
+    raise RuntimeError("a bug")
+
+
+async def _bug_after_start(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse()
+    await resp.prepare(request)
+    await resp.write(b"partial")
+    raise RuntimeError("a bug after the status line")
+
+
+def _routes(app: web.Application) -> None:
+    app.router.add_get("/hello", _hello)
+    app.router.add_post("/echo", _echo)
+    app.router.add_get("/bug", _bug)
+    app.router.add_get("/bug-after-start", _bug_after_start)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def base() -> AsyncIterator[str]:
+    config = GatewayConfig(name="test", core="127.0.0.1:1", max_body_bytes=64)
+    app = make_gateway_app(config, KEY, _Settings(greeting="hello"), render_error=_render, add_routes=_routes)
+    runner, port = await start_app(app, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def _call(method: str, url: str, data: bytes | None = None) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as http, http.request(method, url, data=data) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_settings_and_routes(base):
+    assert await _call("GET", base + "/hello") == (200, {"greeting": "hello"})
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "data", "status", "message"),
+    [
+        ("GET", "/nothing", None, 404, "Not Found: GET /nothing"),
+        ("POST", "/hello", None, 405, "Method Not Allowed: POST /hello"),
+        ("POST", "/echo", b"[" + b"1," * 40 + b"1]", 413, "The request body is larger than the limit of 64 bytes."),
+        ("GET", "/bug", None, 500, INTERNAL_ERROR),
+    ],
+)
+async def test_errors_around_the_handlers_are_in_the_schemas_shape(base, method, path, data, status, message):
+    assert await _call(method, base + path, data) == (
+        status,
+        {"shape": "schema", "status": status, "message": message},
+    )
+
+
+async def test_a_failure_after_the_response_started_closes_the_connection(base):
+    async with aiohttp.ClientSession() as http, http.get(base + "/bug-after-start") as resp:
+        assert resp.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.read()
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "body"),
+    [
+        (b'{"a": [1, 2.5]}', 200, {"a": [1, 2.5]}),
+        (b"  ", 400, {"error": "send something", "param": "body"}),
+        (
+            b"{",
+            400,
+            {
+                "error": "The request body is not valid JSON: Expecting property name enclosed in double quotes: "
+                "line 1 column 2 (char 1).",
+                "param": "body",
+            },
+        ),
+        (
+            b'{"a": NaN}',
+            400,
+            {"error": "The request body is not valid JSON: NaN is not a valid JSON value.", "param": "body"},
+        ),
+        (b"\xff", 400, {"error": "The request body is not valid UTF-8.", "param": "body"}),
+    ],
+)
+async def test_read_json(base, data, status, body):
+    assert await _call("POST", base + "/echo", data) == (status, body)
