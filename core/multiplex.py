@@ -81,7 +81,8 @@ class MultiplexSession:
     Args:
         pipeline: the request pipeline.
         context: the call's servicer context (for writes).
-        draining: the server drains already (every start is refused).
+        draining: the server drains already: every start is refused (the stream ends when the
+            client ends it, or when the server stops).
     """
 
     def __init__(
@@ -100,6 +101,7 @@ class MultiplexSession:
         self._filling_events = 0
         self._last: spb.MultiplexEvent | None = None
         self._closed = False  # the client half-closed, or its stream broke
+        self._end_when_idle = False  # drain() was called
         self._waiter: asyncio.Future[None] | None = None
 
     async def serve(self, requests: AsyncIterator[spb.MultiplexGenerateRequest]) -> None:
@@ -114,7 +116,7 @@ class MultiplexSession:
                     if msg is self._filling:
                         self._filling, self._last = None, None
                     await self.context.write(msg)
-                elif (self._closed or self.draining) and not self.jobs:
+                elif (self._closed or self._end_when_idle) and not self.jobs:
                     return
                 else:
                     self._waiter = asyncio.get_running_loop().create_future()
@@ -130,7 +132,7 @@ class MultiplexSession:
 
     def drain(self) -> None:
         """Refuse new starts with UNAVAILABLE; end the stream once no request is open."""
-        self.draining = True
+        self.draining = self._end_when_idle = True
         self._wake()
 
     async def _read(self, requests: AsyncIterator[spb.MultiplexGenerateRequest]) -> None:
