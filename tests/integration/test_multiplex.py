@@ -27,8 +27,8 @@ from tests.integration.core_helpers import generate, request, sequences, start_c
 class Mux:
     """A MultiplexGenerate client that records every event per id."""
 
-    def __init__(self, address: str):
-        self.channel = grpc.aio.insecure_channel(address)
+    def __init__(self, address: str, options: list[tuple[str, int]] | None = None):
+        self.channel = grpc.aio.insecure_channel(address, options=options)
         self.call = spb_grpc.GenerateServiceStub(self.channel).MultiplexGenerate()
         self.responses: dict[int, list[spb.GenerateResponse]] = {}
         self.status: dict[int, spb.Status] = {}
