@@ -15,6 +15,8 @@ import signal
 import sys
 from typing import cast
 
+import uvloop
+
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
 
@@ -39,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "effective configuration: %s",
         json.dumps({**config.__dict__, "options": dict(config.options)}, sort_keys=True, default=str),
     )
-    return asyncio.run(_serve(config, module))
+    return uvloop.run(_serve(config, module))  # cheaper per callback and write (see core.__main__)
 
 
 async def _serve(config: GatewayConfig, module: Gateway) -> int:
