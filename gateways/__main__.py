@@ -15,8 +15,6 @@ import signal
 import sys
 from typing import cast
 
-import uvloop
-
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
 
@@ -41,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         "effective configuration: %s",
         json.dumps({**config.__dict__, "options": dict(config.options)}, sort_keys=True, default=str),
     )
-    return uvloop.run(_serve(config, module))  # cheaper per callback and write (see core.__main__)
+    return asyncio.run(_serve(config, module))
 
 
 async def _serve(config: GatewayConfig, module: Gateway) -> int:

@@ -20,6 +20,7 @@ started (500).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -156,7 +157,6 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    # aiohttp exposes no public accessor for the bound port; the server is asyncio's or uvloop's.
-    sockets = getattr(site._server, "sockets", None)
-    assert sockets, "the site has no listening socket"
-    return runner, int(sockets[0].getsockname()[1])
+    server = site._server  # aiohttp exposes no public accessor for the bound port
+    assert isinstance(server, asyncio.Server)
+    return runner, int(server.sockets[0].getsockname()[1])
