@@ -96,6 +96,7 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
             echo=_opt(o, "echo"),
             skip_special_tokens=_opt(o, "skip_special_tokens"),
             spaces_between_special_tokens=_opt(o, "spaces_between_special_tokens"),
+            tokens=_opt(o, "tokens"),
         ),
         session_id=_opt(req, "session_id"),
     )
@@ -122,29 +123,42 @@ def to_sampling_params(r: ResolvedSampling) -> pb.SamplingParams:
     return msg
 
 
-def _token(t: TokenInfo) -> pb.Token:
-    msg = pb.Token(id=t.id, text=t.text, bytes=t.bytes, special=t.special)
+def _fill_token(msg: pb.Token, t: TokenInfo) -> None:
+    msg.id = t.id
+    msg.text = t.text
+    msg.bytes = t.bytes
+    if t.special:
+        msg.special = True
     if t.logprob is not None:
         msg.logprob = t.logprob
-    if t.top:
-        msg.top_logprobs.extend(
-            pb.TopLogprob(id=a.id, text=a.text, bytes=a.bytes, logprob=a.logprob, special=a.special) for a in t.top
-        )
-    return msg
+    for a in t.top:
+        msg.top_logprobs.add(id=a.id, text=a.text, bytes=a.bytes, logprob=a.logprob, special=a.special)
 
 
 def to_response(delta: ResponseDelta, request_id: str) -> spb.GenerateResponse:
     """Render one pipeline delta as a GenerateResponse."""
-    msg = spb.GenerateResponse(request_id=request_id, session_continued=delta.session_continued)
+    msg = spb.GenerateResponse()
+    fill_response(msg, delta, request_id)
+    return msg
+
+
+def fill_response(msg: spb.GenerateResponse, delta: ResponseDelta, request_id: str) -> None:
+    """Render one pipeline delta into an empty GenerateResponse (one inside a
+    MultiplexGenerateResponse, built in place)."""
+    msg.request_id = request_id
+    if delta.session_continued:
+        msg.session_continued = True
     if delta.state is not None:
         msg.state = STATES[delta.state]
     if delta.prompt_text is not None:
         msg.prompt_text = delta.prompt_text
     if delta.prompt_tokens:
-        msg.prompt_tokens.extend(_token(t) for t in delta.prompt_tokens)
+        for t in delta.prompt_tokens:
+            _fill_token(msg.prompt_tokens.add(), t)
     for s in delta.sequences:
         out = msg.outputs.add(index=s.index, text=s.text, stop_sequence=s.stop_sequence)
-        out.tokens.extend(_token(t) for t in s.tokens)
+        for t in s.tokens:
+            _fill_token(out.tokens.add(), t)
         if s.finish_reason is not None:
             out.finish_reason = FINISH_REASONS[s.finish_reason]
         if s.stop_token_id is not None:
@@ -168,4 +182,3 @@ def to_response(delta: ResponseDelta, request_id: str) -> spb.GenerateResponse:
         msg.timing.CopyFrom(
             pb.Timing(queue_ms=f.timing.queue_ms, prefill_ms=f.timing.prefill_ms, total_ms=f.timing.total_ms)
         )
-    return msg

@@ -6,11 +6,18 @@ emoji) and drops SentencePiece's leading spaces (TensorRT-LLM issues #2488/#2595
 the text of `ids[prefix:]` minus the text of `ids[prefix:read]`, and only when it does not end
 in U+FFFD (an incomplete character). A few prompt tokens seed the window, so the first
 generated token keeps its leading space.
+
+Where the tokenizer decodes exactly by concatenating the tokens' bytes (byte-level BPE,
+`Tokenizer.byte_exact`), `ByteDetokenizer` streams the same text without decoding windows: an
+incremental UTF-8 decoder over the tokens' bytes holds back an incomplete character, and a
+token costs a dictionary look-up instead of two tokenizer calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import codecs
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
 
 REPLACEMENT = "\ufffd"
 CONTEXT_TOKENS = 5
@@ -54,3 +61,48 @@ class IncrementalDetokenizer:
         self._prefix = self._read
         self._read = len(self._ids)
         return delta
+
+
+class Detokenizer(Protocol):
+    """Turns a stream of token ids into text deltas (what the request pipeline uses)."""
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add tokens; return the newly stable text."""
+        ...
+
+    def flush(self) -> str:
+        """Return whatever text is still pending (an incomplete character becomes U+FFFD)."""
+        ...
+
+
+class ByteDetokenizer:
+    """Incremental detokenization for byte-exact tokenizers (`Tokenizer.byte_exact`).
+
+    The text of a sequence is its tokens' bytes (special tokens left out when skipped) decoded
+    as UTF-8, invalid bytes replaced by U+FFFD: what tokenizers' ByteLevel decoder does
+    (`String::from_utf8_lossy`, which replaces each maximal invalid subpart by one U+FFFD, as
+    Python's UTF-8 decoder does). Text is streamed as soon as its characters are complete; an
+    incomplete one waits for the next token (tests/unit/core/test_detokenize.py checks the
+    equality with the tokenizer's decode over many sequences).
+
+    Args:
+        token_bytes: maps a token id to its raw bytes.
+        skip: ids left out of the text (the special tokens, under skip_special_tokens).
+    """
+
+    def __init__(self, token_bytes: Callable[[int], bytes], skip: Collection[int] = ()):
+        self._bytes = token_bytes
+        self._skip = skip
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Add tokens; return the newly complete text ("" while a character is incomplete)."""
+        skip, to_bytes = self._skip, self._bytes
+        if len(token_ids) == 1:
+            tok = token_ids[0]
+            return "" if tok in skip else self._decoder.decode(to_bytes(tok))
+        return self._decoder.decode(b"".join(to_bytes(t) for t in token_ids if t not in skip))
+
+    def flush(self) -> str:
+        """Return an incomplete trailing character as U+FFFD ("" when there is none)."""
+        return self._decoder.decode(b"", final=True)

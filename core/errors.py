@@ -39,6 +39,10 @@ class CoreError(Exception):
 
     def to_status(self) -> grpc.Status:
         """The gRPC status with ErrorInfo (and BadRequest when a field is named) details."""
+        return rpc_status.to_status(self.to_rpc_status())
+
+    def to_rpc_status(self) -> status_pb2.Status:
+        """The same status as a google.rpc.Status message (MultiplexGenerate sends it in-band)."""
         details = []
         info = error_details_pb2.ErrorInfo(reason=self.reason, domain=ERROR_DOMAIN)
         if self.field:
@@ -51,8 +55,7 @@ class CoreError(Exception):
                 ]
             )
             details.append(_pack(bad))
-        status = status_pb2.Status(code=_CODE_NUMBERS[self.code], message=self.message, details=details)
-        return rpc_status.to_status(status)
+        return status_pb2.Status(code=_CODE_NUMBERS[self.code], message=self.message, details=details)
 
 
 class InvalidArgument(CoreError):

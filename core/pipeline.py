@@ -3,12 +3,15 @@ token-level engine I/O.
 
 `prepare()` turns a GenerationRequest into an EngineRequest: chat templating with the model's
 own template, tokenization, continue-generation sessions, truncation, length checks, default
-resolution (the engine's) and the engine-support check. `run()` drives the engine and turns its
-token outputs into ResponseDeltas: lifecycle states in order (QUEUED, SCHEDULED, PREFILLED,
-GENERATING, filling in what an engine cannot observe), incremental UTF-8-safe detokenization,
-stop strings with hold-back, stop tokens, min_new_tokens, time limits, logprobs with text and
-bytes, echo, prompt logprobs, best_of selection, usage and timing. The pipeline never sees
-protobuf; core.convert renders its deltas.
+resolution (the engine's) and the engine-support check. `start()` submits it to the engine as a
+Job, which turns the engine's token outputs into ResponseDeltas for a Consumer as they arrive,
+with no task per request: the engine hands a step's outputs to the event loop in one callback,
+and every request with news is processed in it. A Job does: lifecycle states in order (QUEUED,
+SCHEDULED, PREFILLED, GENERATING, filling in what an engine cannot observe), incremental
+UTF-8-safe detokenization, stop strings with hold-back, stop tokens, min_new_tokens, time
+limits, logprobs with text and bytes, echo, prompt logprobs, best_of selection, usage and
+timing. The pipeline never sees protobuf; core.convert renders its deltas, and
+`merge_deltas` coalesces the deltas that wait for a slow consumer.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from core.detokenize import IncrementalDetokenizer
-from core.engine.base import Engine
+from core.detokenize import ByteDetokenizer, Detokenizer, IncrementalDetokenizer
+from core.engine.base import Engine, OutputStream
 from core.errors import CoreError, EngineFailure, InvalidArgument, SessionBusy
 from core.sessions import SessionStore
 from core.stops import StopMatcher
@@ -80,7 +84,7 @@ class _Sequence:
     """Per-sequence output state while streaming."""
 
     index: int
-    detok: IncrementalDetokenizer
+    detok: Detokenizer
     matcher: StopMatcher
     token_ids: list[int] = field(default_factory=list)
     generated: int = 0
@@ -216,18 +220,30 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ run
 
-    def run(self, prep: PreparedRequest) -> AsyncIterator[ResponseDelta]:
-        """Stream the request's ResponseDeltas; the last one has `final` set.
+    def start(self, prep: PreparedRequest, consumer: Consumer, tag: int = 0) -> Job:
+        """Submit a prepared request to the engine; its ResponseDeltas go to `consumer` as the
+        engine produces them (see Job). Whatever the engine has already put (its QUEUED output)
+        is delivered before this returns.
 
         Raises:
-            CoreError: admission (Overloaded, NotReady) before the first delta; EngineFailure
-                after it. Cancellation (the consumer closing) aborts the engine request.
+            CoreError: admission (Overloaded, NotReady, EngineDead, InvalidArgument); the
+                request's session is released again.
         """
-        return _Run(self, prep).stream()
+        job = Job(self, prep, consumer, tag)
+        job.start()
+        return job
 
     def _decode_fn(self, prep: PreparedRequest) -> Callable[[Sequence[int]], str]:
         tok, skip, spaces = self.tokenizer, prep.skip_special, prep.spaces_between
         return lambda ids: tok.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+
+    def detokenizer(self, prep: PreparedRequest) -> Detokenizer:
+        """The incremental detokenizer of one sequence: byte-exact when the tokenizer allows it
+        and no space goes between special tokens, else the windowed one."""
+        tok = self.tokenizer
+        if tok.byte_exact and (prep.skip_special or not prep.spaces_between):
+            return ByteDetokenizer(tok.token_bytes, tok.special_ids if prep.skip_special else ())
+        return IncrementalDetokenizer(self._decode_fn(prep), prep.engine_request.prompt_ids)
 
     def token_info(self, token_id: int, logprob: float | None, top: Sequence[tuple[int, float]] | None) -> TokenInfo:
         """A TokenInfo with text, raw bytes, special flag, logprob and alternatives."""
@@ -240,16 +256,52 @@ class RequestPipeline:
         )
 
 
-class _Run:
-    """The state of one running request (see RequestPipeline.run)."""
+class Consumer(Protocol):
+    """Where a Job's output goes (a Generate call, a MultiplexGenerate stream, a test).
 
-    def __init__(self, pipeline: RequestPipeline, prep: PreparedRequest):
+    Both methods are called synchronously on the event loop, from the engine's delivery of a
+    step (every request with news in one callback), and must not raise. A consumer wakes its
+    writer there (a future it awaits): the writer runs once the whole step was processed, so
+    it sends the news of every request of the step together.
+    """
+
+    def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
+        """The next ResponseDeltas of `job`, in order (the last has `final` set when it ends)."""
+
+    def finish(self, job: Job, error: CoreError | None) -> None:
+        """`job` ended: None after its final delta, else the error that ends it (before or
+        after deltas; the deltas delivered before it stand)."""
+
+
+class Job:
+    """One running request: engine outputs in, ResponseDeltas out (RequestPipeline.start).
+
+    Lifecycle states come in order (QUEUED, SCHEDULED, PREFILLED, GENERATING, filling in
+    what an engine cannot observe), text is detokenized incrementally (UTF-8 safe) and held
+    back for stop strings, token details are built only when the request asks for tokens,
+    the time limit is a timer (no per-token check by the consumer), best_of output is
+    buffered and ranked, and the final delta carries usage and timing. The session is stored
+    before the final delta is delivered, so a client that continues it on seeing the end
+    finds it released.
+
+    `cancel()` (the consumer went away) aborts the engine request, which takes effect within
+    one engine step, and keeps the partial sequence in the session.
+
+    Attributes:
+        tag: the consumer's key of this job (a MultiplexGenerate id).
+        request_id: the client's request id.
+        done: no more deliveries will come.
+    """
+
+    def __init__(self, pipeline: RequestPipeline, prep: PreparedRequest, consumer: Consumer, tag: int = 0):
         self.p = pipeline
         self.prep = prep
+        self.consumer = consumer
+        self.tag = tag
+        self.request_id = prep.request.request_id
         req = prep.engine_request
-        decode = pipeline._decode_fn(prep)
         self.seqs = [
-            _Sequence(i, IncrementalDetokenizer(decode, req.prompt_ids), StopMatcher(prep.stops, prep.include_stop))
+            _Sequence(i, pipeline.detokenizer(prep), StopMatcher(prep.stops, prep.include_stop))
             for i in range(req.num_sequences)
         ]
         self.buffered = req.num_sequences > prep.n  # best_of: output only at the end
@@ -257,40 +309,77 @@ class _Run:
         self.sent_states = 0
         self.times: dict[RequestState, float] = {}
         self.cached_tokens = 0
-        self.failed = False
+        self.unfinished = req.num_sequences
+        self.want_tokens = prep.request.output.tokens is not False
+        self.want_logprobs = prep.request.output.logprobs
+        self.done = False
+        self._stream: OutputStream | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
-    async def stream(self) -> AsyncIterator[ResponseDelta]:
+    def start(self) -> None:
+        """Submit to the engine (see RequestPipeline.start)."""
         prep = self.prep
-        gen = None
         try:
-            gen = self.p.engine.generate(prep.engine_request)
-            while not all(s.finished for s in self.seqs):
-                try:
-                    out = await self._next(gen)
-                except TimeoutError:  # the time limit is spent while waiting (queued, or a slow step)
-                    out = EngineOutput(prep.engine_request.request_id, time=time.monotonic())
-                if out.error is not None:
-                    raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
-                for delta in self._on_output(out):
-                    yield delta
-        except Exception:  # not a cancel: the session keeps its previous sequence
-            self.failed = True
+            self._stream = self.p.engine.generate(prep.engine_request)
+        except BaseException:
+            self.done = True
+            self.p.discard(prep)
             raise
-        finally:
-            if gen is not None:
-                await gen.aclose()
-            self._release_session()
+        if prep.deadline is not None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_at(loop.time() + prep.deadline - time.monotonic(), self._expire)
+        self._stream.attach(self._on_engine_output)
 
-    async def _next(self, gen: AsyncIterator[EngineOutput]) -> EngineOutput:
-        """The engine's next output; TimeoutError once the request's time limit is spent (the
-        engine generator is then cancelled, which aborts the engine request)."""
-        if self.prep.deadline is None:
-            return await anext(gen)
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout_at(loop.time() + self.prep.deadline - time.monotonic()):
-            return await anext(gen)
+    def cancel(self) -> None:
+        """The consumer went away: abort the engine request (no more deliveries)."""
+        if self.done:
+            return
+        self.done = True
+        self._stop(failed=False)
 
-    def _release_session(self) -> None:
+    def _expire(self) -> None:
+        """The time limit is spent while waiting (queued, or a slow step)."""
+        self._timer = None
+        self._on_engine_output(EngineOutput(self.prep.engine_request.request_id, time=time.monotonic()))
+
+    def _on_engine_output(self, out: EngineOutput) -> None:
+        if self.done:
+            return
+        try:
+            if out.error is not None:
+                raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
+            deltas = self._on_output(out)
+        except CoreError as e:
+            self._end(e)
+            return
+        except Exception:  # a bug, not the engine: fail this request only
+            log.exception("request %s failed in the pipeline", self.request_id)
+            self._end(EngineFailure(f"Internal error while serving request {self.request_id}; see the server log."))
+            return
+        if self.unfinished:
+            if deltas:
+                self.consumer.deliver(self, deltas)
+            return
+        self.done = True
+        self._stop(failed=False)
+        self.consumer.deliver(self, deltas)
+        self.consumer.finish(self, None)
+
+    def _end(self, error: CoreError) -> None:
+        self.done = True
+        self._stop(failed=True)
+        self.consumer.finish(self, error)
+
+    def _stop(self, *, failed: bool) -> None:
+        """Release the engine request (aborted unless it finished), the timer and the session."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._stream is not None:
+            self._stream.close()
+        self._release_session(failed)
+
+    def _release_session(self, failed: bool) -> None:
         """Store the new sequence under the session key: deleted after EOS, unchanged after a
         failure, and the partial sequence after a cancel."""
         prep = self.prep
@@ -299,7 +388,7 @@ class _Run:
         seq = self.seqs[0]
         if seq.finished is FinishReason.EOS:
             tokens = None
-        elif self.failed or not seq.token_ids:
+        elif failed or not seq.token_ids:
             tokens = prep.session_previous
         else:
             tokens = prep.engine_request.prompt_ids + seq.token_ids
@@ -333,9 +422,11 @@ class _Run:
         if not out.sequences and not out.finished and not expired:
             return deltas
         seq_deltas = []
+        generated = False
         for step in out.sequences:
             seq = self.seqs[step.index]
             if seq.finished is None:
+                generated = generated or bool(step.token_ids)
                 seq_deltas.append(self._on_step(seq, step))
         if out.finished:  # e.g. a cancel without news for some sequences
             for seq in self.seqs:
@@ -345,11 +436,11 @@ class _Run:
             for seq in self.seqs:
                 if seq.finished is None:
                     seq_deltas.append(self._finish(seq, FinishReason.TIME_LIMIT, SequenceDelta(seq.index)))
-        if any(d.tokens for d in seq_deltas):
+        if generated:
             deltas += self._states_up_to(RequestState.GENERATING, now)
         elif not seq_deltas:
             return deltas
-        done = all(s.finished for s in self.seqs)
+        done = not self.unfinished
         if self.buffered:
             if not done:
                 return deltas
@@ -358,20 +449,21 @@ class _Run:
         body.sequences = [d for d in seq_deltas if d.text or d.tokens or d.finish_reason is not None]
         if done:
             body.final = self._final(now)
-        deltas.append(body)
+        if body.sequences or body.final is not None or body.state is not None:
+            deltas.append(body)  # a step whose text is all held back (and no tokens asked) sends nothing
         return deltas
 
     def _on_step(self, seq: _Sequence, step: SequenceStep) -> SequenceDelta:
         prep = self.prep
         delta = SequenceDelta(seq.index)
-        for i, tok in enumerate(step.token_ids):
-            lp = step.logprobs[i] if step.logprobs is not None else None
-            top = step.top_logprobs[i] if step.top_logprobs is not None else None
-            if lp is not None:
-                seq.cumulative_logprob += lp
-            if not prep.request.output.logprobs:
-                lp, top = None, None
-            delta.tokens.append(self.p.token_info(tok, lp, top))
+        if step.logprobs is not None:
+            seq.cumulative_logprob += sum(lp for lp in step.logprobs if lp is not None)
+        if self.want_tokens:
+            logprobs = self.want_logprobs
+            for i, tok in enumerate(step.token_ids):
+                lp = step.logprobs[i] if logprobs and step.logprobs is not None else None
+                top = step.top_logprobs[i] if logprobs and step.top_logprobs is not None else None
+                delta.tokens.append(self.p.token_info(tok, lp, top))
         seq.token_ids += step.token_ids
         seq.generated += len(step.token_ids)
         reason = step.finish_reason
@@ -382,7 +474,7 @@ class _Run:
         text = seq.detok.push(text_ids)
         if reason is not None:
             text += seq.detok.flush()
-        if seq.generated > prep.engine_request.min_new_tokens or reason is not None:
+        if prep.stops and (seq.generated > prep.engine_request.min_new_tokens or reason is not None):
             match = seq.matcher.push(text)
             text = match.text
             if match.stop is not None:
@@ -400,9 +492,10 @@ class _Run:
         if reason is not FinishReason.STOP_SEQUENCE or delta.stop_token_id is not None:
             delta.text += seq.matcher.flush()
         seq.finished = reason
+        self.unfinished -= 1
         delta.finish_reason = reason
         seq.stop_sequence, seq.stop_token_id = delta.stop_sequence, delta.stop_token_id
-        if self.prep.request.output.logprobs:
+        if self.want_logprobs:
             delta.cumulative_logprob = seq.cumulative_logprob
         self._keep(seq, delta)
         return delta
@@ -448,3 +541,41 @@ class _Run:
 
     def _prompt_tokens(self, infos: list[PromptTokenInfo]) -> list[TokenInfo]:
         return [self.p.token_info(i.token_id, i.logprob, i.top) for i in infos]
+
+
+def merge_deltas(deltas: Sequence[ResponseDelta]) -> list[ResponseDelta]:
+    """Coalesce the deltas that waited for a slow consumer into as few as keep their meaning.
+
+    A delta that enters no lifecycle state (and so carries no prompt text or tokens either) is
+    merged into the one before it when that one is a plain delta or the GENERATING one and is
+    not final: per sequence, text is concatenated and tokens appended, and the finish fields
+    and cumulative logprob are the later ones; `final` moves along. Lifecycle deltas keep their
+    own messages, in order. Nothing is dropped or reordered. A delta merged into is modified.
+    """
+    out: list[ResponseDelta] = []
+    for d in deltas:
+        prev = out[-1] if out else None
+        if (
+            prev is None
+            or d.state is not None
+            or prev.final is not None
+            or (prev.state is not None and prev.state is not RequestState.GENERATING)
+        ):
+            out.append(d)
+            continue
+        by_index = {s.index: s for s in prev.sequences}
+        for s in d.sequences:
+            mine = by_index.get(s.index)
+            if mine is None:
+                mine = by_index[s.index] = SequenceDelta(s.index)
+                prev.sequences.append(mine)
+            mine.text += s.text
+            mine.tokens += s.tokens
+            if s.finish_reason is not None:
+                mine.finish_reason = s.finish_reason
+                mine.stop_sequence = s.stop_sequence
+                mine.stop_token_id = s.stop_token_id
+            if s.cumulative_logprob is not None:
+                mine.cumulative_logprob = s.cumulative_logprob
+        prev.final = d.final
+    return out

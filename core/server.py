@@ -53,7 +53,7 @@ class CoreServer:
         """Drain and stop: NOT_SERVING, refuse new calls, let streams finish for `grace`
         seconds (default config.drain_seconds), cancel the rest, shut the engine down."""
         grace = self.config.drain_seconds if grace is None else grace
-        self.servicer.draining = True
+        self.servicer.drain()
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.engine.shutdown()

@@ -1,7 +1,8 @@
 """GenerateService servicer: thin glue between gRPC and the request pipeline.
 
-Generate: convert -> prepare (validation, tokenization) -> stream pipeline deltas as
-GenerateResponses. Errors become gRPC statuses with google.rpc details (CoreError.to_status);
+Generate: convert -> prepare (validation, tokenization) -> start a pipeline Job -> stream its
+deltas as GenerateResponses. MultiplexGenerate: the same for many requests on one stream
+(core.multiplex). Errors become gRPC statuses with google.rpc details (CoreError.to_status);
 an unexpected exception is logged with the request id and reported as INTERNAL. A cancelled
 call propagates CancelledError through the pipeline, which aborts the engine request.
 """
@@ -19,7 +20,8 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from core import convert
 from core.config import CoreConfig
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
-from core.pipeline import RequestPipeline
+from core.multiplex import CallOutput, MultiplexSession
+from core.pipeline import RequestPipeline, merge_deltas
 from core.types import SamplingOptions
 from core.validation import validate_request
 
@@ -29,36 +31,69 @@ log = logging.getLogger(__name__)
 class GenerateServicer(spb_grpc.GenerateServiceServicer):
     """Serves Generate, GetModelInfo and Tokenize for one pipeline.
 
-    `draining` is set on graceful shutdown: new Generate calls then fail with UNAVAILABLE.
+    `drain()` is called on graceful shutdown: new requests then fail with UNAVAILABLE.
     """
 
     def __init__(self, pipeline: RequestPipeline, config: CoreConfig):
         self.pipeline = pipeline
         self.config = config
         self.draining = False
+        self._sessions: set[MultiplexSession] = set()
 
     async def Generate(
         self, request: spb.GenerateRequest, context: grpc.aio.ServicerContext[spb.GenerateRequest, spb.GenerateResponse]
     ) -> AsyncIterator[spb.GenerateResponse]:
         """Stream one request's GenerateResponses; a failure ends the call with its CoreError's
-        status (before the first message for validation and admission errors)."""
+        status (before the first message for validation and admission errors).
+
+        One message per engine step while the client keeps up; what waits while a write is
+        in flight (flow control: the client reads slower) goes out merged (merge_deltas)."""
         request_id = request.request_id or uuid.uuid4().hex
         error: CoreError | None = None
+        out = CallOutput()
+        job = None
         try:
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
             req = convert.to_generation_request(request, request_id)
-            prepared = self.pipeline.prepare(req)
-            async for delta in self.pipeline.run(prepared):
-                yield convert.to_response(delta, request_id)
+            job = self.pipeline.start(self.pipeline.prepare(req), out)
+            while True:
+                for delta in merge_deltas(await out.take()):
+                    yield convert.to_response(delta, request_id)
+                if out.ended and not out.pending:
+                    break
+            error = out.error
         except CoreError as e:
             error = e
         except Exception:  # a bug, not a client error (a cancelled call raises CancelledError, not this)
             log.exception("request %s failed", request_id)
             error = EngineFailure(f"Internal error while serving request {request_id}; see the server log.")
+        finally:
+            if job is not None:
+                job.cancel()
         if error is not None:
             log.info("request %s: %s %s", request_id, error.code.name, error.message)
             await context.abort_with_status(error.to_status())
+
+    async def MultiplexGenerate(
+        self,
+        request_iterator: AsyncIterator[spb.MultiplexGenerateRequest],
+        context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
+    ) -> None:
+        """Many requests on one stream, for gateways (see core.multiplex)."""
+        session = MultiplexSession(self.pipeline, context, draining=self.draining)
+        self._sessions.add(session)
+        try:
+            await session.serve(request_iterator)
+        finally:
+            self._sessions.discard(session)
+
+    def drain(self) -> None:
+        """Refuse new requests (UNAVAILABLE); open ones run on, and multiplexed streams end as
+        soon as they have none open."""
+        self.draining = True
+        for session in list(self._sessions):
+            session.drain()
 
     async def GetModelInfo(
         self,

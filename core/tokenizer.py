@@ -41,6 +41,13 @@ def _byte_level_decoder() -> dict[str, int]:
 class Tokenizer:
     """Serving-side tokenizer.
 
+    Attributes:
+        byte_exact: decoding is exactly "concatenate the tokens' bytes, then UTF-8 with
+            replacement": the Rust tokenizer's only decoder is ByteLevel (GPT-2 style byte-level
+            BPE; tokenizers' ByteLevel decoder maps each token back to its bytes and decodes the
+            whole with `String::from_utf8_lossy`) and no clean-up pass runs after it. Streaming
+            then needs no decode call per token (core.detokenize.ByteDetokenizer).
+
     Args:
         hf_tokenizer: a loaded transformers tokenizer.
         eos_token_ids: the model's EOS ids (generation config and tokenizer together).
@@ -63,6 +70,7 @@ class Tokenizer:
         )
         self._bytes_cache: dict[int, bytes] = {}
         self._text_cache: dict[int, str] = {}
+        self.byte_exact = self._rust is not None and _decoder_kinds(hf_tokenizer) == ["ByteLevel"]
 
     @classmethod
     def load(cls, path: str | Path, extra_eos: Iterable[int] = ()) -> Tokenizer:
@@ -175,13 +183,19 @@ class Tokenizer:
         return self._decode([token_id], False).encode("utf-8")
 
 
-def _is_byte_level(hf_tokenizer: PreTrainedTokenizerBase) -> bool:
+def _decoder_kinds(hf_tokenizer: PreTrainedTokenizerBase) -> list[str | None]:
+    """The types of the Rust tokenizer's decoder and of the decoders it chains ([] without one)."""
     backend = getattr(hf_tokenizer, "backend_tokenizer", None)
     if backend is None:
-        return False
+        return []
     try:
         decoder = json.loads(backend.to_str()).get("decoder") or {}
     except Exception:
-        return False
-    kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", []) or []]
-    return "ByteLevel" in kinds
+        return []
+    if not decoder:
+        return []
+    return [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", []) or []]
+
+
+def _is_byte_level(hf_tokenizer: PreTrainedTokenizerBase) -> bool:
+    return "ByteLevel" in _decoder_kinds(hf_tokenizer)

@@ -249,6 +249,7 @@ class OutputOptions:
     echo: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
+    tokens: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,4 +275,9 @@ def _check_output(req: GenerationRequest) -> None:
     _check_range(o.top_logprobs, 0, MAX_TOP_LOGPROBS, "output.top_logprobs")
     if o.top_logprobs and not o.logprobs:
         raise InvalidArgument("top_logprobs requires logprobs to be true.", field="output.top_logprobs")
+    if o.tokens is False and o.logprobs:
+        raise InvalidArgument(
+            "logprobs are reported on the generated tokens; leave output.tokens unset or true to get them.",
+            field="output.tokens",
+        )
     _check_range(o.prompt_logprobs, 0, MAX_TOP_LOGPROBS, "output.prompt_logprobs")

@@ -7,6 +7,7 @@ make_app(config).
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import json
 import logging
@@ -48,6 +49,8 @@ async def _serve(config: GatewayConfig, module: Gateway) -> int:
     except (ValueError, OSError) as e:
         log.error("trellis-gateway %s cannot start: %s", config.name, e)
         return 2
+    gc.collect()  # see core.__main__.freeze_heap: short collections while serving
+    gc.freeze()
     print(f"trellis-gateway {config.name} on http://{config.host}:{port} -> core {config.core}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

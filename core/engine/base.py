@@ -127,13 +127,18 @@ class EngineLifecycle:
 class OutputStream:
     """The outputs of one engine request: what `Engine.generate` returns.
 
-    The engine posts outputs with `put()` on the event loop; the consumer iterates them, the
-    first one given here (or put later, when None is given) and the last one final
-    (finished, or carrying an error).
+    The engine posts outputs with `put()` on the event loop, the first one given here (or put
+    later, when None is given) and the last one final (finished, or carrying an error). A
+    consumer takes them in one of two ways:
+      * iterates the stream (`async for`): outputs wait in a queue until read;
+      * or `attach(handler)` (the request pipeline): every output, those already waiting first,
+        is handed to `handler` synchronously as the engine puts it, so an engine step that puts
+        the outputs of all its requests in one event-loop callback has them all processed in
+        that callback, without a task wake-up per request.
     `on_close(finished)` runs exactly once: when the final output is handed over
-    (finished=True), or when the consumer closes the stream or is cancelled while waiting,
-    before that (finished=False: the engine must abort the request). Closing a stream that was
-    never iterated releases the request too, which a generator could not promise.
+    (finished=True), or when the consumer closes the stream (or, iterating, is cancelled while
+    waiting) before that (finished=False: the engine must abort the request). Closing a stream
+    that was never iterated releases the request too, which a generator could not promise.
     """
 
     def __init__(self, first: EngineOutput | None, on_close: Callable[[bool], None]):
@@ -141,12 +146,31 @@ class OutputStream:
         if first is not None:
             self._queue.put_nowait(first)
         self._on_close = on_close
+        self._handler: Callable[[EngineOutput], None] | None = None
         self.closed = False
 
     def put(self, out: EngineOutput) -> None:
-        """Queue an output for the consumer (dropped once the stream is closed)."""
-        if not self.closed:
+        """Hand an output to the attached handler, or queue it for the iterating consumer
+        (dropped once the stream is closed)."""
+        if self.closed:
+            return
+        handler = self._handler
+        if handler is None:
             self._queue.put_nowait(out)
+            return
+        if out.finished or out.error is not None:
+            self._close(finished=True)
+        handler(out)
+
+    def attach(self, handler: Callable[[EngineOutput], None]) -> None:
+        """Hand every output to `handler` from now on (see the class docstring); outputs already
+        waiting are handed over first, in order, before this returns. `handler` must not raise."""
+        self._handler = handler
+        while not self._queue.empty() and not self.closed:
+            out = self._queue.get_nowait()
+            if out.finished or out.error is not None:
+                self._close(finished=True)
+            handler(out)
 
     def __aiter__(self) -> OutputStream:
         return self
@@ -165,6 +189,10 @@ class OutputStream:
 
     async def aclose(self) -> None:
         """Stop consuming; aborts the request unless its final output was handed over."""
+        self.close()
+
+    def close(self) -> None:
+        """`aclose()` for synchronous callers (an attached consumer that went away)."""
         self._close(finished=False)
 
     def _close(self, finished: bool) -> None:

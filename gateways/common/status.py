@@ -4,13 +4,14 @@ The table is grpc-gateway's `HTTPStatusFromCode` (DESIGN.md "Errors, per schema"
 CANCELLED (see below); a schema that needs other numbers (LMI answers RESOURCE_EXHAUSTED with
 503, as DJL does) passes overrides to `GatewayError.http_status`. `GatewayError.from_rpc_error`
 decodes the core's google.rpc details: the field named by BadRequest / ErrorInfo metadata
-"param", and the ErrorInfo reason.
+"param", and the ErrorInfo reason; `GatewayError.from_status` the same details of a status the
+core sends in-band (MultiplexGenerate).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 import grpc
 from google.rpc import error_details_pb2
@@ -73,27 +74,43 @@ class GatewayError(Exception):
         """Decode a failed call's status, message and google.rpc details."""
         code = error.code() if callable(getattr(error, "code", None)) else grpc.StatusCode.UNKNOWN
         message = error.details() if callable(getattr(error, "details", None)) else str(error)
-        if code is grpc.StatusCode.UNAVAILABLE and not message:
-            message = "The model server is unavailable."
-        param = reason = None
-        status = None
+        details: Sequence[Any] = ()
         try:
             # grpc.aio's errors carry the Call methods from_call reads (code, details, trailers).
             status = rpc_status.from_call(cast(grpc.Call, error))
         except Exception:  # malformed or missing details: keep code and message
             status = None
         if status is not None:
-            for detail in status.details:
-                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-                    info = error_details_pb2.ErrorInfo()
-                    detail.Unpack(info)
-                    reason = info.reason or reason
-                    param = info.metadata.get("param") or param
-                elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-                    bad = error_details_pb2.BadRequest()
-                    detail.Unpack(bad)
-                    if bad.field_violations:
-                        param = bad.field_violations[0].field
+            details = status.details
+        return cls._decode(code, message or "", details)
+
+    @classmethod
+    def from_status(cls, code: int, message: str, details: Sequence[Any]) -> GatewayError:
+        """Decode a status sent in-band (a MultiplexGenerate request's end: the fields of a
+        google.rpc.Status), as `from_rpc_error` decodes a call's."""
+        return cls._decode(_CODES.get(code, grpc.StatusCode.UNKNOWN), message, details)
+
+    @classmethod
+    def _decode(cls, code: grpc.StatusCode, message: str, details: Sequence[Any]) -> GatewayError:
+        # details: google.protobuf.Any messages
+        if code is grpc.StatusCode.UNAVAILABLE and not message:
+            message = "The model server is unavailable."
+        param = reason = None
+        for detail in details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                reason = info.reason or reason
+                param = info.metadata.get("param") or param
+            elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                bad = error_details_pb2.BadRequest()
+                detail.Unpack(bad)
+                if bad.field_violations:
+                    param = bad.field_violations[0].field
         if code is grpc.StatusCode.UNAVAILABLE and "connect" in (message or "").lower():
             message = "The model server cannot be reached."
         return cls(code, message or code.name, param=param, reason=reason)
+
+
+#: google.rpc.Code numbers -> grpc.StatusCode.
+_CODES = {c.value[0]: c for c in grpc.StatusCode}

@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Generic, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, cast
 
 import grpc
 from aiohttp import web
+from aiohttp.http import StreamWriter
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.core_client import GenerateCall
+from gateways.common.core_client import CoreCall
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,7 @@ def finish_word(finish_reason: int, words: Mapping[int, str]) -> str | None:
 
 
 class CoreStream:
-    """A Generate call with its first message already received.
+    """A Generate request with its first message already received.
 
     Usage::
 
@@ -111,56 +113,81 @@ class CoreStream:
         finally:
             stream.cancel()
 
-    Iteration raises GatewayError for a call that fails (the core's status, decoded) or that ends
-    without its final message (`incomplete_stream`, INTERNAL).
+    or, without a wake-up per message, `stream.listen(fn)`: `fn()` runs as news arrive (see
+    `relay`), and `take()` / `outcome()` tell what they are.
+
+    Iteration raises (and `outcome()` returns) a GatewayError for a request that fails (the
+    core's status, decoded) or that ends without its final message (`incomplete_stream`,
+    INTERNAL).
     """
 
-    def __init__(self, call: GenerateCall, first: spb.GenerateResponse | None):
+    def __init__(self, call: CoreCall):
         self.call = call
-        self._first = first
+        self._last: spb.GenerateResponse | None = None
 
     @classmethod
-    async def open(cls, call: GenerateCall) -> CoreStream:
+    async def open(cls, call: CoreCall) -> CoreStream:
         """Wait for the first message.
 
         Raises:
-            GatewayError: the call failed before its first message (the call is cancelled).
+            GatewayError: the request failed before its first message (it is cancelled).
         """
         try:
-            first = await call.read()
-        except grpc.RpcError as e:
-            call.cancel()
-            raise GatewayError.from_rpc_error(e) from None
+            await call.wait()
         except BaseException:
             call.cancel()
             raise
-        return cls(call, first if isinstance(first, spb.GenerateResponse) else None)  # else EOF
+        stream = cls(call)
+        if call.ended and call.error is not None and not stream.pending():
+            raise call.error
+        return stream
+
+    def pending(self) -> bool:
+        """Whether messages wait to be taken."""
+        return bool(self.call._messages)
+
+    def take(self) -> list[spb.GenerateResponse]:
+        """The messages that arrived since the last take, in order."""
+        messages = self.call.take()
+        if messages:
+            self._last = messages[-1]
+        return messages
+
+    @property
+    def ended(self) -> bool:
+        """The request ended (take() the messages first, then read `outcome()`)."""
+        return self.call.ended
+
+    def outcome(self) -> GatewayError | None:
+        """How an ended request ended: None when complete, else its error."""
+        if self.call.error is not None:
+            return self.call.error
+        # Only the final message carries usage, and it is the last one.
+        if self._last is None or not self._last.HasField("usage"):
+            return incomplete_stream()
+        return None
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` synchronously as news arrive (now, if some wait already)."""
+        self.call.listen(listener)
 
     async def __aiter__(self) -> AsyncIterator[spb.GenerateResponse]:
-        last = self._first
-        if last is None:
-            raise incomplete_stream()
-        self._first = None
-        yield last
-        try:
-            while True:
-                msg = await self.call.read()
-                if not isinstance(msg, spb.GenerateResponse):  # grpc.aio.EOF: the call ended
-                    break
-                last = msg
+        while True:
+            for msg in self.take():
                 yield msg
-        except grpc.RpcError as e:
-            raise GatewayError.from_rpc_error(e) from None
-        # Only the final message carries usage, and it is the last one.
-        if not last.HasField("usage"):
-            raise incomplete_stream()
+            if self.call.ended and not self.pending():
+                break
+            await self.call.wait()
+        error = self.outcome()
+        if error is not None:
+            raise error
 
     def cancel(self) -> None:
-        """Cancel the call (no-op when it already ended); the core then aborts the request."""
+        """Cancel the request (no-op when it already ended); the core then aborts it."""
         self.call.cancel()
 
 
-async def collect(call: GenerateCall) -> list[spb.GenerateResponse]:
+async def collect(call: CoreCall) -> list[spb.GenerateResponse]:
     """All messages of a call (for non-streaming routes); the last one is the final message.
 
     Raises:
@@ -173,7 +200,7 @@ async def collect(call: GenerateCall) -> list[spb.GenerateResponse]:
         stream.cancel()
 
 
-async def collect_all(calls: Sequence[GenerateCall]) -> list[list[spb.GenerateResponse]]:
+async def collect_all(calls: Sequence[CoreCall]) -> list[list[spb.GenerateResponse]]:
     """`collect` of several calls at once, in their order; the first failure cancels the others.
 
     Raises:
@@ -188,7 +215,7 @@ async def collect_all(calls: Sequence[GenerateCall]) -> list[list[spb.GenerateRe
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def open_all(calls: Sequence[GenerateCall]) -> list[CoreStream]:
+async def open_all(calls: Sequence[CoreCall]) -> list[CoreStream]:
     """`CoreStream.open` of several calls at once, in their order; on a failure the opened ones
     are cancelled.
 
@@ -312,6 +339,77 @@ def stream_response(
     return resp
 
 
+@dataclass
+class WriteCounters:
+    """What the gateway's streamed writes did, since the process started.
+
+    Attributes:
+        writes: writes to a client's connection.
+        merged_writes: writes that merged several pieces that had waited for a paused
+            connection (a client reading slower than the records come).
+        merged_pieces: the pieces those merged writes carried.
+    """
+
+    writes: int = 0
+    merged_writes: int = 0
+    merged_pieces: int = 0
+
+
+#: The process's write counters (tests read them to see that merging happened).
+WRITES = WriteCounters()
+
+
+class ResponseWriter:
+    """Writes the body of a prepared streamed response with no coroutine per write.
+
+    While the connection takes data, `write()` hands each piece to the transport at once (one
+    write per call: a relay calls it once per core message, so once per engine step). When the
+    transport is paused (asyncio's flow control: the client reads slower than we write),
+    pieces wait, and `drain()` sends everything waiting as one write once the connection takes
+    more: records are merged into one write, never into one record, and never dropped or
+    reordered. Chunked transfer encoding is applied as aiohttp does (HTTP/1.1).
+
+    Args:
+        request: the request answered (its protocol and writer).
+        response: the prepared response (its status line and headers are sent).
+    """
+
+    def __init__(self, request: web.Request, response: web.StreamResponse):
+        self._protocol = request.protocol
+        self._writer = request.writer
+        # aiohttp chooses chunked transfer encoding while preparing (HTTP/1.1, no length).
+        self._chunked = isinstance(self._writer, StreamWriter) and self._writer.chunked
+        self.waiting: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        """Send `data` now, or keep it for `drain()` while the connection is paused.
+
+        Raises:
+            ConnectionResetError: the connection is closed.
+        """
+        if self.waiting or self._protocol.writing_paused:
+            self.waiting.append(data)
+            return
+        self._send(data)
+
+    async def drain(self) -> None:
+        """Send what waits, merged into one write, as the connection takes it."""
+        while self.waiting:
+            await self._writer.drain()
+            pieces, self.waiting = self.waiting, []
+            if len(pieces) > 1:
+                WRITES.merged_writes += 1
+                WRITES.merged_pieces += len(pieces)
+            self._send(b"".join(pieces))
+
+    def _send(self, data: bytes) -> None:
+        transport = self._protocol.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        WRITES.writes += 1
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+
+
 async def relay(
     request: web.Request,
     stream: Stream[T],
@@ -324,14 +422,20 @@ async def relay(
     end: Callable[[], bytes] | None = None,
     request_id: str = "",
 ) -> web.StreamResponse:
-    """Answer with an open stream: one write per item, as it arrives.
+    """Answer with an open stream: one write per arriving message (or batch), merged writes
+    while the client reads slower.
+
+    A CoreStream is relayed without a task wake-up per message: its listener renders the
+    messages of each core message (an engine step) and writes them at once, from the gateway's
+    reader of the core's stream; this handler only waits for the end, or drains a paused
+    connection. Other streams (MergedStreams) are iterated.
 
     Args:
         request: the request answered.
-        stream: the opened call(s) (`CoreStream.open` succeeded, so the status is 200): a
+        stream: the opened request(s) (`CoreStream.open` succeeded, so the status is 200): a
             CoreStream (items: Generate messages) or MergedStreams (items: batches).
         render: the framed bytes for one item (b"" for none, e.g. lifecycle-only messages); a
-            GatewayError it raises ends the stream in-band, as a failed call does.
+            GatewayError it raises ends the stream in-band, as a failed request does.
         render_error: the framed in-band error that ends a stream failing after it started
             (everything the schema sends last, e.g. OpenAI's error event and `data: [DONE]`).
         content_type, charset, headers: see `stream_response`.
@@ -340,26 +444,83 @@ async def relay(
         request_id: for the log.
 
     Returns:
-        The response, ended unless the client went away. The calls are cancelled in all cases
-        (also on the handler's cancellation or a failed write), so the core aborts the engine
-        requests.
+        The response, ended unless the client went away. The requests are cancelled in all
+        cases (also on the handler's cancellation or a failed write), so the core aborts the
+        engine requests.
     """
     resp = stream_response(content_type, charset=charset, headers=headers)
     try:
         await resp.prepare(request)
-        try:
-            async for item in stream:
-                data = render(item)
-                if data:
-                    await resp.write(data)
-            if end is not None and (data := end()):
-                await resp.write(data)
-        except GatewayError as e:
-            log.warning("request %s failed mid-stream: %s %s", request_id, e.code.name, e.message)
-            await resp.write(render_error(e))
+        out = ResponseWriter(request, resp)
+        pushed: object = stream  # a Stream[T] whose T is GenerateResponse
+        if isinstance(pushed, CoreStream):
+            await _relay_pushed(pushed, out, cast(Callable[[spb.GenerateResponse], bytes], render), render_error, end)
+        else:
+            try:
+                async for item in stream:
+                    if data := render(item):
+                        out.write(data)
+                        await out.drain()
+                if end is not None and (data := end()):
+                    out.write(data)
+            except GatewayError as e:
+                log.warning("request %s failed mid-stream: %s %s", request_id, e.code.name, e.message)
+                out.write(render_error(e))
+        await out.drain()
         await resp.write_eof()
     except ConnectionResetError:
         log.info("request %s: the client went away", request_id)
     finally:
         stream.cancel()
     return resp
+
+
+async def _relay_pushed(
+    stream: CoreStream,
+    out: ResponseWriter,
+    render: Callable[[spb.GenerateResponse], bytes],
+    render_error: Callable[[GatewayError], bytes],
+    end: Callable[[], bytes] | None,
+) -> None:
+    done = gone = False
+    wake: asyncio.Future[None] | None = None
+
+    def on_news() -> None:
+        nonlocal done, gone
+        parts: list[bytes] = []
+        try:
+            for msg in stream.take():
+                if data := render(msg):
+                    parts.append(data)
+            if stream.ended:
+                error = stream.outcome()
+                if error is not None:
+                    raise error
+                if end is not None:
+                    parts.append(end())
+                done = True
+        except GatewayError as e:
+            log.warning("request %s failed mid-stream: %s %s", stream.call.request.request_id, e.code.name, e.message)
+            parts.append(render_error(e))
+            done = True
+        except Exception:  # a rendering bug: end this response in-band, never the reader
+            log.exception("request %s: rendering failed", stream.call.request.request_id)
+            parts.append(render_error(GatewayError(grpc.StatusCode.INTERNAL, "Internal error in the gateway.")))
+            done = True
+        if parts:
+            try:
+                out.write(parts[0] if len(parts) == 1 else b"".join(parts))
+            except ConnectionResetError:
+                gone = done = True
+        if (done or out.waiting) and wake is not None and not wake.done():
+            wake.set_result(None)
+
+    stream.listen(on_news)
+    while not done or out.waiting:
+        if out.waiting:
+            await out.drain()
+            continue
+        wake = asyncio.get_running_loop().create_future()
+        await wake
+    if gone:
+        raise ConnectionResetError("the client closed the connection")

@@ -1,34 +1,37 @@
 """aiohttp handler of `/ws` and `/api/ws`: one Connection per socket.
 
-A Connection reads frames, starts one task per accepted prompt (one Generate call each), and
-sends events through a single writer task that drains a bounded queue (a FanIn of
-gateways.common.streaming): whatever events are ready when the writer runs go out together as
-one JSON array, so no event waits for one that is not ready yet and no stream is ever buffered
-whole (DESIGN.md principle 5). A refused frame's `[{"error"}]` always goes out on its own.
-Per-socket state is bounded by the options: frame size, prompts per frame, prompts in flight,
-queued events.
+A Connection reads frames and starts one Generate request per accepted prompt, with no task per
+prompt: the core client hands each prompt's messages to the Connection as they arrive (one core
+message per engine step carries every prompt's news), they are rendered into events at once,
+and after the core message the events of every prompt of the socket go out as one JSON array in
+one text frame, so no event waits for one that is not ready yet and no stream is ever buffered
+whole (DESIGN.md principle 5). While the client reads slower than events come (the connection
+is paused), events wait and go out merged into one array when it takes more; a socket whose
+client stops reading is closed once more than --max-queued-events wait. A refused frame's
+`[{"error"}]` always goes out on its own. Per-socket state is bounded by the options: frame
+size, prompts per frame, prompts in flight, queued events.
 
 Cancellation: when the socket closes (the client closes it, the connection drops, the heartbeat
-finds no pong, or the server shuts down), every prompt task is cancelled, and each one's
-`finally` cancels its gRPC call; the core then aborts the engine request within one step.
+finds no pong, or the server shuts down), every prompt's request is cancelled; the core then
+aborts the engine request within one step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import struct
 import weakref
 from typing import Any
 
 import grpc
 from aiohttp import WSCloseCode, WSMsgType, web
-from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client
-from gateways.common.core_client import CoreClient
-from gateways.common.framing import dumps
+from gateways.common.core_client import CoreCall, CoreClient
+from gateways.common.framing import dump_bytes
 from gateways.common.status import GatewayError
-from gateways.common.streaming import CoreStream, FanIn
 from gateways.ws import errors, schema, translate
 from gateways.ws.config import SETTINGS_KEY, WsSettings
 
@@ -51,52 +54,60 @@ def add_routes(app: web.Application) -> None:
 
 
 class Connection:
-    """The state of one WebSocket: prompts in flight and the outgoing event queue.
+    """The state of one WebSocket: prompts in flight and the events waiting to be sent.
 
     Args:
+        request: the upgraded request (its transport carries the frames).
         ws: the prepared socket.
         client: the core client.
         settings: limits and generation defaults.
     """
 
-    def __init__(self, ws: web.WebSocketResponse, client: CoreClient, settings: WsSettings):
+    def __init__(self, request: web.Request, ws: web.WebSocketResponse, client: CoreClient, settings: WsSettings):
         self.ws = ws
         self.client = client
         self.settings = settings
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-        self.out: FanIn[Outgoing] = FanIn(maxsize=settings.max_queued_events)
+        self.prompts: dict[str, CoreCall] = {}
+        self._protocol = request.protocol
+        self._writer = request.writer
+        self._out: list[Outgoing] = []
+        self._flush_at: asyncio.Handle | None = None
+        self._drainer: asyncio.Task[None] | None = None
+        self._closing: asyncio.Task[bool] | None = None
 
     async def serve(self) -> None:
         """Read frames until the socket closes; then cancel everything this socket started."""
-        writer = asyncio.create_task(self._write())
         try:
             async for msg in self.ws:
                 if msg.type is WSMsgType.TEXT:
-                    await self._on_frame(msg.data)
+                    self._on_frame(msg.data)
                 elif msg.type is WSMsgType.BINARY:
-                    await self._refuse(GatewayError.invalid("Binary frames are not supported; send JSON text frames."))
+                    self._refuse(GatewayError.invalid("Binary frames are not supported; send JSON text frames."))
                 elif msg.type is WSMsgType.ERROR:
                     log.info("websocket closed with an error: %s", self.ws.exception() or msg.data)
                     break
         finally:
-            tasks = [*self.tasks.values(), writer]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            calls, self.prompts = list(self.prompts.values()), {}
+            for call in calls:
+                call.cancel()
+            if self._flush_at is not None:
+                self._flush_at.cancel()
+            if self._drainer is not None:
+                self._drainer.cancel()
 
-    async def _refuse(self, err: GatewayError) -> None:
-        await self.out.put([errors.render_in_stream(err)])
+    def _refuse(self, err: GatewayError) -> None:
+        self._queue([[errors.render_in_stream(err)]])
 
-    async def _on_frame(self, text: str) -> None:
+    def _on_frame(self, text: str) -> None:
         s = self.settings
         try:
             body = schema.parse_frame(text, max_prompts=s.max_prompts_per_batch)
         except GatewayError as e:
-            await self._refuse(e)
+            self._refuse(e)
             return
-        busy = next((p.request_id for p in body.prompts if p.request_id in self.tasks), None)
+        busy = next((p.request_id for p in body.prompts if p.request_id in self.prompts), None)
         if busy is not None:
-            await self._refuse(
+            self._refuse(
                 GatewayError.invalid(
                     f"request_id: '{busy}' is already in flight on this socket; wait for its COMPLETE or ERROR "
                     "before sending it again. Nothing of this batch was started.",
@@ -104,11 +115,11 @@ class Connection:
                 )
             )
             return
-        if len(self.tasks) + len(body.prompts) > s.max_in_flight_prompts:
-            await self._refuse(
+        if len(self.prompts) + len(body.prompts) > s.max_in_flight_prompts:
+            self._refuse(
                 GatewayError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"prompts: {len(self.tasks)} prompts are in flight on this socket and the batch adds "
+                    f"prompts: {len(self.prompts)} prompts are in flight on this socket and the batch adds "
                     f"{len(body.prompts)}; at most {s.max_in_flight_prompts} may be in flight at once. "
                     "Nothing of this batch was started.",
                     param="prompts",
@@ -118,45 +129,92 @@ class Connection:
         for item in body.prompts:
             request = translate.to_generate_request(body, item, s.defaults)
             state = translate.PromptState.start(body, item)
-            self.tasks[item.request_id] = asyncio.create_task(self._run_prompt(request, state))
+            call = self.client.generate(request, hash_key=item.request_id)
+            self.prompts[item.request_id] = call
+            call.listen(functools.partial(self._on_news, call, state))
 
-    async def _run_prompt(self, request: spb.GenerateRequest, state: translate.PromptState) -> None:
-        stream: CoreStream | None = None
+    def _on_news(self, call: CoreCall, state: translate.PromptState) -> None:
+        """Render a prompt's new messages (and its end) into events, called as they arrive."""
+        events: list[Outgoing] = []
+        done = call.ended
         try:
-            try:
-                stream = await CoreStream.open(self.client.generate(request))
-                async for msg in stream:
-                    for event in translate.to_events(msg, state):
-                        await self.out.put(event)
-                # COMPLETE waits for the call's clean end: the core stores the session before it
-                # closes the call, so a client that resends the request_id on COMPLETE always
-                # finds the session released.
-                await self.out.put(translate.to_complete(state))
-            except GatewayError as e:
-                log.info("prompt %s: %s %s", state.request_id, e.code.name, e.message)
-                await self.out.put(errors.render_in_stream(e, state.request_id, prompt=state.prompt))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("prompt %s failed", state.request_id)
-                err = GatewayError(grpc.StatusCode.INTERNAL, "Internal error in the gateway; see its log.")
-                await self.out.put(errors.render_in_stream(err, state.request_id))
+            for msg in call.take():
+                events += translate.to_events(msg, state)
+            if done:
+                if call.error is not None:
+                    raise call.error
+                # COMPLETE follows the request's clean end: the core stores the session before
+                # it ends the request, so a client that resends the request_id on COMPLETE
+                # always finds the session released.
+                events.append(translate.to_complete(state))
+        except GatewayError as e:
+            log.info("prompt %s: %s %s", state.request_id, e.code.name, e.message)
+            events.append(errors.render_in_stream(e, state.request_id, prompt=state.prompt))
+            done = True
+        except Exception:
+            log.exception("prompt %s failed", state.request_id)
+            err = GatewayError(grpc.StatusCode.INTERNAL, "Internal error in the gateway; see its log.")
+            events.append(errors.render_in_stream(err, state.request_id))
+            done = True
+        if done:
+            call.cancel()
+            if self.prompts.get(state.request_id) is call:
+                del self.prompts[state.request_id]
+        if events:
+            self._queue(events)
+
+    def _queue(self, items: list[Outgoing]) -> None:
+        """Queue events to send once the news of this core message are all rendered."""
+        self._out += items
+        if len(self._out) > self.settings.max_queued_events:
+            if self._closing is None:
+                log.info("websocket: %d events wait for a client that does not read; closing", len(self._out))
+                message = b"too many events waiting to be read"
+                self._closing = asyncio.create_task(self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=message))
+            self._out.clear()
+            return
+        if self._flush_at is None and self._drainer is None:
+            self._flush_at = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what waits now, or, while the connection is paused, once it takes more."""
+        self._flush_at = None
+        if not self._protocol.writing_paused:
+            self._send()
+        elif self._drainer is None:
+            self._drainer = asyncio.create_task(self._drain())
+
+    def _send(self) -> None:
+        """Write every waiting item, ready events together as one array per frame."""
+        items, self._out = self._out, []
+        transport = self._protocol.transport
+        if transport is None or transport.is_closing() or self.ws.closed:
+            return
+        transport.write(b"".join(_text_frame(dump_bytes(frame)) for frame in _frames(items)))
+
+    async def _drain(self) -> None:
+        try:
+            while self._out:
+                await self._writer.drain()
+                if not self._protocol.writing_paused:
+                    self._send()
+        except ConnectionError:
+            pass
         finally:
-            if stream is not None:
-                stream.cancel()
-            self.tasks.pop(state.request_id, None)
+            self._drainer = None
 
-    async def _write(self) -> None:
-        """Send queued events: all that are ready go out as one array."""
-        try:
-            while True:
-                for frame in _frames(await self.out.batch()):
-                    await self.ws.send_str(dumps(frame))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the peer is gone: end the socket, which cancels the prompts
-            log.info("websocket write failed (%s); closing", e)
-            await self.ws.close(code=WSCloseCode.ABNORMAL_CLOSURE)
+
+def _text_frame(payload: bytes) -> bytes:
+    """One unmasked, uncompressed WebSocket text frame (RFC 6455 section 5.2; a server never
+    masks, and the socket negotiates no compression)."""
+    n = len(payload)
+    if n < 126:
+        header = bytes((0x81, n))
+    elif n < 0x10000:
+        header = struct.pack("!BBH", 0x81, 126, n)
+    else:
+        header = struct.pack("!BBQ", 0x81, 127, n)
+    return header + payload
 
 
 def _frames(items: list[Outgoing]) -> list[list[dict[str, Any]]]:
@@ -182,6 +240,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(
         heartbeat=settings.heartbeat_seconds or None,
         max_msg_size=settings.max_frame_bytes,
+        compress=False,  # events are small, and Connection writes its frames itself
     )
     if not ws.can_prepare(request).ok:
         return errors.render_before_stream(
@@ -195,7 +254,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     sockets = request.app[SOCKETS_KEY]
     sockets.add(ws)
     try:
-        await Connection(ws, core_client(request), settings).serve()
+        await Connection(request, ws, core_client(request), settings).serve()
     finally:
         sockets.discard(ws)
     return ws

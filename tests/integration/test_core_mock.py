@@ -254,3 +254,16 @@ async def test_trellis_core_process_serves_a_tokenizer_only_directory(tokenizer_
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_tokens_false_streams_the_same_text_without_token_details(stub):
+    with_tokens = await generate(stub, body(max_new=20))
+    text_only = await generate(stub, body(max_new=20, output={"tokens": False}))
+    assert all(not o.tokens for m in text_only for o in m.outputs)
+    assert sequences(text_only)[0]["text"] == sequences(with_tokens)[0]["text"]
+    assert text_only[-1].usage.completion_tokens == with_tokens[-1].usage.completion_tokens == 20
+    assert [m.state for m in text_only if m.state] == [m.state for m in with_tokens if m.state]
+    with pytest.raises(grpc.RpcError) as info:
+        await generate(stub, body(output={"tokens": False, "logprobs": True}))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert bad_request_field(info.value) == "output.tokens"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from core.detokenize import REPLACEMENT, IncrementalDetokenizer
+from core.detokenize import REPLACEMENT, ByteDetokenizer, IncrementalDetokenizer
 
 TEXTS = [
     "Hello world, this is a test.",
@@ -80,3 +82,50 @@ def test_empty_push_emits_nothing(bpe_tokenizer):
     detok = IncrementalDetokenizer(bpe_tokenizer.decode)
     assert detok.push([]) == ""
     assert detok.flush() == ""
+
+
+# ------------------------------------------------------------------ byte-exact detokenization
+
+
+def test_byte_exactness_is_detected_per_tokenizer(bpe_tokenizer, sp_tokenizer):
+    assert bpe_tokenizer.byte_exact  # ByteLevel decoder alone, no clean-up pass
+    assert not sp_tokenizer.byte_exact  # Metaspace / byte fallback: decoding is not byte concatenation
+
+
+@pytest.mark.parametrize("skip_special", [True, False])
+def test_byte_detokenizer_equals_the_tokenizers_decode_over_many_sequences(bpe_tokenizer, skip_special):
+    """Random id sequences (every kind of token: whole words, partial UTF-8 bytes, special
+    tokens, invalid byte runs) stream to exactly the tokenizer's own decode, in pieces of any
+    size, and never split a character while more may come."""
+    tok = bpe_tokenizer
+    rng = random.Random(1234)
+    specials = sorted(tok.special_ids)
+    byte_tokens = [i for i in range(tok.vocab_size) if len(tok.token_bytes(i)) == 1 and tok.token_bytes(i)[0] >= 0x80]
+    assert byte_tokens and specials
+    for n in range(2000):
+        length = rng.randint(1, 40)
+        ids = [
+            rng.choice(specials) if r < 0.05 else rng.choice(byte_tokens) if r < 0.4 else rng.randrange(tok.vocab_size)
+            for r in (rng.random() for _ in range(length))
+        ]
+        if n % 3 == 0:  # real text, multi-byte characters split across byte tokens
+            ids = tok.encode(rng.choice(TEXTS) + rng.choice(TEXTS), add_special_tokens=False)
+        detok = ByteDetokenizer(tok.token_bytes, tok.special_ids if skip_special else ())
+        deltas, at = [], 0
+        while at < len(ids):
+            k = rng.randint(1, 3)
+            deltas.append(detok.push(ids[at : at + k]))
+            at += k
+        deltas.append(detok.flush())
+        assert "".join(deltas) == tok.decode(ids, skip_special_tokens=skip_special, spaces_between_special_tokens=False)
+        if n % 3 == 0:  # valid text: a character split across tokens waits for its last byte
+            assert all(REPLACEMENT not in d for d in deltas)
+
+
+def test_the_pipeline_streams_byte_exact_text_like_the_windowed_detokenizer(bpe_tokenizer):
+    tok = bpe_tokenizer
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        byte_level = ByteDetokenizer(tok.token_bytes, tok.special_ids)
+        fast = "".join(byte_level.push([t]) for t in ids) + byte_level.flush()
+        assert fast == "".join(stream(tok, [], ids))

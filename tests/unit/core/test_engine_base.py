@@ -101,3 +101,27 @@ def test_alternatives_leave_out_vocabulary_padding():
 
 def test_prompt_logprobs_of_a_one_token_prompt():
     assert [(i.token_id, i.logprob, i.top) for i in prompt_logprobs(torch.zeros(1, 5), [4], k=3)] == [(4, None, [])]
+
+
+def test_an_attached_handler_gets_waiting_outputs_first_then_each_as_it_is_put():
+    closed: list[bool] = []
+    got: list[EngineOutput] = []
+    stream = OutputStream(QUEUED, closed.append)
+    middle = EngineOutput("r")
+    stream.put(middle)
+    stream.attach(got.append)
+    assert got == [QUEUED, middle] and closed == []
+    final = EngineOutput("r", finished=True)
+    stream.put(final)
+    stream.put(EngineOutput("r"))  # after the final one: never handed over
+    assert got == [QUEUED, middle, final] and closed == [True]
+
+
+def test_closing_an_attached_stream_aborts_the_request_and_stops_deliveries():
+    closed: list[bool] = []
+    got: list[EngineOutput] = []
+    stream = OutputStream(QUEUED, closed.append)
+    stream.attach(got.append)
+    stream.close()
+    stream.put(EngineOutput("r", finished=True))
+    assert got == [QUEUED] and closed == [False]

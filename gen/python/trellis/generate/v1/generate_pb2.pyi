@@ -141,20 +141,22 @@ class StoppingParams(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., include_stop_str_in_output: _Optional[bool] = ..., time_limit_ms: _Optional[int] = ..., truncate_input_tokens: _Optional[int] = ...) -> None: ...
 
 class OutputOptions(_message.Message):
-    __slots__ = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "skip_special_tokens", "spaces_between_special_tokens")
+    __slots__ = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "skip_special_tokens", "spaces_between_special_tokens", "tokens")
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ECHO_FIELD_NUMBER: _ClassVar[int]
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPACES_BETWEEN_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
     logprobs: bool
     top_logprobs: int
     prompt_logprobs: int
     echo: bool
     skip_special_tokens: bool
     spaces_between_special_tokens: bool
-    def __init__(self, logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., echo: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ...) -> None: ...
+    tokens: bool
+    def __init__(self, logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., echo: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., spaces_between_special_tokens: _Optional[bool] = ..., tokens: _Optional[bool] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("id", "text", "bytes", "logprob", "special")

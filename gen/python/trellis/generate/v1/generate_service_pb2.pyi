@@ -1,3 +1,4 @@
+from google.protobuf import any_pb2 as _any_pb2
 from trellis.generate.v1 import generate_pb2 as _generate_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -52,6 +53,48 @@ class GenerateResponse(_message.Message):
     timing: _generate_pb2.Timing
     session_continued: bool
     def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[_generate_pb2.GenerateState, str]] = ..., outputs: _Optional[_Iterable[_Union[_generate_pb2.SequenceOutput, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[_Union[_generate_pb2.Token, _Mapping]]] = ..., usage: _Optional[_Union[_generate_pb2.Usage, _Mapping]] = ..., seed: _Optional[int] = ..., effective_sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., timing: _Optional[_Union[_generate_pb2.Timing, _Mapping]] = ..., session_continued: _Optional[bool] = ...) -> None: ...
+
+class MultiplexGenerateRequest(_message.Message):
+    __slots__ = ("starts", "cancels")
+    STARTS_FIELD_NUMBER: _ClassVar[int]
+    CANCELS_FIELD_NUMBER: _ClassVar[int]
+    starts: _containers.RepeatedCompositeFieldContainer[MultiplexStart]
+    cancels: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, starts: _Optional[_Iterable[_Union[MultiplexStart, _Mapping]]] = ..., cancels: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MultiplexStart(_message.Message):
+    __slots__ = ("id", "request")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request: GenerateRequest
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ...) -> None: ...
+
+class MultiplexGenerateResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[MultiplexEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[MultiplexEvent, _Mapping]]] = ...) -> None: ...
+
+class MultiplexEvent(_message.Message):
+    __slots__ = ("id", "responses", "status")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    responses: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
+    status: Status
+    def __init__(self, id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("code", "message", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    details: _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[_Iterable[_Union[_any_pb2.Any, _Mapping]]] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()

@@ -40,6 +40,11 @@ class GenerateServiceStub:
                 request_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.MultiplexGenerate = channel.stream_stream(
+                '/trellis.generate.v1.GenerateService/MultiplexGenerate',
+                request_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.MultiplexGenerateRequest.SerializeToString,
+                response_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.MultiplexGenerateResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/trellis.generate.v1.GenerateService/GetModelInfo',
                 request_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.GetModelInfoRequest.SerializeToString,
@@ -60,6 +65,25 @@ class GenerateServiceServicer:
         """Generate from one prompt. The stream carries lifecycle states, then text and token
         deltas per sequence, and ends with a message that has `usage` set. A failure after the
         first message ends the stream with a non-OK status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MultiplexGenerate(self, request_iterator, context):
+        """Many Generate requests on one stream, for gateways (gRPC clients and grpcurl use Generate).
+        The client starts and cancels requests, each under an id of its own choosing that is
+        unique among the open requests of the stream. The server sends one message per engine
+        step (fewer when the client reads slower than that: what waits is sent together) carrying
+        the news of every request that has some. Per request, the events carry exactly the
+        GenerateResponse messages Generate would stream, in order (QUEUED first, after validation
+        and admission), and end with one terminal status: OK after the final message, or the
+        status Generate would end with (INVALID_ARGUMENT with google.rpc.BadRequest, NOT_FOUND,
+        RESOURCE_EXHAUSTED, UNAVAILABLE while draining, INTERNAL), before or after messages. A
+        cancelled request gets nothing more. While the server drains, new starts end at once with
+        UNAVAILABLE and open requests run on until the drain deadline; the server ends a stream
+        with OK once it drains and has no open request. When the stream itself fails, every open
+        request on it has failed with the stream's status.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -86,6 +110,11 @@ def add_GenerateServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.GenerateRequest.FromString,
                     response_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.GenerateResponse.SerializeToString,
+            ),
+            'MultiplexGenerate': grpc.stream_stream_rpc_method_handler(
+                    servicer.MultiplexGenerate,
+                    request_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.MultiplexGenerateRequest.FromString,
+                    response_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.MultiplexGenerateResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -126,6 +155,33 @@ class GenerateService:
             '/trellis.generate.v1.GenerateService/Generate',
             trellis_dot_generate_dot_v1_dot_generate__service__pb2.GenerateRequest.SerializeToString,
             trellis_dot_generate_dot_v1_dot_generate__service__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MultiplexGenerate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/trellis.generate.v1.GenerateService/MultiplexGenerate',
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.MultiplexGenerateRequest.SerializeToString,
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.MultiplexGenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

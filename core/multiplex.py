@@ -1,0 +1,215 @@
+"""The consumers of pipeline Jobs that the servicer streams from: one Generate call
+(`CallOutput`), or a gateway's MultiplexGenerate stream (`MultiplexSession`).
+
+Both are fed synchronously by the pipeline while an engine step is delivered, and only wake
+their writer coroutine; the writer runs once the whole step was processed. A MultiplexSession
+therefore sends one message per engine step carrying the news of every request on the stream,
+built in place as protobuf (`core.convert.fill_response`), and a Generate call one message per
+step. While a write is in flight (HTTP/2 flow control: the reader is slower than the engine),
+what arrives meanwhile waits and goes out together: in the next MultiplexGenerateResponse, or
+merged into as few GenerateResponses as keep their meaning (`core.pipeline.merge_deltas`).
+Nothing is dropped or reordered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from core import convert
+from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
+from core.pipeline import Job, RequestPipeline
+from core.types import ResponseDelta
+
+log = logging.getLogger(__name__)
+
+#: Events per MultiplexGenerateResponse before another message is started, so a stream far
+#: behind its reader never builds one message near the gRPC size limit.
+MAX_EVENTS_PER_MESSAGE = 4096
+
+
+class CallOutput:
+    """The consumer of one Generate call's Job: deltas wait here until the call's coroutine
+    `take()`s them (one wake-up per engine step while it keeps up)."""
+
+    def __init__(self) -> None:
+        self.pending: list[ResponseDelta] = []
+        self.ended = False
+        self.error: CoreError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
+        """Queue the job's next deltas (Consumer protocol)."""
+        self.pending += deltas
+        self._wake()
+
+    def finish(self, job: Job, error: CoreError | None) -> None:
+        """The job ended (Consumer protocol)."""
+        self.ended = True
+        self.error = error
+        self._wake()
+
+    async def take(self) -> list[ResponseDelta]:
+        """Every delta waiting, once there is one or the job ended ([] then)."""
+        while not self.pending and not self.ended:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        batch, self.pending = self.pending, []
+        return batch
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class MultiplexSession:
+    """One MultiplexGenerate stream (see the RPC's comment in generate_service.proto).
+
+    A reader task starts and cancels requests as the client's messages arrive; the handler's
+    own coroutine writes. Each request runs as a pipeline Job whose deltas are rendered at once
+    into the message being filled; the writer sends it once the engine step is processed (or,
+    while a write is in flight, together with what comes next).
+
+    Args:
+        pipeline: the request pipeline.
+        context: the call's servicer context (for writes).
+        draining: the server drains already: every start is refused (the stream ends when the
+            client ends it, or when the server stops).
+    """
+
+    def __init__(
+        self,
+        pipeline: RequestPipeline,
+        context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
+        *,
+        draining: bool = False,
+    ):
+        self.pipeline = pipeline
+        self.context = context
+        self.draining = draining
+        self.jobs: dict[int, Job] = {}
+        self._pending: list[spb.MultiplexGenerateResponse] = []
+        self._filling: spb.MultiplexGenerateResponse | None = None
+        self._filling_events = 0
+        self._last: spb.MultiplexEvent | None = None
+        self._closed = False  # the client half-closed, or its stream broke
+        self._end_when_idle = False  # drain() was called
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def serve(self, requests: AsyncIterator[spb.MultiplexGenerateRequest]) -> None:
+        """Serve the stream until it ends: the client half-closed (or the server drains) and
+        no request is open, or the call is cancelled. Open requests are cancelled on the way
+        out."""
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while True:
+                if self._pending:
+                    msg = self._pending.pop(0)
+                    if msg is self._filling:
+                        self._filling, self._last = None, None
+                    await self.context.write(msg)
+                elif (self._closed or self._end_when_idle) and not self.jobs:
+                    return
+                else:
+                    self._waiter = asyncio.get_running_loop().create_future()
+                    try:
+                        await self._waiter
+                    finally:
+                        self._waiter = None
+        finally:
+            reader.cancel()
+            jobs, self.jobs = list(self.jobs.values()), {}
+            for job in jobs:
+                job.cancel()
+
+    def drain(self) -> None:
+        """Refuse new starts with UNAVAILABLE; end the stream once no request is open."""
+        self.draining = self._end_when_idle = True
+        self._wake()
+
+    async def _read(self, requests: AsyncIterator[spb.MultiplexGenerateRequest]) -> None:
+        try:
+            async for req in requests:
+                for start in req.starts:
+                    self._start(start.id, start.request)
+                for rid in req.cancels:
+                    job = self.jobs.pop(rid, None)
+                    if job is not None:
+                        job.cancel()
+        except (grpc.RpcError, asyncio.CancelledError):
+            pass  # the call ended: the writer's side finds out
+        finally:
+            self._closed = True
+            self._wake()
+
+    def _start(self, rid: int, request: spb.GenerateRequest) -> None:
+        request_id = request.request_id or uuid.uuid4().hex
+        try:
+            if self.draining:
+                raise NotReady("The server is shutting down; retry on another replica.")
+            if rid in self.jobs:
+                raise InvalidArgument(f"Request id {rid} is already open on this stream.", field="id")
+            req = convert.to_generation_request(request, request_id)
+            job = self.pipeline.start(self.pipeline.prepare(req), self, rid)
+        except CoreError as e:
+            self._status(rid, request_id, e)
+            return
+        except Exception:
+            log.exception("request %s failed", request_id)
+            message = f"Internal error while serving request {request_id}; see the server log."
+            self._status(rid, request_id, EngineFailure(message))
+            return
+        if not job.done:
+            self.jobs[rid] = job
+
+    # ------------------------------------------------------------------ Consumer protocol
+
+    def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
+        """Render the job's deltas into the message being filled."""
+        responses = self._event(job.tag).responses
+        request_id = job.request_id
+        for delta in deltas:
+            convert.fill_response(responses.add(), delta, request_id)
+
+    def finish(self, job: Job, error: CoreError | None) -> None:
+        """Add the job's terminal status (OK, or its error)."""
+        if self.jobs.get(job.tag) is job:
+            del self.jobs[job.tag]
+        self._status(job.tag, job.request_id, error)
+
+    def _status(self, rid: int, request_id: str, error: CoreError | None) -> None:
+        status = self._event(rid).status
+        if error is None:
+            status.SetInParent()
+            return
+        log.info("request %s: %s %s", request_id, error.code.name, error.message)
+        status.MergeFromString(error.to_rpc_status().SerializeToString())
+
+    def _event(self, rid: int) -> spb.MultiplexEvent:
+        """The event of request `rid` at the end of the message being filled (a new one unless
+        the last event is this request's), and a wake-up for the writer."""
+        last = self._last
+        if last is not None and last.id == rid:
+            return last
+        msg = self._filling
+        if msg is None or self._filling_events >= MAX_EVENTS_PER_MESSAGE:
+            msg = self._filling = spb.MultiplexGenerateResponse()
+            self._filling_events = 0
+            self._pending.append(msg)
+            self._wake()
+        self._filling_events += 1
+        last = self._last = msg.events.add()
+        last.id = rid
+        return last
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
