@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 from core.errors import InvalidArgument
 from core.types import GUIDE_KINDS, Guide
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
 
 #: Largest schema, regex or grammar text accepted, in characters (a guide this large takes
 #: seconds to compile and is far beyond what structured output needs).
@@ -38,7 +41,7 @@ MAX_CHOICES = 1024
 CACHE_SIZE = 512
 
 #: llguidance's JSON compile options applied unless the schema's "x-guidance" overrides them.
-JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def check_guide(guide: Guide, supported: frozenset[str], engine: str) -> None:
@@ -132,9 +135,9 @@ def llguidance_grammar(guide: Guide) -> str:
     from llguidance import LLMatcher, grammar_from
 
     if guide.kind == "json_object":
-        return LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_DEFAULTS)  # type: ignore[arg-type]
+        return LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_DEFAULTS)
     if guide.kind == "json_schema":
-        return LLMatcher.grammar_from_json_schema(guide.spec, defaults=JSON_DEFAULTS)  # type: ignore[arg-type]
+        return LLMatcher.grammar_from_json_schema(guide.spec, defaults=JSON_DEFAULTS)
     if guide.kind == "regex":
         return LLMatcher.grammar_from_regex(guide.spec)
     if guide.kind == "ebnf_grammar":

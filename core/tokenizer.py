@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from core.errors import InvalidArgument
 from core.types import ChatMessage, Tool
@@ -113,11 +113,13 @@ class Tokenizer:
                 "This model has no chat template, so chat messages cannot be used; send a text prompt instead.",
                 field="messages",
             )
-        convo = [_template_message(m) for m in messages]
-        extra: dict[str, object] = {"tools": [_template_tool(t) for t in tools]} if tools else {}
+        # Messages and tools are JSON-like dicts, wider than transformers' annotations say.
+        convo: Any = [_template_message(m) for m in messages]
+        template_tools: Any = [_template_tool(t) for t in tools] or None
         try:
             text = cast(
-                str, self.hf.apply_chat_template(convo, tokenize=False, add_generation_prompt=True, **extra)
+                str,
+                self.hf.apply_chat_template(convo, tools=template_tools, tokenize=False, add_generation_prompt=True),
             )
         except Exception as e:  # jinja raises TemplateError (or anything raise_exception() throws)
             raise InvalidArgument(f"The model's chat template rejected the messages: {e}", field="messages") from e

@@ -83,7 +83,8 @@ class GuideMatchers:
         import llguidance
         import llguidance.hf
 
-        self._tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=width, eos_token=self._eos)
+        hf: Any = self._hf  # a fast tokenizer (`supports`), which llguidance types by its backend class
+        self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=width, eos_token=self._eos)
         self._executor = llguidance.LLExecutor()
         self.width = width
 
