@@ -307,3 +307,20 @@ async def test_guided_requests_share_a_batch_with_free_ones(aclient):
     free_out, parsed_out = await asyncio.gather(free, parsed)
     assert isinstance(parsed_out.choices[0].message.parsed, Reading)
     assert free_out.choices[0].message.content is not None
+
+
+async def test_the_mock_engine_lists_no_guide_kinds(mock_core):
+    """The mock engine draws tokens without a model; it honours no guide, and says so."""
+    import grpc
+    from trellis.generate.v1 import generate_pb2 as pb
+    from trellis.generate.v1 import generate_service_pb2 as spb
+    from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
+
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        assert list((await stub.GetModelInfo(spb.GetModelInfoRequest())).guided_decoding) == []
+        call = stub.Generate(spb.GenerateRequest(text="x", guided_decoding=pb.GuidedDecoding(regex="a")))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "mock engine does not support guided decoding" in err.value.details()
