@@ -22,7 +22,6 @@ each gateway's field table names back in the client's terms).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -34,7 +33,6 @@ from gateways.common.status import GatewayError
 
 #: OpenAI's rule for `json_schema.name` (and function names).
 NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
-_NAME = re.compile(NAME_PATTERN)
 
 
 class _Wire(BaseModel):
@@ -182,8 +180,3 @@ def trt_guide(guide_type: str, guide: str | None) -> pb.GuidedDecoding:
     if kind == "json_schema":
         return pb.GuidedDecoding(json_schema=guide)
     return pb.GuidedDecoding(regex=guide) if kind == "regex" else pb.GuidedDecoding(ebnf_grammar=guide)
-
-
-def valid_name(name: str) -> bool:
-    """Whether `name` follows OpenAI's rule for function and schema names."""
-    return bool(_NAME.match(name))

@@ -12,6 +12,8 @@ Figures:
   baseline    at 16 streams, core (gRPC) and the OpenAI gateway vs transformers serve: tokens/s
               ratio and TTFT p50 of both
   websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
+  guided      at 16 streams over gRPC, requests constrained to a JSON schema vs free ones: tokens/s
+              ratio (the goal: at least 0.9), with the machine's load average
   overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
 
@@ -39,8 +41,34 @@ from overhead import TARGETS as OVERHEAD_TARGETS
 from overhead import merge_summary, print_overhead, run_overhead
 from procs import ROOT, Proc, free_port
 
-HF_SECTIONS = {"core", "gateways", "websocket", "baseline"}
-SECTIONS = ("core", "gateways", "websocket", "baseline", "overhead")
+HF_SECTIONS = {"core", "gateways", "websocket", "baseline", "guided"}
+SECTIONS = ("core", "gateways", "websocket", "baseline", "guided", "overhead")
+
+#: The guided section's schema: a list of at least 24 bounded records, so a constrained output is
+#: still unfinished after 64 tokens and runs as long as a free one with ignore_eos (greedy both).
+GUIDED_SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 24,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 12},
+                        "qty": {"type": "integer", "minimum": 0, "maximum": 999},
+                        "ok": {"type": "boolean"},
+                    },
+                    "required": ["name", "qty", "ok"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    }
+)
 
 
 def measure(client, concurrency: int, requests: int, label: str, max_new_tokens: int) -> Result:
@@ -194,6 +222,21 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
                 summary["websocket"] = json.loads(ws_json.read_text())
             finally:
                 gw.stop()
+        if "guided" in selected:
+            print("== guided decoding: JSON-schema-constrained vs free requests at 16 streams (gRPC)", flush=True)
+            load_before = os.getloadavg()
+            result = compare(
+                lambda: GrpcClient(core_addr, n, chat=False),
+                lambda: GrpcClient(core_addr, n, chat=False, json_schema=GUIDED_SCHEMA),
+                "free",
+                "constrained",
+                args.rounds,
+                16,
+                96,
+                n,
+            )
+            result["load_average_before_after"] = [load_before[0], os.getloadavg()[0]]
+            summary["guided"] = result
         if "baseline" in selected:
             summary["baseline"] = baseline(core_addr, args, out, n)
         summary["core_peak_rss_mb"] = core.peak_rss_mb()
@@ -295,6 +338,12 @@ def print_summary(s: dict) -> None:
             f"vs transformers serve at 16 streams: core {b['core_vs_serve_tokens_per_s_ratio']:.2f}x, "
             f"openai gateway {b['openai_gateway_vs_serve_tokens_per_s_ratio']:.2f}x; TTFT p50 ms "
             + ", ".join(f"{k} {v:.1f}" for k, v in b["ttft_p50_ms"].items())
+        )
+    if "guided" in s:
+        g = s["guided"]
+        print(
+            f"guided decoding at 16 streams: constrained / free tokens/s {g['tokens_per_s_ratio']:.3f} "
+            f"(goal >= 0.90), added ITL p50 {g['added_itl_p50_ms']:+.2f} ms"
         )
     if "core_peak_rss_mb" in s:
         print(f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB")
