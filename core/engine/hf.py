@@ -286,7 +286,8 @@ class HfEngine(EngineLifecycle):
             if not finished:
                 self.abort(request.request_id)
 
-        grammar = self._guides.compiled(request.guide) if request.guide is not None and self._guides else None
+        guides = self._guides
+        grammar = guides.compiled(request.guide) if request.guide is not None and guides is not None else None
         queued = EngineOutput(request.request_id, state=RequestState.QUEUED, time=time.monotonic())
         r = _Req(request, need, OutputStream(queued, on_close), grammar=grammar)
         with self._cv:
