@@ -159,18 +159,19 @@ def guided(request_id: str, prompt: list[int], guide: Guide | None, *, seed: int
     return EngineRequest(request_id, prompt, sampling, max_new_tokens, guide=guide)
 
 
-async def run_all(engine, requests) -> list[tuple[list[int], FinishReason]]:
+async def collect(engine, r: EngineRequest) -> tuple[list[int], FinishReason | None]:
+    """Run one request to its end: its tokens and finish reason."""
+    tokens, reason = [], None
+    async for out in engine.generate(r):
+        for s in out.sequences:
+            tokens += s.token_ids
+            reason = s.finish_reason or reason
+    return tokens, reason
+
+
+async def run_all(engine, requests) -> list[tuple[list[int], FinishReason | None]]:
     """Run requests at once (one batch); each request's tokens and finish reason."""
-
-    async def one(r):
-        tokens, reason = [], None
-        async for out in engine.generate(r):
-            for s in out.sequences:
-                tokens += s.token_ids
-                reason = s.finish_reason or reason
-        return tokens, reason
-
-    return await asyncio.gather(*(one(r) for r in requests))
+    return await asyncio.gather(*(collect(engine, r) for r in requests))
 
 
 def text(tokenizer, tokens: list[int]) -> str:
@@ -228,6 +229,46 @@ async def test_guided_and_free_rows_share_a_batch(engine, tokenizer):
     assert re.fullmatch("x[yz]", text(tokenizer, mixed[5][0]))
     obj_text = text(tokenizer, mixed[6][0])
     assert obj_text.startswith("{") and (mixed[6][1] is not FinishReason.EOS or isinstance(json.loads(obj_text), dict))
+
+
+async def test_guides_stay_valid_as_rows_join_leave_and_are_cancelled(engine, tokenizer):
+    """The batch changes between decode steps while guided rows run: requests join one by one,
+    free rows and short guides leave early, and guided requests are cancelled mid-stream (the
+    engine removes them at the next step boundary, after masks for that step were computed).
+    Every guided row still gets the masks of its own accepted tokens: each output that ends by
+    EOS matches its guide, and the free rows (unmasked) run to their length."""
+    prompt = tokenizer.encode("Hello")
+    regex = Guide("regex", "[A-F]{2}-[0-9]{3}")
+    schema = Guide("json_schema", json.dumps(NESTED))
+
+    async def cancelled(request_id: str, guide: Guide) -> None:
+        gen = engine.generate(guided(request_id, prompt, guide, seed=5))
+        await until_tokens(gen)
+        await gen.aclose()  # the consumer leaves: aborted at the next step boundary
+
+    choice = Guide("choice", choices=("ab", "cde"))
+    running = []
+
+    def join(request_id: str, guide: Guide | None, seed: int, max_new_tokens: int = 120) -> None:
+        r = guided(request_id, prompt, guide, seed=seed, max_new_tokens=max_new_tokens)
+        running.append(asyncio.create_task(collect(engine, r)))
+
+    join("long", schema, 11)
+    for seed in range(3):
+        join(f"free{seed}", None, seed, max_new_tokens=6)
+        join(f"regex{seed}", regex, seed)
+        await cancelled(f"cut{seed}", schema if seed % 2 else regex)
+        join(f"choice{seed}", choice, seed)
+    results = await asyncio.gather(*running)
+    await wait_idle(engine)
+    tokens, reason = results[0]
+    assert reason is FinishReason.EOS
+    jsonschema.validate(json.loads(text(tokenizer, tokens)), NESTED)
+    for seed in range(3):
+        free, rx, choice = results[1 + 3 * seed : 4 + 3 * seed]
+        assert free[1] is FinishReason.LENGTH and len(free[0]) == 6
+        assert rx[1] is FinishReason.EOS and re.fullmatch("[A-F]{2}-[0-9]{3}", text(tokenizer, rx[0]))
+        assert choice[1] is FinishReason.EOS and text(tokenizer, choice[0]) in ("ab", "cde")
 
 
 async def test_n_sequences_each_follow_the_guide(engine, tokenizer):
