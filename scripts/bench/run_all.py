@@ -8,6 +8,9 @@ machine is shared and noisy: figures are reported as ratios against a baseline f
 
 Figures:
   core        output tokens/s at 1, 8 and 32 streams; 32-stream / 1-stream ratio; peak RSS
+  static      at 16 and 32 streams, the core (direct gRPC, steady-state window) vs the same model's
+              in-process padded static batch of that size (scripts/bench/static_batch.py):
+              tokens/s ratio, TTFT and ITL p50 of both, the core's CPU µs per token
   gateways    at 16 streams, gateway vs direct gRPC: tokens/s ratio, added TTFT and ITL p50
   baseline    at 16 streams, core (gRPC) and the OpenAI gateway vs transformers serve: tokens/s
               ratio and TTFT p50 of both
@@ -19,6 +22,7 @@ Sections are merged into bench-results/summary.json: a run of some sections keep
 
 Usage: python scripts/bench/run_all.py --model models/demo [--out bench-results] [--rounds 3]
            [--skip baseline] [--only overhead]
+       python scripts/bench/run_all.py --only hf     # the HF engine's goals: static and baseline
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
 from overhead import TARGETS as OVERHEAD_TARGETS
+from overhead import measure as measure_window
 from overhead import merge_summary, print_overhead, run_overhead
 from procs import ROOT, Proc, free_port
 
-HF_SECTIONS = {"core", "gateways", "websocket", "baseline"}
-SECTIONS = ("core", "gateways", "websocket", "baseline", "overhead")
+HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline"}
+SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "overhead")
+# Names that select several sections.
+GROUPS = {"hf": {"static", "baseline"}}
 
 
 def measure(client, concurrency: int, requests: int, label: str, max_new_tokens: int) -> Result:
@@ -82,11 +89,18 @@ def main() -> int:
     p.add_argument("--out", default="bench-results")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--skip", default="", help="comma-separated sections to leave out: " + ",".join(SECTIONS))
+    p.add_argument(
+        "--skip", default="", help="comma-separated sections to leave out: " + ",".join([*SECTIONS, *GROUPS])
+    )
     p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
     args = p.parse_args()
-    selected = set(filter(None, args.only.split(","))) or set(SECTIONS)
-    selected -= set(filter(None, args.skip.split(",")))
+
+    def sections(arg: str) -> set[str]:
+        names = set(filter(None, arg.split(",")))
+        return set().union(*(GROUPS.get(name, {name}) for name in names))
+
+    selected = sections(args.only) or set(SECTIONS)
+    selected -= sections(args.skip)
     unknown = selected - set(SECTIONS)
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
@@ -138,6 +152,8 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
                 "ratio_32_vs_1": runs[32].output_tokens_per_s / runs[1].output_tokens_per_s,
                 "runs": {str(c): asdict(r) for c, r in runs.items()},
             }
+        if "static" in selected:
+            summary["static"] = static_batch(core, core_addr, args, n)
         if "gateways" in selected:
             summary["gateways"] = {}
             for name, cls, chat in (
@@ -199,6 +215,76 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
         summary["core_peak_rss_mb"] = core.peak_rss_mb()
     finally:
         core.stop()
+
+
+def static_batch(core: Proc, core_addr: str, args, n: int, streams=(16, 32)) -> dict:
+    """The core (direct gRPC, closed loop, one steady-state window after a warm-up) vs the same
+    model's in-process padded static batch of the same size (a fresh process each round, so the
+    core sits idle meanwhile), alternating over `args.rounds` rounds; medians of each side."""
+    result: dict = {}
+    for c in streams:
+        print(f"== core vs in-process padded static batch at {c} streams", flush=True)
+        core_runs, static_runs = [], []
+        for _ in range(args.rounds):
+            run = asyncio.run(
+                measure_window(
+                    GrpcClient(core_addr, n, chat=False),
+                    c,
+                    warmup_s=3.0,
+                    window_s=8.0,
+                    procs={"core": core},
+                    step_ms=0.0,
+                    label=f"grpc x{c}",
+                )
+            )
+            print(
+                f"  core     x{c:<3} {run['tokens_per_s']:8.0f} tok/s  TTFT p50 {run['ttft_ms']['p50']:7.1f} ms  "
+                f"ITL p50 {run['itl_ms']['p50']:6.2f} ms  core CPU {run['cpu_us_per_token']['core']:7.1f} µs/token  "
+                f"others {run['cpu_cores']['others']:.2f} cores",
+                flush=True,
+            )
+            core_runs.append(run)
+            static_runs.append(run_static(args.model, c, n))
+        core_med = sorted(core_runs, key=lambda r: r["tokens_per_s"])[len(core_runs) // 2]
+        static_med = sorted(static_runs, key=lambda r: r["tokens_per_s"])[len(static_runs) // 2]
+        result[str(c)] = {
+            "core": core_med,
+            "static": static_med,
+            "tokens_per_s_ratio": core_med["tokens_per_s"] / static_med["tokens_per_s"],
+            "ttft_p50_ms": {"core": core_med["ttft_ms"]["p50"], "static": static_med["ttft_ms"]["p50"]},
+            "rounds": {
+                "core_tokens_per_s": [r["tokens_per_s"] for r in core_runs],
+                "static_tokens_per_s": [r["tokens_per_s"] for r in static_runs],
+            },
+        }
+    return result
+
+
+def run_static(model: str, batch: int, n: int) -> dict:
+    """One scripts/bench/static_batch.py measurement in a fresh process."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench/static_batch.py",
+            "--model",
+            model,
+            "--batch",
+            str(batch),
+            "--max-new-tokens",
+            str(n),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"  static   x{batch:<3} {result['tokens_per_s']:8.0f} tok/s  TTFT p50 {result['ttft_ms']['p50']:7.1f} ms  "
+        f"ITL p50 {result['itl_ms']['p50']:6.2f} ms",
+        flush=True,
+    )
+    return result
 
 
 def baseline(core_addr: str, args, out: Path, n: int) -> dict:
@@ -277,6 +363,13 @@ def print_summary(s: dict) -> None:
         print(
             f"core tokens/s: 1 stream {t['1']:.0f}, 8 streams {t['8']:.0f}, 32 streams {t['32']:.0f}; "
             f"32/1 = {s['core']['ratio_32_vs_1']:.1f}x"
+        )
+    for c, r in s.get("static", {}).items():
+        print(
+            f"core vs in-process padded static batch at {c} streams: {r['core']['tokens_per_s']:.0f} vs "
+            f"{r['static']['tokens_per_s']:.0f} tok/s = {r['tokens_per_s_ratio']:.2f}x; TTFT p50 "
+            f"{r['ttft_p50_ms']['core']:.1f} vs {r['ttft_p50_ms']['static']:.1f} ms; core CPU "
+            f"{r['core']['cpu_us_per_token']['core']:.0f} µs/token"
         )
     for name, g in s.get("gateways", {}).items():
         print(
