@@ -29,13 +29,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
@@ -90,6 +94,18 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument(
+        "--engine-threads",
+        type=int,
+        default=0,
+        help="torch threads of the core's HF engine and of the static batch (0: the engine's default)",
+    )
+    p.add_argument(
+        "--core-args",
+        default="",
+        metavar="FLAGS",
+        help="extra flags of the HF core under test, as one string (e.g. --core-args='--max-waiting-steps 4')",
+    )
+    p.add_argument(
         "--skip", default="", help="comma-separated sections to leave out: " + ",".join([*SECTIONS, *GROUPS])
     )
     p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
@@ -121,6 +137,12 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
     """The sections measured on the HF engine and the demo model, against one core."""
     n = args.max_new_tokens
     py = sys.executable
+    threads = args.engine_threads
+    if threads == 0:
+        sys.path.insert(0, str(ROOT))
+        from core.engine.hf_config import default_threads
+
+        threads = default_threads(0)
     core_port = free_port()
     core_addr = f"127.0.0.1:{core_port}"
     core = Proc(
@@ -137,6 +159,8 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
             "demo",
             "--log-level",
             "WARNING",
+            *(["--threads", str(args.engine_threads)] if args.engine_threads else []),
+            *shlex.split(args.core_args),
         ],
         ready="serving",
     )
@@ -153,7 +177,7 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
                 "runs": {str(c): asdict(r) for c, r in runs.items()},
             }
         if "static" in selected:
-            summary["static"] = static_batch(core, core_addr, args, n)
+            summary["static"] = static_batch(core, core_addr, args, n, threads)
         if "gateways" in selected:
             summary["gateways"] = {}
             for name, cls, chat in (
@@ -213,17 +237,51 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
         if "baseline" in selected:
             summary["baseline"] = baseline(core_addr, args, out, n)
         summary["core_peak_rss_mb"] = core.peak_rss_mb()
+        summary["engine_process_peak_rss_mb"] = EngineProcess(core).peak_rss_mb()
     finally:
         core.stop()
 
 
-def static_batch(core: Proc, core_addr: str, args, n: int, streams=(16, 32)) -> dict:
+class EngineProcess:
+    """CPU and memory accounting of the processes a core started (the HF engine process), in
+    the shape overhead.measure takes for its `procs`."""
+
+    def __init__(self, core: Proc):
+        self.core = psutil.Process(core.pid)
+
+    def children(self) -> list[psutil.Process]:
+        return self.core.children(recursive=True)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the core's children have used so far."""
+        total = 0.0
+        for child in self.children():
+            with contextlib.suppress(psutil.Error):
+                t = child.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def peak_rss_mb(self) -> float:
+        """The largest peak resident set size (VmHWM) among the core's children, in MiB."""
+        peaks = [0.0]
+        for child in self.children():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peaks.append(int(line.split()[1]) / 1024)
+        return max(peaks)
+
+
+def static_batch(core: Proc, core_addr: str, args, n: int, threads: int, streams=(16, 32)) -> dict:
     """The core (direct gRPC, closed loop, one steady-state window after a warm-up) vs the same
-    model's in-process padded static batch of the same size (a fresh process each round, so the
-    core sits idle meanwhile), alternating over `args.rounds` rounds; medians of each side."""
-    result: dict = {}
+    model's in-process padded static batch of the same size with the same torch threads (a
+    fresh process each round, so the core sits idle meanwhile), alternating over `args.rounds`
+    rounds; medians of each side. The core's CPU is split into the core process (serving:
+    pipeline, gRPC) and its engine process, per streamed token."""
+    result: dict = {"threads": threads, "streams": {}}
+    procs = {"core": core, "engine": EngineProcess(core)}
     for c in streams:
-        print(f"== core vs in-process padded static batch at {c} streams", flush=True)
+        print(f"== core vs in-process padded static batch at {c} streams ({threads} torch threads)", flush=True)
         core_runs, static_runs = [], []
         for _ in range(args.rounds):
             run = asyncio.run(
@@ -232,22 +290,23 @@ def static_batch(core: Proc, core_addr: str, args, n: int, streams=(16, 32)) -> 
                     c,
                     warmup_s=3.0,
                     window_s=8.0,
-                    procs={"core": core},
+                    procs=procs,
                     step_ms=0.0,
                     label=f"grpc x{c}",
                 )
             )
+            us = run["cpu_us_per_token"]
             print(
                 f"  core     x{c:<3} {run['tokens_per_s']:8.0f} tok/s  TTFT p50 {run['ttft_ms']['p50']:7.1f} ms  "
-                f"ITL p50 {run['itl_ms']['p50']:6.2f} ms  core CPU {run['cpu_us_per_token']['core']:7.1f} µs/token  "
-                f"others {run['cpu_cores']['others']:.2f} cores",
+                f"ITL p50 {run['itl_ms']['p50']:6.2f} ms  CPU µs/token: core {us['core']:.0f}, engine process "
+                f"{us['engine']:.0f}, client {us['client']:.0f}  others {run['cpu_cores']['others']:.2f} cores",
                 flush=True,
             )
             core_runs.append(run)
-            static_runs.append(run_static(args.model, c, n))
+            static_runs.append(run_static(args.model, c, n, threads))
         core_med = sorted(core_runs, key=lambda r: r["tokens_per_s"])[len(core_runs) // 2]
         static_med = sorted(static_runs, key=lambda r: r["tokens_per_s"])[len(static_runs) // 2]
-        result[str(c)] = {
+        result["streams"][str(c)] = {
             "core": core_med,
             "static": static_med,
             "tokens_per_s_ratio": core_med["tokens_per_s"] / static_med["tokens_per_s"],
@@ -255,33 +314,22 @@ def static_batch(core: Proc, core_addr: str, args, n: int, streams=(16, 32)) -> 
             "rounds": {
                 "core_tokens_per_s": [r["tokens_per_s"] for r in core_runs],
                 "static_tokens_per_s": [r["tokens_per_s"] for r in static_runs],
+                "core_others_cores": [r["cpu_cores"]["others"] for r in core_runs],
+                "static_others_cores": [r["others_cores"] for r in static_runs],
             },
         }
     return result
 
 
-def run_static(model: str, batch: int, n: int) -> dict:
+def run_static(model: str, batch: int, n: int, threads: int) -> dict:
     """One scripts/bench/static_batch.py measurement in a fresh process."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "scripts/bench/static_batch.py",
-            "--model",
-            model,
-            "--batch",
-            str(batch),
-            "--max-new-tokens",
-            str(n),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
+    cmd = [sys.executable, "scripts/bench/static_batch.py", "--model", model, "--batch", str(batch)]
+    cmd += ["--max-new-tokens", str(n), "--threads", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     print(
         f"  static   x{batch:<3} {result['tokens_per_s']:8.0f} tok/s  TTFT p50 {result['ttft_ms']['p50']:7.1f} ms  "
-        f"ITL p50 {result['itl_ms']['p50']:6.2f} ms",
+        f"ITL p50 {result['itl_ms']['p50']:6.2f} ms  others {result['others_cores']:.2f} cores",
         flush=True,
     )
     return result
@@ -364,12 +412,15 @@ def print_summary(s: dict) -> None:
             f"core tokens/s: 1 stream {t['1']:.0f}, 8 streams {t['8']:.0f}, 32 streams {t['32']:.0f}; "
             f"32/1 = {s['core']['ratio_32_vs_1']:.1f}x"
         )
-    for c, r in s.get("static", {}).items():
+    static = s.get("static", {})
+    for c, r in static.get("streams", {}).items():
+        us = r["core"]["cpu_us_per_token"]
         print(
-            f"core vs in-process padded static batch at {c} streams: {r['core']['tokens_per_s']:.0f} vs "
-            f"{r['static']['tokens_per_s']:.0f} tok/s = {r['tokens_per_s_ratio']:.2f}x; TTFT p50 "
-            f"{r['ttft_p50_ms']['core']:.1f} vs {r['ttft_p50_ms']['static']:.1f} ms; core CPU "
-            f"{r['core']['cpu_us_per_token']['core']:.0f} µs/token"
+            f"core vs in-process padded static batch at {c} streams ({static['threads']} torch threads): "
+            f"{r['core']['tokens_per_s']:.0f} vs {r['static']['tokens_per_s']:.0f} tok/s = "
+            f"{r['tokens_per_s_ratio']:.2f}x; TTFT p50 {r['ttft_p50_ms']['core']:.1f} vs "
+            f"{r['ttft_p50_ms']['static']:.1f} ms; CPU µs/token: core {us['core']:.0f}, "
+            f"engine process {us['engine']:.0f}"
         )
     for name, g in s.get("gateways", {}).items():
         print(
@@ -390,7 +441,10 @@ def print_summary(s: dict) -> None:
             + ", ".join(f"{k} {v:.1f}" for k, v in b["ttft_p50_ms"].items())
         )
     if "core_peak_rss_mb" in s:
-        print(f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB")
+        print(
+            f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB; its engine process: "
+            f"{s.get('engine_process_peak_rss_mb', 0):.0f} MiB"
+        )
     if "overhead" in s:
         print_overhead(s["overhead"])
 

@@ -13,6 +13,7 @@ After one unmeasured batch, `--batches` batches run back to back; the figures ar
                  as a closed loop's steady state includes one prefill per request)
   ttft_ms        per batch, generate() called -> first logits processed (the prefill), p50
   itl_ms         gaps between successive decode steps (the time between two tokens of a row), p50
+  others_cores   CPU the rest of the machine used meanwhile, in cores (a disturbed run shows it)
 
 Prints one JSON object on its last line. Usage:
   python scripts/bench/static_batch.py --model models/demo --batch 16 [--batches 4] [--threads 0]
@@ -30,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import psutil
 from loadgen import PROMPTS
+from overhead import _busy_cpu_seconds
 from procs import ROOT
 
 
@@ -89,6 +92,8 @@ def run_static(model_dir: str, batch: int, batches: int, max_new_tokens: int, th
         return wall, [b - a for a, b in itertools.pairwise(steps)], (out.shape[1] - ids.shape[1]) * batch
 
     one(0)  # warm-up: allocator, MKL, first-call paths
+    me = psutil.Process()
+    busy0, mine0 = _busy_cpu_seconds(), me.cpu_times()
     walls, ttft, itl, tokens = [], [], [], 0
     for b in range(batches):
         wall, gaps, made = one(b + 1)
@@ -96,6 +101,8 @@ def run_static(model_dir: str, batch: int, batches: int, max_new_tokens: int, th
         ttft.append(gaps[0])
         itl += gaps[1:]
         tokens += made
+    busy1, mine1 = _busy_cpu_seconds(), me.cpu_times()
+    others = (busy1 - busy0) - ((mine1.user + mine1.system) - (mine0.user + mine0.system))
     return {
         "batch": batch,
         "batches": batches,
@@ -106,6 +113,7 @@ def run_static(model_dir: str, batch: int, batches: int, max_new_tokens: int, th
         "tokens_per_s": round(tokens / sum(walls), 1),
         "ttft_ms": {"p50": round(1000 * statistics.median(ttft), 3)},
         "itl_ms": {"p50": round(1000 * statistics.median(itl), 3)},
+        "others_cores": round(max(0.0, others) / sum(walls), 3),
     }
 
 
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=16, help="rows per batch (the streams compared against)")
     p.add_argument("--batches", type=int, default=4, help="measured batches")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default, as the core)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = p.parse_args(argv)
     result = run_static(args.model, args.batch, args.batches, args.max_new_tokens, args.threads)
     print(json.dumps(result))
