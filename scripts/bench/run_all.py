@@ -106,6 +106,13 @@ def main() -> int:
         help="extra flags of the HF core under test, as one string (e.g. --core-args='--max-waiting-steps 4')",
     )
     p.add_argument(
+        "--core-root",
+        default="",
+        metavar="DIR",
+        help="run the HF core under test from another checkout with its own .venv (a before/after "
+        "comparison: e.g. `git worktree add --detach /tmp/before main && make -C /tmp/before venv`)",
+    )
+    p.add_argument(
         "--skip", default="", help="comma-separated sections to leave out: " + ",".join([*SECTIONS, *GROUPS])
     )
     p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
@@ -145,14 +152,15 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
         threads = default_threads(0)
     core_port = free_port()
     core_addr = f"127.0.0.1:{core_port}"
+    core_root = Path(args.core_root).resolve() if args.core_root else ROOT
     core = Proc(
         "core",
         [
-            py,
+            str(core_root / ".venv/bin/python") if args.core_root else py,
             "-m",
             "core",
             "--model",
-            args.model,
+            str(ROOT / args.model),
             "--port",
             str(core_port),
             "--model-name",
@@ -163,6 +171,7 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
             *shlex.split(args.core_args),
         ],
         ready="serving",
+        cwd=core_root,
     )
     try:
         if "core" in selected:
