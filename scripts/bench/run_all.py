@@ -44,6 +44,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
 from overhead import TARGETS as OVERHEAD_TARGETS
+from overhead import _f as num
 from overhead import measure as measure_window
 from overhead import merge_summary, print_overhead, run_overhead
 from procs import ROOT, Proc, free_port
@@ -103,7 +104,7 @@ def main() -> int:
         "--core-args",
         default="",
         metavar="FLAGS",
-        help="extra flags of the HF core under test, as one string (e.g. --core-args='--max-waiting-steps 4')",
+        help="extra flags of the HF core under test, as one string (e.g. --core-args='--no-engine-process')",
     )
     p.add_argument(
         "--core-root",
@@ -306,8 +307,8 @@ def static_batch(core: Proc, core_addr: str, args, n: int, threads: int, streams
             )
             us = run["cpu_us_per_token"]
             print(
-                f"  core     x{c:<3} {run['tokens_per_s']:8.0f} tok/s  TTFT p50 {run['ttft_ms']['p50']:7.1f} ms  "
-                f"ITL p50 {run['itl_ms']['p50']:6.2f} ms  CPU µs/token: core {us['core']:.0f}, engine process "
+                f"  core     x{c:<3} {run['tokens_per_s']:8.0f} tok/s  TTFT p50 {num(run['ttft_ms']['p50'], 7, 1)} ms  "
+                f"ITL p50 {num(run['itl_ms']['p50'], 6)} ms  CPU µs/token: core {us['core']:.0f}, engine process "
                 f"{us['engine']:.0f}, client {us['client']:.0f}  others {run['cpu_cores']['others']:.2f} cores",
                 flush=True,
             )
@@ -427,7 +428,7 @@ def print_summary(s: dict) -> None:
         print(
             f"core vs in-process padded static batch at {c} streams ({static['threads']} torch threads): "
             f"{r['core']['tokens_per_s']:.0f} vs {r['static']['tokens_per_s']:.0f} tok/s = "
-            f"{r['tokens_per_s_ratio']:.2f}x; TTFT p50 {r['ttft_p50_ms']['core']:.1f} vs "
+            f"{r['tokens_per_s_ratio']:.2f}x; TTFT p50 {num(r['ttft_p50_ms']['core'], 0, 1)} vs "
             f"{r['ttft_p50_ms']['static']:.1f} ms; CPU µs/token: core {us['core']:.0f}, "
             f"engine process {us['engine']:.0f}"
         )
