@@ -352,7 +352,7 @@ def baseline(core_addr: str, args, out: Path, n: int) -> dict:
     cache = out / "hf-cache"
     cache.mkdir(exist_ok=True)
     serve_cmd = [
-        "transformers",
+        str(Path(py).parent / "transformers"),  # this environment's CLI, whether or not it is on PATH
         "serve",
         str(ROOT / args.model),
         "--device",
