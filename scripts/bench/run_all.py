@@ -131,13 +131,16 @@ def main() -> int:
     out = ROOT / args.out
     out.mkdir(exist_ok=True)
     summary: dict = {"model": args.model, "max_new_tokens": args.max_new_tokens, "machine": {"cpus": os.cpu_count()}}
-    if selected & HF_SECTIONS:
-        hf_sections(args, selected, out, summary)
-    if "overhead" in selected:
-        summary["overhead"] = run_overhead(
-            args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens
-        )
-    print_summary(json.loads(merge_summary(out, summary).read_text()))
+    try:
+        if selected & HF_SECTIONS:
+            hf_sections(args, selected, out, summary)
+        if "overhead" in selected:
+            summary["overhead"] = run_overhead(
+                args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens
+            )
+    finally:
+        path = merge_summary(out, summary)  # what was measured before a failure is kept
+    print_summary(json.loads(path.read_text()))
     return 0
 
 
