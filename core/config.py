@@ -65,6 +65,7 @@ class CoreConfig:
     dtype: str = "auto"
     device: str = "cpu"
     threads: int = 0
+    engine_process: bool = True
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
@@ -149,7 +150,18 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"], help="HF engine dtype"
     )
     p.add_argument("--device", default=d.device, help="HF engine device (cpu, cuda, cuda:1, ...)")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch intra-op threads (0: all cores)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=d.threads,
+        help="HF engine: torch intra-op threads (0: one per core, less one left to the serving threads)",
+    )
+    p.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=d.engine_process,
+        help="HF engine: run the batching loop in a process of its own, so model steps never wait on serving work",
+    )
     p.add_argument(
         "--drain-seconds", type=float, default=d.drain_seconds, help="on SIGTERM, how long in-flight streams may finish"
     )
