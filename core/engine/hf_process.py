@@ -255,6 +255,10 @@ class HfProcessEngine(EngineLifecycle):
                 break
             if not self._post(self._on_message, message):
                 return
+        # The pipe closes a moment before the process is reaped: wait for its exit code (bounded,
+        # a process that closed its pipe but lingers is reported without one).
+        if self._process is not None:
+            self._process.join(EXIT_TIMEOUT_S)
         self._post(self._on_exit)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> bool:
