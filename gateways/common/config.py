@@ -35,6 +35,7 @@ class GatewayConfig:
         request_timeout: seconds a whole request may take end to end (0: no limit).
         max_body_bytes: largest request body accepted (larger bodies get 413).
         max_message_bytes: gRPC message size limit towards the core.
+        max_json_depth: deepest nesting of arrays and objects in a request body or frame.
         log_level: logging level name.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
@@ -47,6 +48,7 @@ class GatewayConfig:
     request_timeout: float = 0.0
     max_body_bytes: int = 2 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
+    max_json_depth: int = 32
     log_level: str = "INFO"
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -62,7 +64,16 @@ def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
     return cls(**{name: value for name, value in options.items() if name in names})
 
 
-_COMMON = {"core", "host", "port", "request_timeout", "max_body_bytes", "max_message_bytes", "log_level"}
+_COMMON = {
+    "core",
+    "host",
+    "port",
+    "request_timeout",
+    "max_body_bytes",
+    "max_message_bytes",
+    "max_json_depth",
+    "log_level",
+}
 
 
 def load(
@@ -91,6 +102,7 @@ def load(
     p.add_argument("--request-timeout", type=float, default=d.request_timeout, help="seconds per request (0: none)")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest nesting of arrays and objects")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_arguments(p)
     ns = vars(p.parse_args(argv))

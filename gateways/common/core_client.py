@@ -34,7 +34,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from gateways.common.config import GatewayConfig
-from gateways.common.status import GatewayError
+from gateways.common.status import DEADLINE_PASSED, GatewayError
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class CoreCall:
         self._timer = None
         if not self.ended:
             self._cancel()
-            self._news((), True, GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            self._news((), True, GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_PASSED))
 
     def _news(self, messages: Iterable[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
         """Transport side: more messages, and maybe the end."""
