@@ -78,6 +78,7 @@ def make_gateway_app(
     app[settings_key] = settings
     app.cleanup_ctx.append(core_client_ctx)
     app.on_response_prepare.append(_mark_started)
+    app.on_response_prepare.append(_retry_after)
     add_routes(app)
     return app
 
@@ -173,6 +174,18 @@ def _http_message(request: web.Request, exc: web.HTTPException) -> str:
 
 async def _mark_started(request: web.Request, response: web.StreamResponse) -> None:
     request[RESPONSE_STARTED] = True
+
+
+#: Statuses that tell a client to come back later: 429 (the core's queue is full) and 503 (the
+#: core is unreachable, starting or draining; LMI's full queue, as DJL answers it).
+RETRY_STATUSES = frozenset({429, 503})
+
+
+async def _retry_after(request: web.Request, response: web.StreamResponse) -> None:
+    """Add `Retry-After: <--retry-after-seconds>` to a 429 or 503 (RFC 9110 section 10.2.3),
+    which openai-python and most HTTP clients honour before they retry."""
+    if response.status in RETRY_STATUSES and hdrs.RETRY_AFTER not in response.headers:
+        response.headers[hdrs.RETRY_AFTER] = str(request.app[CONFIG_KEY].retry_after_seconds)
 
 
 async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

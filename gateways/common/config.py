@@ -36,6 +36,7 @@ class GatewayConfig:
         max_body_bytes: largest request body accepted (larger bodies get 413).
         max_message_bytes: gRPC message size limit towards the core.
         max_json_depth: deepest nesting of arrays and objects in a request body or frame.
+        retry_after_seconds: the Retry-After of 429 and 503 responses.
         log_level: logging level name.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
@@ -49,6 +50,7 @@ class GatewayConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 32
+    retry_after_seconds: int = 1
     log_level: str = "INFO"
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -72,6 +74,7 @@ _COMMON = {
     "max_body_bytes",
     "max_message_bytes",
     "max_json_depth",
+    "retry_after_seconds",
     "log_level",
 }
 
@@ -103,6 +106,9 @@ def load(
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest nesting of arrays and objects")
+    p.add_argument(
+        "--retry-after-seconds", type=int, default=d.retry_after_seconds, help="Retry-After of 429 and 503 answers"
+    )
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_arguments(p)
     ns = vars(p.parse_args(argv))
