@@ -27,6 +27,9 @@ from logclip import MAX_ARG_CHARS, ClipFilter
 pytestmark = pytest.mark.timeout(120)
 
 SURROGATE_JSON = '"a\\ud800b"'  # JSON text of a string with a lone surrogate escape
+CLOSED = "The model server closed the connection; retry."
+CANCELLED = "The model server cancelled the request before it finished; retry it."
+CHAT = '{"model":"mock","messages":[{"role":"user","content":"hi"}]}'
 
 
 @pytest.fixture(scope="module")
@@ -126,15 +129,15 @@ async def test_long_stop_strings_are_refused(mock_core):
     "gateway, path, body, status, field",
     [
         ("openai", "/v1/chat/completions", '{"model":"mock","messages":[{"role":"user","content":%s}]}', 400, None),
-        ("openai", "/v1/chat/completions", '{"model":"mock","messages":[{"role":"user","content":"hi"}],"stop":[%s]}', 400, "stop[0]"),
-        ("openai", "/v1/chat/completions", '{"model":%s,"messages":[{"role":"user","content":"hi"}]}', 400, "model"),
+        ("openai", "/v1/chat/completions", CHAT[:-1] + ',"stop":[%s]}', 400, "stop[0]"),
+        ("openai", "/v1/chat/completions", '{"messages":[{"role":"user","content":"hi"}],"model":%s}', 400, "model"),
         ("lmi", "/invocations", '{"inputs":%s}', 424, None),
         ("lmi", "/invocations", '{"inputs":"hi","parameters":{"stop_sequences":[%s]}}', 424, None),
         ("triton", "/v2/models/mock/generate", '{"text_input":%s}', 400, None),
         ("triton", "/v2/models/mock/generate_stream", '{"text_input":"hi","stop_words":[%s]}', 400, None),
         ("triton", "/v2/models/mock/generate", '{"text_input":"hi","id":%s}', 400, None),
     ],
-)  # fmt: skip
+)
 async def test_a_lone_surrogate_is_a_client_error_naming_the_field(gateways, gateway, path, body, status, field):
     async with aiohttp.ClientSession() as http:
         resp = await http.post(
@@ -153,7 +156,7 @@ async def test_a_lone_surrogate_on_websocket_refuses_that_frame_only(gateways):
     async with connect(url) as ws:
         good = {"prompts": [{"request_id": "good", "prompt": "Hello"}], "generation_config": {"max_new_tokens": 20}}
         await ws.send(json.dumps(good))
-        await ws.send('{"prompts":[{"request_id":"bad","prompt":%s}]}' % SURROGATE_JSON)
+        await ws.send('{"prompts":[{"request_id":"bad","prompt":' + SURROGATE_JSON + "}]}")
         refused, completed = None, False
         while not completed:
             for event in json.loads(await asyncio.wait_for(ws.recv(), 30)):
@@ -170,12 +173,17 @@ async def test_a_lone_surrogate_on_websocket_refuses_that_frame_only(gateways):
 @pytest.mark.parametrize(
     "code, grpc_text, sentence, reason",
     [
-        (grpc.StatusCode.UNAVAILABLE, "Socket closed", "The model server closed the connection; retry.", "CORE_UNAVAILABLE"),
-        (grpc.StatusCode.UNKNOWN, "Stream removed", "The model server closed the connection; retry.", "CORE_UNAVAILABLE"),
-        (grpc.StatusCode.CANCELLED, "Cancelling all calls", "The model server cancelled the request before it finished; retry it.", "CANCELLED"),
-        (grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses", "The model server cannot be reached.", "CORE_UNREACHABLE"),
+        (grpc.StatusCode.UNAVAILABLE, "Socket closed", CLOSED, "CORE_UNAVAILABLE"),
+        (grpc.StatusCode.UNKNOWN, "Stream removed", CLOSED, "CORE_UNAVAILABLE"),
+        (grpc.StatusCode.CANCELLED, "Cancelling all calls", CANCELLED, "CANCELLED"),
+        (
+            grpc.StatusCode.UNAVAILABLE,
+            "failed to connect to all addresses",
+            "The model server cannot be reached.",
+            "CORE_UNREACHABLE",
+        ),
     ],
-)  # fmt: skip
+)
 def test_grpc_wording_becomes_a_documented_sentence_with_a_code(code, grpc_text, sentence, reason):
     err = GatewayError.from_status(code.value[0], grpc_text, ())
     assert (err.message, err.reason) == (sentence, reason)
@@ -196,10 +204,7 @@ async def test_a_core_stopped_mid_stream_reaches_openai_clients_in_documented_wo
         await core.stop(0)
         text = (await resp.read()).decode()
     error = next(json.loads(line[6:])["error"] for line in text.splitlines() if line.startswith('data: {"error"'))
-    assert error["message"] in (
-        "The model server closed the connection; retry.",
-        "The model server cancelled the request before it finished; retry it.",
-    )
+    assert error["message"] in (CLOSED, CANCELLED)
     assert error["code"] is not None
     assert text.rstrip().endswith("data: [DONE]")
 
@@ -268,10 +273,14 @@ async def test_a_malformed_request_is_invalid_argument_with_one_log_line(mock_co
 @pytest.mark.parametrize(
     "gateway, path, body",
     [
-        ("openai", "/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        (
+            "openai",
+            "/v1/chat/completions",
+            {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        ),
         ("lmi", "/invocations", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}),
     ],
-)  # fmt: skip
+)
 async def test_a_body_declared_as_not_json_is_415(gateways, gateway, path, body, ctype):
     async with aiohttp.ClientSession() as http:
         resp = await http.post(gateways[gateway] + path, data=json.dumps(body), headers={"Content-Type": ctype})
