@@ -33,6 +33,8 @@ class GatewayConfig:
         core: address of the core's gRPC server (host:port).
         host, port: where the gateway listens.
         request_timeout: seconds a whole request may take end to end (0: no limit).
+        queue_timeout: seconds a request may wait in the core's queue before it is scheduled
+            (0: no limit); then 504 (DEADLINE_EXCEEDED, reason QUEUE_TIMEOUT).
         max_body_bytes: largest request body accepted (larger bodies get 413).
         max_message_bytes: gRPC message size limit towards the core.
         max_json_depth: deepest nesting of arrays and objects in a request body or frame.
@@ -47,6 +49,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 0
     request_timeout: float = 0.0
+    queue_timeout: float = 0.0
     max_body_bytes: int = 2 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 32
@@ -71,6 +74,7 @@ _COMMON = {
     "host",
     "port",
     "request_timeout",
+    "queue_timeout",
     "max_body_bytes",
     "max_message_bytes",
     "max_json_depth",
@@ -103,6 +107,12 @@ def load(
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for all interfaces)")
     p.add_argument("--port", type=int, default=default_port, help="port to listen on (0: pick a free one)")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout, help="seconds per request (0: none)")
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=d.queue_timeout,
+        help="seconds a request may wait to be scheduled (0: none)",
+    )
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest nesting of arrays and objects")
