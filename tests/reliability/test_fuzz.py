@@ -121,6 +121,12 @@ HOSTILE = [
 ]
 
 
+def tracebacks(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """Records with a traceback logged by Trellis itself (other tests' clients may knock on
+    these ports meanwhile, and aiohttp logs what they send under its own name)."""
+    return [r for r in caplog.records if r.exc_info and r.name.split(".")[0] in ("core", "gateways")]
+
+
 @pytest.fixture(scope="module")
 async def gateways(mock_core, start_gateway):
     return {name: await start_gateway(name, core=mock_core.address) for name in ("openai", "lmi", "triton", "ws")}
@@ -140,7 +146,7 @@ async def test_fuzzed_http_bodies_get_no_5xx(gateways, caplog):
                         statuses[resp.status] = statuses.get(resp.status, 0) + 1
                         assert resp.status < 500, (gateway, path, body[:300], resp.status)
     assert sum(statuses.values()) >= 4 * CASES
-    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert not tracebacks(caplog), "a traceback was logged"
 
 
 FRAMES = st.one_of(
@@ -166,7 +172,7 @@ async def test_fuzzed_websocket_frames_never_drop_the_socket(gateways, caplog):
             while not done:
                 for event in json.loads(await ws.recv()):
                     done |= event.get("request_id") == "last-one" and event.get("type") in ("COMPLETE", "ERROR")
-    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert not tracebacks(caplog), "a traceback was logged"
 
 
 GENERATE = st.builds(
@@ -210,4 +216,4 @@ async def test_fuzzed_generate_requests_get_status_codes_not_failures(mock_core,
                 codes[code.name] = codes.get(code.name, 0) + 1
                 assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN), request
     assert sum(codes.values()) == CASES
-    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert not tracebacks(caplog), "a traceback was logged"
