@@ -72,6 +72,7 @@ class CoreConfig:
     session_ttl_seconds: float = 3600.0
     max_message_bytes: int = 16 * 1024 * 1024
     log_level: str = "INFO"
+    guide_cache_size: int = 256
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
     trt_kv_cache_free_gpu_memory_fraction: float = 0.9
@@ -83,6 +84,7 @@ class CoreConfig:
     trt_await_timeout_ms: int = 5
     trt_tensor_parallel_size: int = 1
     trt_pipeline_parallel_size: int = 1
+    trt_guided_decoding_backend: str = "xgrammar"
     # Mock engine options (ignored by other engines).
     mock_step_ms: float = 10.0
     mock_prefill_ms_per_token: float = 0.0
@@ -175,6 +177,12 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
+        "--guide-cache-size",
+        type=int,
+        default=d.guide_cache_size,
+        help="HF engine: compiled guided-decoding guides (schemas, regexes, grammars) kept",
+    )
+    p.add_argument(
         "--trt-max-num-tokens",
         type=int,
         default=d.trt_max_num_tokens,
@@ -234,6 +242,12 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         type=int,
         default=d.trt_pipeline_parallel_size,
         help="TensorRT-LLM LLM API (--engine trtllm-llm): pipeline-parallel stages",
+    )
+    p.add_argument(
+        "--trt-guided-decoding-backend",
+        default=d.trt_guided_decoding_backend,
+        choices=["xgrammar", "llguidance", "none"],
+        help="TensorRT-LLM: grammar backend of guided decoding (llguidance: LLM API only; none: off)",
     )
     p.add_argument(
         "--mock-step-ms",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
+from core.engine import hf_guided
 from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.hf_cache import SlotKVCache
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
@@ -76,6 +77,7 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> HfEngine:
         dtype=config.dtype,
         device=config.device,
         threads=config.threads,
+        guides=hf_guided.GuideMatchers(tokenizer.hf, tokenizer.eos_token_ids, config.guide_cache_size),
     )
 
 
@@ -89,6 +91,7 @@ class _Req:
     rows: list[_Row] = field(default_factory=list)
     unfinished: int = 0
     admitted: bool = False
+    grammar: Any = None  # the compiled guide (hf_guided), copied into each row
 
 
 @dataclass(eq=False, slots=True)
@@ -102,6 +105,7 @@ class _Row:
     generator: torch.Generator | None
     generated: list[int] = field(default_factory=list)
     finished: bool = False
+    matcher: Any = None  # this row's guide state (hf_guided), advanced with each token
 
     @property
     def history(self) -> list[int]:
@@ -129,6 +133,7 @@ class HfEngine(EngineLifecycle):
         dtype: "auto" (float32 on CPU, the checkpoint's dtype elsewhere) or a torch dtype name.
         device: torch device.
         threads: torch intra-op threads (0: all cores).
+        guides: compiled guides for guided decoding (hf_guided); None: guided decoding is off.
     """
 
     kind = "hf"
@@ -148,6 +153,7 @@ class HfEngine(EngineLifecycle):
         dtype: str = "auto",
         device: str = "cpu",
         threads: int = 0,
+        guides: hf_guided.GuideMatchers | None = None,
     ):
         from transformers import AutoConfig
 
@@ -161,7 +167,9 @@ class HfEngine(EngineLifecycle):
             vocab_size=int(vocab_size),
             max_num_beams=1,
             max_n=min(max_n, max_batch_size),
+            guided_decoding=guides.kinds if guides is not None else frozenset(),
         )
+        self._guides = guides
         self._eos = frozenset(eos_token_ids)
         self._pad = int(pad_token_id if pad_token_id is not None else next(iter(self._eos), 0))
         self._max_batch = max_batch_size
@@ -225,6 +233,8 @@ class HfEngine(EngineLifecycle):
         model.eval()
         self._model = model
         self._logit_dim = int(model.get_output_embeddings().weight.shape[0])
+        if self._guides is not None:
+            self._guides.bind(self._logit_dim)
         log.info(
             "hf engine: loaded %s (%s, %s, %d threads)", self._path, model.dtype, self._device, torch.get_num_threads()
         )
@@ -254,7 +264,8 @@ class HfEngine(EngineLifecycle):
 
         Raises:
             NotReady / EngineDead: the engine is not serving.
-            InvalidArgument: more sequences or batch tokens than the batch can ever hold.
+            InvalidArgument: more sequences or batch tokens than the batch can ever hold, or a
+                guide that does not compile.
             Overloaded: max_queue_size requests are already waiting.
         """
         seqs = request.num_sequences
@@ -275,8 +286,10 @@ class HfEngine(EngineLifecycle):
             if not finished:
                 self.abort(request.request_id)
 
+        guides = self._guides
+        grammar = guides.compiled(request.guide) if request.guide is not None and guides is not None else None
         queued = EngineOutput(request.request_id, state=RequestState.QUEUED, time=time.monotonic())
-        r = _Req(request, need, OutputStream(queued, on_close))
+        r = _Req(request, need, OutputStream(queued, on_close), grammar=grammar)
         with self._cv:
             self._check_serving()
             if request.request_id in self._requests:
@@ -504,7 +517,7 @@ class HfEngine(EngineLifecycle):
         if s.do_sample:
             gen = torch.Generator(device=self._device)
             gen.manual_seed((s.seed + k) & 0xFFFF_FFFF_FFFF_FFFF)
-        return _Row(r, k, slot, params, gen)
+        return _Row(r, k, slot, params, gen, matcher=r.grammar.deep_copy() if r.grammar is not None else None)
 
     # ---------------------------------------------------------------- decode
 
@@ -573,6 +586,8 @@ class HfEngine(EngineLifecycle):
         if bias is not None:
             x = x + bias
         x = self._ban(rows, x)
+        if self._guides is not None:
+            x = self._guides.mask_logits(rows, x)
         tokens = x.argmax(dim=-1)
         if params.any_sample:
             if sample_idx is None or sample_params is None:
@@ -631,6 +646,8 @@ class HfEngine(EngineLifecycle):
             row = rows[i]
             req = row.owner.req
             row.generated.append(tok)
+            if row.matcher is not None:
+                row.matcher.consume_token(tok)
             step = SequenceStep(row.index, [tok])
             if lps is not None and i in lps:
                 step.logprobs = [lps[i]]

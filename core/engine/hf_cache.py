@@ -138,9 +138,9 @@ class SlotKVCache(Cache):
     def _shift_right(self, cols: int, live: list[int]) -> None:
         if not live:
             self.mask.zero_()
+            if self.length + cols + 1 > self.capacity:  # grow before the timeline passes the old buffers' end
+                self._grow(max(self.capacity * 2, self.length + cols + 1))
             self.length += cols
-            if self.length + 1 > self.capacity:
-                self._grow(max(self.capacity * 2, self.length + 1))
             return
         new_cap = max(self.capacity, self.length + cols + 1)
         self._rebuild(new_cap, offset=cols)

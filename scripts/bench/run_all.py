@@ -12,6 +12,8 @@ Figures:
   baseline    at 16 streams, core (gRPC) and the OpenAI gateway vs transformers serve: tokens/s
               ratio and TTFT p50 of both
   websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
+  guided      at 16 streams over gRPC, requests constrained to a JSON schema vs free ones: tokens/s
+              ratio (the goal: at least 0.9), with the machine's load average
   overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
 
@@ -39,8 +41,34 @@ from overhead import TARGETS as OVERHEAD_TARGETS
 from overhead import merge_summary, print_overhead, run_overhead
 from procs import ROOT, Proc, free_port
 
-HF_SECTIONS = {"core", "gateways", "websocket", "baseline"}
-SECTIONS = ("core", "gateways", "websocket", "baseline", "overhead")
+HF_SECTIONS = {"core", "gateways", "websocket", "baseline", "guided"}
+SECTIONS = ("core", "gateways", "websocket", "baseline", "guided", "overhead")
+
+#: The guided section's schema: a list of at least 24 bounded records, so a constrained output is
+#: still unfinished after 64 tokens and runs as long as a free one with ignore_eos (greedy both).
+GUIDED_SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 24,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 12},
+                        "qty": {"type": "integer", "minimum": 0, "maximum": 999},
+                        "ok": {"type": "boolean"},
+                    },
+                    "required": ["name", "qty", "ok"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    }
+)
 
 
 def measure(client, concurrency: int, requests: int, label: str, max_new_tokens: int) -> Result:
@@ -194,11 +222,45 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
                 summary["websocket"] = json.loads(ws_json.read_text())
             finally:
                 gw.stop()
+        if "guided" in selected:
+            summary["guided"] = guided(core, core_addr, args, n)
         if "baseline" in selected:
             summary["baseline"] = baseline(core_addr, args, out, n)
         summary["core_peak_rss_mb"] = core.peak_rss_mb()
     finally:
         core.stop()
+
+
+def guided(core: Proc, core_addr: str, args, n: int) -> dict:
+    """Requests constrained to GUIDED_SCHEMA vs free ones (greedy, 64 tokens each, 16 streams
+    over gRPC), alternated over at least 5 rounds. Besides tokens/s, the core's own CPU seconds
+    per generated token (psutil, warm-up requests included on both sides), which other work on
+    the machine disturbs far less; both as the median of the rounds' ratios."""
+    rounds = max(args.rounds, 5)
+    runs: dict[str, list[Result]] = {"free": [], "constrained": []}
+    cpu_us: dict[str, list[float]] = {"free": [], "constrained": []}
+    load = [os.getloadavg()[0]]
+    print(f"== guided decoding: JSON-schema-constrained vs free requests at 16 streams (gRPC), {rounds} rounds")
+    for _ in range(rounds):
+        for label, schema in (("free", None), ("constrained", GUIDED_SCHEMA)):
+            before = core.cpu_seconds()
+            result = measure(GrpcClient(core_addr, n, chat=False, json_schema=schema), 16, 48, label, n)
+            tokens = result.output_tokens + 4 * n  # measure()'s 4 warm-up requests generate n tokens each
+            cpu_us[label].append((core.cpu_seconds() - before) * 1e6 / tokens)
+            runs[label].append(result)
+        load.append(os.getloadavg()[0])
+    pairs = list(zip(runs["free"], runs["constrained"], strict=True))
+    return {
+        "rounds": rounds,
+        "tokens_per_s_ratio": statistics.median(c.output_tokens_per_s / f.output_tokens_per_s for f, c in pairs),
+        "core_cpu_us_per_token": {k: statistics.median(v) for k, v in cpu_us.items()},
+        "core_cpu_per_token_ratio": statistics.median(
+            c / f for f, c in zip(cpu_us["free"], cpu_us["constrained"], strict=True)
+        ),
+        "added_itl_p50_ms": statistics.median(c.itl_ms["p50"] - f.itl_ms["p50"] for f, c in pairs),
+        "load_average_1m": load,
+        "runs": {k: [asdict(r) for r in v] for k, v in runs.items()},
+    }
 
 
 def baseline(core_addr: str, args, out: Path, n: int) -> dict:
@@ -295,6 +357,14 @@ def print_summary(s: dict) -> None:
             f"vs transformers serve at 16 streams: core {b['core_vs_serve_tokens_per_s_ratio']:.2f}x, "
             f"openai gateway {b['openai_gateway_vs_serve_tokens_per_s_ratio']:.2f}x; TTFT p50 ms "
             + ", ".join(f"{k} {v:.1f}" for k, v in b["ttft_p50_ms"].items())
+        )
+    if "guided" in s:
+        g = s["guided"]
+        cpu = g["core_cpu_us_per_token"]
+        print(
+            f"guided decoding at 16 streams: constrained / free tokens/s {g['tokens_per_s_ratio']:.3f} "
+            f"(goal >= 0.90); core CPU per token {cpu['constrained']:.0f} vs {cpu['free']:.0f} µs "
+            f"= {g['core_cpu_per_token_ratio']:.3f}x; added ITL p50 {g['added_itl_p50_ms']:+.2f} ms"
         )
     if "core_peak_rss_mb" in s:
         print(f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB")
