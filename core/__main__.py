@@ -11,6 +11,7 @@ import sys
 
 import uvloop
 
+import logclip
 from core.config import CoreConfig, load
 from core.server import start_core
 
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     # The engine's batching thread and the event loop share the GIL; a shorter switch interval
     # hands it back to the batching thread sooner after the loop has sent a step's tokens.
     sys.setswitchinterval(0.001)
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logclip.configure(config.log_level)
     log.info("effective configuration: %s", json.dumps(config.redacted(), sort_keys=True))
     try:
         if config.engine == "trtllm":  # MPI ranks > 0 of a multi-GPU engine serve no gRPC

@@ -61,6 +61,8 @@ class CoreConfig:
     default_max_new_tokens: int = 30
     max_new_tokens: int = 0
     max_stop_sequences: int = 16
+    max_stop_sequence_chars: int = 4096
+    max_logit_bias: int = 1024
     max_n: int = 16
     dtype: str = "auto"
     device: str = "cpu"
@@ -145,6 +147,13 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="upper bound of max_new_tokens (0: the context length)",
     )
     p.add_argument("--max-stop-sequences", type=int, default=d.max_stop_sequences, help="stop strings per request")
+    p.add_argument(
+        "--max-stop-sequence-chars",
+        type=int,
+        default=d.max_stop_sequence_chars,
+        help="longest stop string or bad word, in characters",
+    )
+    p.add_argument("--max-logit-bias", type=int, default=d.max_logit_bias, help="logit_bias entries per request")
     p.add_argument("--max-n", type=int, default=d.max_n, help="largest n / best_of per request")
     p.add_argument(
         "--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"], help="HF engine dtype"

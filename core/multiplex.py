@@ -24,7 +24,8 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from core import convert
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
 from core.pipeline import Job, RequestPipeline
-from core.types import ResponseDelta
+from core.types import GenerationRequest, ResponseDelta
+from core.wire import Malformed
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,18 @@ class CallOutput:
             self._waiter.set_result(None)
 
 
+class _Preparing:
+    """Stands in `MultiplexSession.jobs` for a request whose prompt is being tokenized."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: asyncio.Task[None]):
+        self.task = task
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+
 class MultiplexSession:
     """One MultiplexGenerate stream (see the RPC's comment in generate_service.proto).
 
@@ -95,22 +108,26 @@ class MultiplexSession:
         self.pipeline = pipeline
         self.context = context
         self.draining = draining
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, Job | _Preparing] = {}
         self._pending: list[spb.MultiplexGenerateResponse] = []
         self._filling: spb.MultiplexGenerateResponse | None = None
         self._filling_events = 0
         self._last: spb.MultiplexEvent | None = None
         self._closed = False  # the client half-closed, or its stream broke
         self._end_when_idle = False  # drain() was called
+        self._malformed: CoreError | None = None  # the client sent a message that did not parse
         self._waiter: asyncio.Future[None] | None = None
 
-    async def serve(self, requests: AsyncIterator[spb.MultiplexGenerateRequest]) -> None:
+    async def serve(self, requests: AsyncIterator[spb.MultiplexGenerateRequest | Malformed]) -> None:
         """Serve the stream until it ends: the client half-closed (or the server drains) and
         no request is open, or the call is cancelled. Open requests are cancelled on the way
         out."""
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
+                if self._malformed is not None:
+                    log.info("%s %s", self._malformed.code.name, self._malformed.message)
+                    await self.context.abort_with_status(self._malformed.to_status())
                 if self._pending:
                     msg = self._pending.pop(0)
                     if msg is self._filling:
@@ -135,9 +152,12 @@ class MultiplexSession:
         self.draining = self._end_when_idle = True
         self._wake()
 
-    async def _read(self, requests: AsyncIterator[spb.MultiplexGenerateRequest]) -> None:
+    async def _read(self, requests: AsyncIterator[spb.MultiplexGenerateRequest | Malformed]) -> None:
         try:
             async for req in requests:
+                if isinstance(req, Malformed):
+                    self._malformed = req.error("MultiplexGenerate")
+                    break
                 for start in req.starts:
                     self._start(start.id, start.request)
                 for rid in req.cancels:
@@ -158,6 +178,9 @@ class MultiplexSession:
             if rid in self.jobs:
                 raise InvalidArgument(f"Request id {rid} is already open on this stream.", field="id")
             req = convert.to_generation_request(request, request_id)
+            if self.pipeline.tokenizes_off_loop(req):
+                self.jobs[rid] = _Preparing(asyncio.create_task(self._start_off_loop(rid, request_id, req)))
+                return
             job = self.pipeline.start(self.pipeline.prepare(req), self, rid)
         except CoreError as e:
             self._status(rid, request_id, e)
@@ -169,6 +192,30 @@ class MultiplexSession:
             return
         if not job.done:
             self.jobs[rid] = job
+
+    async def _start_off_loop(self, rid: int, request_id: str, req: GenerationRequest) -> None:
+        """Start a request whose long prompt is tokenized off the event loop; the other
+        requests of the stream are started and streamed meanwhile. A cancel while it is
+        prepared cancels this task (the tokenization's result is dropped)."""
+        try:
+            prep = await self.pipeline.prepare_off_loop(req)
+            if not isinstance(self.jobs.get(rid), _Preparing):  # cancelled meanwhile
+                self.pipeline.discard(prep)
+                return
+            del self.jobs[rid]
+            job = self.pipeline.start(prep, self, rid)
+        except CoreError as e:
+            self.jobs.pop(rid, None)
+            self._status(rid, request_id, e)
+            return
+        except Exception:
+            self.jobs.pop(rid, None)
+            log.exception("request %s failed", request_id)
+            self._status(rid, request_id, EngineFailure(f"Internal error while serving request {request_id}."))
+            return
+        if not job.done:
+            self.jobs[rid] = job
+        self._wake()
 
     # ------------------------------------------------------------------ Consumer protocol
 

@@ -17,6 +17,7 @@ timing. The pipeline never sees protobuf; core.convert renders its deltas, and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import secrets
@@ -51,13 +52,25 @@ from core.types import (
     TopToken,
     Usage,
 )
-from core.validation import Limits, resolve_max_new_tokens, validate_engine_support, validate_request
+from core.validation import (
+    Limits,
+    resolve_max_new_tokens,
+    tail_for_truncation,
+    validate_engine_support,
+    validate_request,
+)
 
 log = logging.getLogger(__name__)
 
 # Engines key requests by an id of their own, so two clients choosing the same request_id (the
 # contract only echoes it) never collide inside an engine.
 _ENGINE_IDS = itertools.count()
+
+#: Prompts longer than this (characters) are tokenized on the tokenizer thread (prepare_off_loop).
+OFF_LOOP_CHARS = 4096
+
+#: The thread long prompts are tokenized on (see prepare_off_loop).
+_TOKENIZER_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
 _STATE_ORDER = (RequestState.QUEUED, RequestState.SCHEDULED, RequestState.PREFILLED, RequestState.GENERATING)
 
@@ -134,9 +147,13 @@ class RequestPipeline:
             return ids, rendered
         return self.tokenizer.encode(text or ""), ""
 
-    def prepare(self, req: GenerationRequest) -> PreparedRequest:
+    def prepare(self, req: GenerationRequest, prompt_ids: list[int] | None = None) -> PreparedRequest:
         """Validate and tokenize; the caller must then `run()` the result (which releases the
         session it may hold) or call `discard()`.
+
+        Args:
+            req: the request.
+            prompt_ids: the request's prompt already tokenized (`prompt_ids()`), if it was.
 
         Raises:
             CoreError: any validation failure, or a busy session.
@@ -151,7 +168,7 @@ class RequestPipeline:
                     f"Session '{req.session_id}' is in use by another running request.", field="session_id"
                 ) from None
         try:
-            prepared = self._prepare(req, previous)
+            prepared = self._prepare(req, previous, prompt_ids)
         except BaseException:
             if req.session_id:
                 self.sessions.release(req.session_id, previous)
@@ -160,18 +177,57 @@ class RequestPipeline:
         prepared.session_previous = previous
         return prepared
 
+    def tokenizes_off_loop(self, req: GenerationRequest) -> bool:
+        """Whether `prepare_off_loop` would tokenize `req` on the tokenizer thread: a text or
+        chat prompt longer than OFF_LOOP_CHARS, with no session to continue."""
+        if req.session_id or req.token_ids is not None:
+            return False
+        if req.text is not None:
+            return len(req.text) > OFF_LOOP_CHARS
+        return req.messages is not None and sum(len(p.text or "") for m in req.messages for p in m.content) > (
+            OFF_LOOP_CHARS
+        )
+
+    async def prepare_off_loop(self, req: GenerationRequest) -> PreparedRequest:
+        """`prepare()`, with a long prompt tokenized on the tokenizer thread, so that the event
+        loop streaming every other request is never held by the tokenizer (a 250 KB prompt
+        takes ~0.3 s to tokenize; the length bound of `validate_request` refuses longer ones
+        first, on the loop, before any tokenization). One thread: long prompts are tokenized
+        one at a time, which also bounds the memory they take.
+
+        Raises:
+            CoreError: as `prepare()`.
+        """
+        if not self.tokenizes_off_loop(req):
+            return self.prepare(req)
+        validate_request(req, self.limits)
+        ids = await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, self.prompt_ids, req)
+        return self.prepare(req, ids)
+
+    def prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """The token ids of a text or chat prompt (only the tail a text prompt's
+        truncate_input_tokens keeps; core.validation.tail_for_truncation)."""
+        truncate = req.stopping.truncate_input_tokens
+        if req.text is not None and truncate is not None:
+            return self.tokenize(tail_for_truncation(req.text, truncate, self.tokenizer.max_token_chars), None)[0]
+        return self.tokenize(req.text, req.messages, req.tools)[0]
+
     def discard(self, prep: PreparedRequest) -> None:
         """Give up a prepared request without running it (restores its session)."""
         if prep.session_key:
             self.sessions.release(prep.session_key, prep.session_previous)
 
-    def _prepare(self, req: GenerationRequest, previous: list[int] | None) -> PreparedRequest:
+    def _prepare(
+        self, req: GenerationRequest, previous: list[int] | None, prompt_ids: list[int] | None
+    ) -> PreparedRequest:
         if previous is not None:
             prompt_ids = previous
+        elif prompt_ids is not None:
+            pass
         elif req.token_ids is not None:
             prompt_ids = list(req.token_ids)
         elif req.text is not None or req.messages is not None:
-            prompt_ids, _ = self.tokenize(req.text, req.messages, req.tools)
+            prompt_ids = self.prompt_ids(req)
         else:
             raise InvalidArgument(
                 f"There is no live session '{req.session_id}' to continue and the request has no input; "

@@ -9,6 +9,7 @@ streams may finish until the drain deadline, then the engine shuts down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -17,7 +18,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from trellis.generate.v1 import generate_service_pb2 as spb
-from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core.config import CoreConfig
 from core.engine.base import Engine
@@ -26,7 +26,8 @@ from core.pipeline import RequestPipeline
 from core.service import GenerateServicer
 from core.sessions import SessionStore
 from core.tokenizer import Tokenizer
-from core.validation import Limits
+from core.validation import Limits, prompt_chars_bound
+from core.wire import add_generate_service
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,19 @@ class CoreServer:
         return f"{self.config.host}:{self.port}"
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain and stop: NOT_SERVING, refuse new calls, let streams finish for `grace`
-        seconds (default config.drain_seconds), cancel the rest, shut the engine down."""
+        """Drain and stop: health answers NOT_SERVING, new calls are refused with UNAVAILABLE,
+        in-flight streams may finish for `grace` seconds (default config.drain_seconds); then
+        the rest are cancelled, the port closes and the engine shuts down.
+
+        Until the port closes, grpc.health.v1 Check keeps answering NOT_SERVING (a server in
+        grpc's own graceful stop refuses every new call, health checks included, which a load
+        balancer reads as a failed probe rather than a draining replica)."""
         grace = self.config.drain_seconds if grace is None else grace
         self.servicer.drain()
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.servicer.wait_idle(), grace)
+        await self.server.stop(0)
         await self.engine.shutdown()
 
 
@@ -92,6 +100,9 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
         max_new_tokens=min(config.max_new_tokens or info.max_context_length, info.max_context_length),
         max_stop_sequences=config.max_stop_sequences,
         max_n=min(config.max_n, info.max_n),
+        max_prompt_chars=prompt_chars_bound(info.max_context_length, tokenizer.max_token_chars),
+        max_stop_chars=config.max_stop_sequence_chars,
+        max_logit_bias=config.max_logit_bias,
     )
     sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
     pipeline = RequestPipeline(engine, tokenizer, sessions, limits, config.default_max_new_tokens)
@@ -102,7 +113,7 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
             ("grpc.max_receive_message_length", config.max_message_bytes),
         ]
     )
-    spb_grpc.add_GenerateServiceServicer_to_server(servicer, server)
+    add_generate_service(servicer, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(

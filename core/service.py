@@ -9,9 +9,11 @@ call propagates CancelledError through the pipeline, which aborts the engine req
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any, NoReturn
 
 import grpc
 from trellis.generate.v1 import generate_service_pb2 as spb
@@ -24,6 +26,7 @@ from core.multiplex import CallOutput, MultiplexSession
 from core.pipeline import RequestPipeline, merge_deltas
 from core.types import GUIDE_KINDS, SamplingOptions
 from core.validation import validate_request
+from core.wire import Malformed
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +42,33 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         self.config = config
         self.draining = False
         self._sessions: set[MultiplexSession] = set()
+        self._generate_calls = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     async def Generate(
-        self, request: spb.GenerateRequest, context: grpc.aio.ServicerContext[spb.GenerateRequest, spb.GenerateResponse]
+        self,
+        request: spb.GenerateRequest | Malformed,
+        context: grpc.aio.ServicerContext[spb.GenerateRequest, spb.GenerateResponse],
     ) -> AsyncIterator[spb.GenerateResponse]:
         """Stream one request's GenerateResponses; a failure ends the call with its CoreError's
         status (before the first message for validation and admission errors).
 
         One message per engine step while the client keeps up; what waits while a write is
         in flight (flow control: the client reads slower) goes out merged (merge_deltas)."""
-        request_id = request.request_id or uuid.uuid4().hex
+        request_id = (None if isinstance(request, Malformed) else request.request_id) or uuid.uuid4().hex
         error: CoreError | None = None
         out = CallOutput()
         job = None
+        self._generate_calls += 1
+        self._idle.clear()
         try:
+            if isinstance(request, Malformed):
+                raise request.error("Generate")
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
             req = convert.to_generation_request(request, request_id)
-            job = self.pipeline.start(self.pipeline.prepare(req), out)
+            job = self.pipeline.start(await self.pipeline.prepare_off_loop(req), out)
             while True:
                 for delta in merge_deltas(await out.take()):
                     yield convert.to_response(delta, request_id)
@@ -69,6 +81,8 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             log.exception("request %s failed", request_id)
             error = EngineFailure(f"Internal error while serving request {request_id}; see the server log.")
         finally:
+            self._generate_calls -= 1
+            self._check_idle()
             if job is not None:
                 job.cancel()
         if error is not None:
@@ -77,16 +91,18 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
 
     async def MultiplexGenerate(
         self,
-        request_iterator: AsyncIterator[spb.MultiplexGenerateRequest],
+        request_iterator: AsyncIterator[spb.MultiplexGenerateRequest | Malformed],
         context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
     ) -> None:
         """Many requests on one stream, for gateways (see core.multiplex)."""
         session = MultiplexSession(self.pipeline, context, draining=self.draining)
         self._sessions.add(session)
+        self._idle.clear()
         try:
             await session.serve(request_iterator)
         finally:
             self._sessions.discard(session)
+            self._check_idle()
 
     def drain(self) -> None:
         """Refuse new requests (UNAVAILABLE); open ones run on, and multiplexed streams end as
@@ -95,12 +111,22 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         for session in list(self._sessions):
             session.drain()
 
+    async def wait_idle(self) -> None:
+        """Return once no Generate call and no MultiplexGenerate stream is open."""
+        await self._idle.wait()
+
+    def _check_idle(self) -> None:
+        if not self._generate_calls and not self._sessions:
+            self._idle.set()
+
     async def GetModelInfo(
         self,
-        request: spb.GetModelInfoRequest,
+        request: spb.GetModelInfoRequest | Malformed,
         context: grpc.aio.ServicerContext[spb.GetModelInfoRequest, spb.GetModelInfoResponse],
     ) -> spb.GetModelInfoResponse:
         """The served model, the limits validation applies, and the engine's sampling defaults."""
+        if isinstance(request, Malformed):
+            await _refuse(context, request.error("GetModelInfo"))
         p, cfg = self.pipeline, self.config
         info = p.engine.info
         greedy = p.engine.resolve_sampling(SamplingOptions(do_sample=False), random_seed=0)
@@ -129,10 +155,14 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         )
 
     async def Tokenize(
-        self, request: spb.TokenizeRequest, context: grpc.aio.ServicerContext[spb.TokenizeRequest, spb.TokenizeResponse]
+        self,
+        request: spb.TokenizeRequest | Malformed,
+        context: grpc.aio.ServicerContext[spb.TokenizeRequest, spb.TokenizeResponse],
     ) -> spb.TokenizeResponse:
         """The token ids Generate would see for the same input, after the same input checks
         (INVALID_ARGUMENT naming the field, e.g. an image part or a model without a chat template)."""
+        if isinstance(request, Malformed):
+            await _refuse(context, request.error("Tokenize"))
         which = request.WhichOneof("input")
         try:
             if which is None:
@@ -147,3 +177,9 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         except CoreError as e:
             await context.abort_with_status(e.to_status())
         return spb.TokenizeResponse(token_ids=ids, rendered_prompt=rendered)
+
+
+async def _refuse(context: grpc.aio.ServicerContext[Any, Any], error: CoreError) -> NoReturn:
+    """End the call with `error` (one log line)."""
+    log.info("%s %s", error.code.name, error.message)
+    await context.abort_with_status(error.to_status())

@@ -89,6 +89,14 @@ class Tokenizer:
                 eos.update(value if isinstance(value, list) else [value] if value is not None else [])
         return cls(hf, eos)
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of input one token can stand for: the length of the longest
+        vocabulary entry (byte-level vocabularies spell each byte as one character, SentencePiece
+        a space as one "▁"), at least 1. Bounds a prompt's length by its token count
+        (core.validation.prompt_chars_bound)."""
+        return max((len(piece) for piece in self.hf.get_vocab()), default=1) or 1
+
     @property
     def has_chat_template(self) -> bool:
         """Whether the model ships a chat template."""

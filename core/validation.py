@@ -37,6 +37,13 @@ class Limits:
     max_new_tokens: int
     max_stop_sequences: int
     max_n: int
+    #: Longest prompt text, in characters, that can possibly fit the context: a prompt longer
+    #: than this is refused before tokenization (see `check_prompt_size`). None: no bound.
+    max_prompt_chars: int | None = None
+    #: Longest stop sequence or bad word, in characters.
+    max_stop_chars: int = 4096
+    #: Most logit_bias entries per request.
+    max_logit_bias: int = 1024
 
 
 def validate_request(req: GenerationRequest, limits: Limits) -> None:
@@ -52,6 +59,7 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
             field="model",
         )
     _check_input(req, limits)
+    check_prompt_size(req, limits)
     _check_sampling(req, limits)
     _check_stopping(req, limits)
     _check_output(req)
@@ -158,6 +166,61 @@ def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limi
             field="stopping.min_new_tokens",
         )
     return max_new
+
+
+def prompt_chars_bound(max_context_length: int, max_token_chars: int) -> int:
+    """The most characters a prompt that fits `max_context_length` tokens can have.
+
+    Every token stands for at most `max_token_chars` characters of input (the longest entry of
+    the vocabulary; a byte-level token's string has one character per byte, and a character is
+    at least one byte), so a text of more characters has more tokens than the context holds.
+    """
+    return max_context_length * max(1, max_token_chars)
+
+
+def check_prompt_size(req: GenerationRequest, limits: Limits) -> None:
+    """Refuse a prompt that cannot fit the context by its length in characters, before the
+    tokenizer spends seconds and memory on it (a 10 MB prompt tokenizes for ~15 s).
+
+    A text prompt with truncate_input_tokens is exempt: only its tail is tokenized
+    (`tail_for_truncation`).
+
+    Raises:
+        ContextLengthExceeded: naming the input field.
+    """
+    bound = limits.max_prompt_chars
+    if bound is None:
+        return
+    if req.text is not None:
+        if req.stopping.truncate_input_tokens is not None:
+            return
+        size = len(req.text)
+    elif req.messages is not None:
+        size = sum(len(p.text or "") for m in req.messages for p in m.content)
+    else:
+        return
+    if size > bound:
+        ctx = limits.engine.max_context_length
+        raise ContextLengthExceeded(
+            f"The prompt has {size} characters, more than any prompt that fits the model's context of {ctx} "
+            f"tokens can have ({bound}); shorten the prompt or set truncate_input_tokens.",
+            field=_input_field(req),
+        )
+
+
+def tail_for_truncation(text: str, truncate: int, max_token_chars: int) -> str:
+    """The end of `text` that holds at least `truncate` tokens and a margin, so that a text
+    prompt with truncate_input_tokens is tokenized only as far as the truncation keeps it.
+
+    A token covers at most `max_token_chars` characters, so the tail has at least
+    `truncate + margin` tokens; the margin absorbs the tokens the cut itself changes (a token
+    split in two at the cut is among the dropped leading ones).
+    """
+    keep = (truncate + _TRUNCATION_MARGIN_TOKENS) * max(1, max_token_chars)
+    return text if len(text) <= keep else text[-keep:]
+
+
+_TRUNCATION_MARGIN_TOKENS = 16
 
 
 def _input_field(req: GenerationRequest) -> str:
@@ -284,6 +347,11 @@ def _check_sampling(req: GenerationRequest, limits: Limits) -> None:
         raise InvalidArgument(f"best_of ({s.best_of}) must be at least n ({s.n or 1}).", field="sampling.best_of")
     _check_range(s.num_beams, 1, None, "sampling.num_beams")
     vocab = limits.engine.vocab_size
+    if len(req.logit_bias) > limits.max_logit_bias:
+        raise InvalidArgument(
+            f"At most {limits.max_logit_bias} logit_bias entries are allowed, got {len(req.logit_bias)}.",
+            field="sampling.logit_bias",
+        )
     for tok, bias in req.logit_bias.items():
         if not 0 <= tok < vocab:
             raise InvalidArgument(
@@ -296,6 +364,7 @@ def _check_sampling(req: GenerationRequest, limits: Limits) -> None:
         )
     if any(not w for w in req.bad_words):
         raise InvalidArgument("bad_words must not contain an empty string.", field="sampling.bad_words")
+    _check_lengths(req.bad_words, limits.max_stop_chars, "sampling.bad_words", "bad word")
 
 
 def _check_stopping(req: GenerationRequest, limits: Limits) -> None:
@@ -309,6 +378,7 @@ def _check_stopping(req: GenerationRequest, limits: Limits) -> None:
         )
     if any(not s for s in st.stop):
         raise InvalidArgument("Stop sequences must not be empty strings.", field="stopping.stop")
+    _check_lengths(st.stop, limits.max_stop_chars, "stopping.stop", "stop sequence")
     vocab = limits.engine.vocab_size
     bad = next((t for t in st.stop_token_ids if not 0 <= t < vocab), None)
     if bad is not None:
@@ -317,6 +387,12 @@ def _check_stopping(req: GenerationRequest, limits: Limits) -> None:
         )
     _check_range(st.time_limit_ms, 0, None, "stopping.time_limit_ms", lo_open=True)
     _check_range(st.truncate_input_tokens, 1, None, "stopping.truncate_input_tokens")
+
+
+def _check_lengths(strings: tuple[str, ...], most: int, field: str, what: str) -> None:
+    longest = max((len(x) for x in strings), default=0)
+    if longest > most:
+        raise InvalidArgument(f"A {what} may have at most {most} characters, got one of {longest}.", field=field)
 
 
 def _check_guided(req: GenerationRequest) -> None:

@@ -15,6 +15,7 @@ import signal
 import sys
 from typing import cast
 
+import logclip
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
 
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     name = argv[0]
     module = cast(Gateway, importlib.import_module(f"gateways.{name}"))
     config = load(name, module.DEFAULT_PORT, module.add_arguments, argv[1:])
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logclip.configure(config.log_level)
     log.info(
         "effective configuration: %s",
         json.dumps({**config.__dict__, "options": dict(config.options)}, sort_keys=True, default=str),

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from envflags import EnvArgumentParser
@@ -78,6 +78,7 @@ def make_gateway_app(
     app[settings_key] = settings
     app.cleanup_ctx.append(core_client_ctx)
     app.on_response_prepare.append(_mark_started)
+    app.on_response_prepare.append(_retry_after)
     add_routes(app)
     return app
 
@@ -87,28 +88,56 @@ def core_client(request: web.Request) -> CoreClient:
     return request.app[CORE_CLIENT_KEY]
 
 
-async def read_json(request: web.Request, *, param: str | None = None, empty: str | None = None) -> Any:
-    """The request body as strict JSON (framing.loads: NaN and Infinity refused); any
-    Content-Type is accepted.
+async def read_json(
+    request: web.Request, *, param: str | None = None, empty: str | None = None, json_only: bool = False
+) -> Any:
+    """The request body as strict JSON (framing.loads: NaN and Infinity, lone surrogates and
+    nesting past --max-json-depth refused).
 
     Args:
         request: the request.
         param: the field to name in the errors (e.g. "body"), if any.
         empty: the message for a blank body; None treats it as invalid JSON.
+        json_only: refuse a body that declares a Content-Type other than JSON
+            (`application/json` or `application/*+json`) with 415; a body without a
+            Content-Type is read as JSON (`check_json_content_type`).
 
     Raises:
         web.HTTPRequestEntityTooLarge: the body exceeds --max-body-bytes (the error middleware
             answers 413 in the schema's shape).
+        web.HTTPUnsupportedMediaType: a non-JSON Content-Type with `json_only` (415, likewise).
         GatewayError: INVALID_ARGUMENT for a blank body (with `empty`), invalid UTF-8 or JSON.
     """
+    if json_only:
+        check_json_content_type(request)
     raw = await request.read()
     if empty is not None and not raw.strip():
         raise GatewayError.invalid(empty, param)
     try:
-        return loads(raw)
+        return loads(raw, max_depth=request.app[CONFIG_KEY].max_json_depth)
     except GatewayError as e:
-        e.param = param
+        if e.param is None:
+            e.param = param
         raise
+
+
+def check_json_content_type(request: web.Request) -> None:
+    """Refuse a body that declares a media type other than JSON.
+
+    Accepted: no Content-Type header at all (what many hand-written clients send), and
+    `application/json` or any `application/<x>+json`, with any parameters (charset).
+
+    Raises:
+        web.HTTPUnsupportedMediaType: with a sentence naming the type and the accepted ones.
+    """
+    if hdrs.CONTENT_TYPE not in request.headers:
+        return
+    ctype = request.content_type.lower()
+    if ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json")):
+        return
+    raise web.HTTPUnsupportedMediaType(
+        text=f"The request body is declared as '{ctype}'; send JSON with Content-Type: application/json."
+    )
 
 
 def error_middleware(render: HttpErrorRenderer) -> Middleware:
@@ -145,6 +174,18 @@ def _http_message(request: web.Request, exc: web.HTTPException) -> str:
 
 async def _mark_started(request: web.Request, response: web.StreamResponse) -> None:
     request[RESPONSE_STARTED] = True
+
+
+#: Statuses that tell a client to come back later: 429 (the core's queue is full) and 503 (the
+#: core is unreachable, starting or draining; LMI's full queue, as DJL answers it).
+RETRY_STATUSES = frozenset({429, 503})
+
+
+async def _retry_after(request: web.Request, response: web.StreamResponse) -> None:
+    """Add `Retry-After: <--retry-after-seconds>` to a 429 or 503 (RFC 9110 section 10.2.3),
+    which openai-python and most HTTP clients honour before they retry."""
+    if response.status in RETRY_STATUSES and hdrs.RETRY_AFTER not in response.headers:
+        response.headers[hdrs.RETRY_AFTER] = str(request.app[CONFIG_KEY].retry_after_seconds)
 
 
 async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -33,8 +33,12 @@ class GatewayConfig:
         core: address of the core's gRPC server (host:port).
         host, port: where the gateway listens.
         request_timeout: seconds a whole request may take end to end (0: no limit).
+        queue_timeout: seconds a request may wait in the core's queue before it is scheduled
+            (0: no limit); then 504 (DEADLINE_EXCEEDED, reason QUEUE_TIMEOUT).
         max_body_bytes: largest request body accepted (larger bodies get 413).
         max_message_bytes: gRPC message size limit towards the core.
+        max_json_depth: deepest nesting of arrays and objects in a request body or frame.
+        retry_after_seconds: the Retry-After of 429 and 503 responses.
         log_level: logging level name.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
@@ -45,8 +49,11 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 0
     request_timeout: float = 0.0
+    queue_timeout: float = 0.0
     max_body_bytes: int = 2 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
+    max_json_depth: int = 32
+    retry_after_seconds: int = 1
     log_level: str = "INFO"
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -62,7 +69,18 @@ def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
     return cls(**{name: value for name, value in options.items() if name in names})
 
 
-_COMMON = {"core", "host", "port", "request_timeout", "max_body_bytes", "max_message_bytes", "log_level"}
+_COMMON = {
+    "core",
+    "host",
+    "port",
+    "request_timeout",
+    "queue_timeout",
+    "max_body_bytes",
+    "max_message_bytes",
+    "max_json_depth",
+    "retry_after_seconds",
+    "log_level",
+}
 
 
 def load(
@@ -89,8 +107,18 @@ def load(
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for all interfaces)")
     p.add_argument("--port", type=int, default=default_port, help="port to listen on (0: pick a free one)")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout, help="seconds per request (0: none)")
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=d.queue_timeout,
+        help="seconds a request may wait to be scheduled (0: none)",
+    )
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest nesting of arrays and objects")
+    p.add_argument(
+        "--retry-after-seconds", type=int, default=d.retry_after_seconds, help="Retry-After of 429 and 503 answers"
+    )
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_arguments(p)
     ns = vars(p.parse_args(argv))

@@ -30,11 +30,12 @@ from typing import Any, cast
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from gateways.common.config import GatewayConfig
-from gateways.common.status import GatewayError
+from gateways.common.status import DEADLINE_PASSED, GatewayError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class CoreCall:
         error: why it ended, when not OK.
     """
 
-    __slots__ = ("_cancel", "_listener", "_messages", "_timer", "_waiter", "ended", "error", "request")
+    __slots__ = ("_cancel", "_listener", "_messages", "_queue_timer", "_timer", "_waiter", "ended", "error", "request")
 
     def __init__(self, request: spb.GenerateRequest, cancel: Callable[[], None]):
         self.request = request
@@ -64,6 +65,7 @@ class CoreCall:
         self._listener: Callable[[], None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._queue_timer: asyncio.TimerHandle | None = None
 
     def take(self) -> list[spb.GenerateResponse]:
         """The messages received since the last take, in order."""
@@ -98,12 +100,30 @@ class CoreCall:
         self._timer = None
         if not self.ended:
             self._cancel()
-            self._news((), True, GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            self._news((), True, GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_PASSED))
+
+    def _set_queue_deadline(self, seconds: float) -> None:
+        self._queue_timer = asyncio.get_running_loop().call_later(seconds, self._queue_expired, seconds)
+
+    def _queue_expired(self, seconds: float) -> None:
+        self._queue_timer = None
+        if not self.ended:
+            self._cancel()
+            message = (
+                f"The request waited more than {seconds:g} s (--queue-timeout) for a place in the running batch; "
+                "retry later."
+            )
+            self._news((), True, GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, message, reason="QUEUE_TIMEOUT"))
 
     def _news(self, messages: Iterable[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
         """Transport side: more messages, and maybe the end."""
         if self.ended:
             return
+        if self._queue_timer is not None:
+            messages = list(messages)
+            if any(m.state >= pb.GENERATE_STATE_SCHEDULED or m.outputs for m in messages):
+                self._queue_timer.cancel()
+                self._queue_timer = None
         self._messages.extend(messages)
         if ended:
             self._finish(error)
@@ -118,6 +138,9 @@ class CoreCall:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._queue_timer is not None:
+            self._queue_timer.cancel()
+            self._queue_timer = None
 
 
 class _Multiplexed:
@@ -222,11 +245,22 @@ class CoreClient:
         max_message_bytes: gRPC message size limit.
         timeout: per-request deadline in seconds (None: no deadline); a request past it ends
             with DEADLINE_EXCEEDED and is cancelled at the core.
+        queue_timeout: seconds a request may wait in the core's queue before it is scheduled
+            (None: no limit); past it, it ends with DEADLINE_EXCEEDED (reason QUEUE_TIMEOUT) and
+            is cancelled at the core.
     """
 
-    def __init__(self, address: str, *, max_message_bytes: int = 16 * 1024 * 1024, timeout: float | None = None):
+    def __init__(
+        self,
+        address: str,
+        *,
+        max_message_bytes: int = 16 * 1024 * 1024,
+        timeout: float | None = None,
+        queue_timeout: float | None = None,
+    ):
         self.address = address
         self.timeout = timeout
+        self.queue_timeout = queue_timeout
         self._channel = grpc.aio.insecure_channel(
             address,
             options=[
@@ -269,6 +303,8 @@ class CoreClient:
             call = self._start_unary(request)
         if self.timeout:
             call._set_deadline(self.timeout)
+        if self.queue_timeout:
+            call._set_queue_deadline(self.queue_timeout)
         return call
 
     def _stream_for(self, hash_key: str | None) -> _Multiplexed:
@@ -348,6 +384,7 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         config.core,
         max_message_bytes=config.max_message_bytes,
         timeout=config.request_timeout or None,
+        queue_timeout=config.queue_timeout or None,
     )
     app[CORE_CLIENT_KEY] = client
     yield

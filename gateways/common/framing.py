@@ -4,6 +4,7 @@ out, as bytes."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -20,19 +21,69 @@ JSONLINES_CONTENT_TYPE = "application/jsonlines"
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
-def loads(raw: bytes | str, what: str = "The request body") -> Any:
-    """Parse strict JSON: NaN and Infinity are not JSON and are refused.
+#: Deepest nesting of arrays and objects a request may have (--max-json-depth).
+MAX_JSON_DEPTH = 32
+
+
+def loads(raw: bytes | str, what: str = "The request body", *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse strict JSON: NaN and Infinity are not JSON and are refused; so are a nesting
+    deeper than `max_depth` and a lone surrogate escape (`"\\ud800"`: JSON allows it, but it is
+    no Unicode character, and the request could not be encoded as UTF-8 for the core).
 
     Raises:
-        GatewayError: INVALID_ARGUMENT naming `what`, for invalid UTF-8 or invalid JSON.
+        GatewayError: INVALID_ARGUMENT naming `what`, for invalid UTF-8 or invalid JSON, or
+            naming the field (its JSON path, e.g. "messages[0].content") that holds a lone
+            surrogate or nests too deep.
     """
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        return json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=_reject_constant)
     except UnicodeDecodeError:
         raise GatewayError.invalid(f"{what} is not valid UTF-8.") from None
     except (ValueError, RecursionError) as e:
         raise GatewayError.invalid(f"{what} is not valid JSON: {e}.") from None
+    _check_values(obj, [], max_depth, what)
+    return obj
+
+
+def _check_values(obj: Any, path: list[str | int], max_depth: int, what: str) -> None:
+    """Raise GatewayError for the first string with a lone surrogate, or nesting past max_depth."""
+    if isinstance(obj, str):
+        if not obj.isascii() and _SURROGATE.search(obj):
+            name = _path(path) or what
+            raise GatewayError.invalid(
+                f"{name}: the text contains a lone surrogate escape (a \\ud800-\\udfff escape without its pair), "
+                "which is not a Unicode character.",
+                _path(path) or None,
+            )
+        return
+    if isinstance(obj, dict):
+        items: Any = obj.items()
+    elif isinstance(obj, list):
+        items = enumerate(obj)
+    else:
+        return
+    if len(path) >= max_depth:
+        raise GatewayError.invalid(
+            f"{what} nests arrays and objects deeper than {max_depth} levels (at {_path(path)}).", _path(path) or None
+        )
+    for key, value in items:
+        if isinstance(key, str) and not key.isascii() and _SURROGATE.search(key):
+            raise GatewayError.invalid(f"{what} has a key with a lone surrogate escape, at {_path(path) or 'the top'}.")
+        path.append(key)
+        _check_values(value, path, max_depth, what)
+        path.pop()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _path(path: list[str | int]) -> str:
+    """A JSON path as the schemas name fields: `messages[0].content`."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
 
 
 def _reject_constant(name: str) -> Any:

@@ -56,7 +56,8 @@ class GatewayError(Exception):
         self.code = code
         self.message = message
         self.param = param
-        self.reason = reason
+        # Every error carries a machine-readable reason: the core's, else the status code's name.
+        self.reason = reason or code.name
 
     def http_status(self, overrides: Mapping[grpc.StatusCode, int] | None = None) -> int:
         """The HTTP status for this error (schema overrides first, then GRPC_TO_HTTP)."""
@@ -93,8 +94,6 @@ class GatewayError(Exception):
     @classmethod
     def _decode(cls, code: grpc.StatusCode, message: str, details: Sequence[Any]) -> GatewayError:
         # details: google.protobuf.Any messages
-        if code is grpc.StatusCode.UNAVAILABLE and not message:
-            message = "The model server is unavailable."
         param = reason = None
         for detail in details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -107,9 +106,42 @@ class GatewayError(Exception):
                 detail.Unpack(bad)
                 if bad.field_violations:
                     param = bad.field_violations[0].field
-        if code is grpc.StatusCode.UNAVAILABLE and "connect" in (message or "").lower():
-            message = "The model server cannot be reached."
+        if reason is None and code in TRANSPORT_ERRORS:
+            # Not the core's own error but grpc's (the connection broke, the server stopped):
+            # its wording ("Stream removed", "Cancelling all calls") means nothing to a client.
+            message, reason = transport_error(code, message)
         return cls(code, message or code.name, param=param, reason=reason)
+
+
+def transport_error(code: grpc.StatusCode, message: str) -> tuple[str, str]:
+    """The documented sentence and reason for a status of a code that grpc itself produces
+    (TRANSPORT_ERRORS) without the core's ErrorInfo; `message` (grpc's text) only tells an
+    unreachable core apart.
+
+    Returns:
+        (sentence, reason), e.g. ("The model server cannot be reached.", "CORE_UNREACHABLE").
+    """
+    if code is grpc.StatusCode.UNAVAILABLE and "connect" in message.lower():
+        return CORE_UNREACHABLE, "CORE_UNREACHABLE"
+    return TRANSPORT_ERRORS.get(code, (message, code.name))
+
+
+CORE_UNREACHABLE = "The model server cannot be reached."
+CORE_CANCELLED = "The model server cancelled the request before it finished; retry it."
+DEADLINE_PASSED = "The request did not finish within the gateway's time limit (--request-timeout)."
+
+#: grpc's own statuses -> the sentence and reason a client sees (docs/*.md "Errors").
+TRANSPORT_ERRORS: dict[grpc.StatusCode, tuple[str, str]] = {
+    grpc.StatusCode.UNAVAILABLE: ("The model server closed the connection; retry.", "CORE_UNAVAILABLE"),
+    grpc.StatusCode.CANCELLED: (CORE_CANCELLED, "CANCELLED"),
+    grpc.StatusCode.UNKNOWN: ("The model server closed the connection; retry.", "CORE_UNAVAILABLE"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (DEADLINE_PASSED, "DEADLINE_EXCEEDED"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (
+        "The request or response is larger than the gRPC message size limit.",
+        "MESSAGE_TOO_LARGE",
+    ),
+    grpc.StatusCode.UNIMPLEMENTED: ("The model server does not implement this call.", "UNIMPLEMENTED"),
+}
 
 
 #: google.rpc.Code numbers -> grpc.StatusCode.

@@ -92,7 +92,7 @@ async def ping(request: web.Request) -> web.Response:
 async def _invoke(request: web.Request, *, model: str | None) -> web.StreamResponse:
     settings = request.app[SETTINGS_KEY]
     try:
-        body = await read_json(request)
+        body = await read_json(request, json_only=True)
     except GatewayError as e:
         return _fail(PayloadError(e.message), dynamic=settings.dynamic)
     if is_chat_request(body):

@@ -29,7 +29,7 @@ def add_routes(app: web.Application) -> None:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """`POST /v1/chat/completions` (OpenAI SSE framing and finish reasons)."""
     try:
-        body = await read_json(request)
+        body = await read_json(request, json_only=True)
     except GatewayError as err:
         return errors.render_before_stream(err)
     return await handle_chat(request, body)

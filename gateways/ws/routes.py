@@ -29,7 +29,7 @@ import grpc
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateways.common.app import core_client
-from gateways.common.core_client import CoreCall, CoreClient
+from gateways.common.core_client import CONFIG_KEY, CoreCall, CoreClient
 from gateways.common.framing import dump_bytes
 from gateways.common.status import GatewayError
 from gateways.ws import errors, schema, translate
@@ -50,6 +50,7 @@ def add_routes(app: web.Application) -> None:
     app[SOCKETS_KEY] = weakref.WeakSet()
     for path in ROUTES:
         app.router.add_get(path, websocket)
+    app.router.add_get("/health", health)
     app.on_shutdown.append(close_sockets)
 
 
@@ -67,6 +68,7 @@ class Connection:
         self.ws = ws
         self.client = client
         self.settings = settings
+        self.max_json_depth = request.app[CONFIG_KEY].max_json_depth
         self.prompts: dict[str, CoreCall] = {}
         self._protocol = request.protocol
         self._writer = request.writer
@@ -80,7 +82,13 @@ class Connection:
         try:
             async for msg in self.ws:
                 if msg.type is WSMsgType.TEXT:
-                    self._on_frame(msg.data)
+                    try:
+                        self._on_frame(msg.data)
+                    except Exception:  # a bug must cost this frame, not the socket's other prompts
+                        log.exception("websocket frame failed")
+                        self._refuse(
+                            GatewayError(grpc.StatusCode.INTERNAL, "Internal error in the gateway; see its log.")
+                        )
                 elif msg.type is WSMsgType.BINARY:
                     self._refuse(GatewayError.invalid("Binary frames are not supported; send JSON text frames."))
                 elif msg.type is WSMsgType.ERROR:
@@ -101,7 +109,7 @@ class Connection:
     def _on_frame(self, text: str) -> None:
         s = self.settings
         try:
-            body = schema.parse_frame(text, max_prompts=s.max_prompts_per_batch)
+            body = schema.parse_frame(text, max_prompts=s.max_prompts_per_batch, max_depth=self.max_json_depth)
         except GatewayError as e:
             self._refuse(e)
             return
@@ -258,6 +266,14 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     finally:
         sockets.discard(ws)
     return ws
+
+
+async def health(request: web.Request) -> web.Response:
+    """`GET /health`: `{"status": "serving"}` (200) while the core reports SERVING, else
+    `{"status": "not_serving"}` (503), as on the OpenAI gateway."""
+    if await core_client(request).serving():
+        return web.json_response({"status": "serving"})
+    return web.json_response({"status": "not_serving"}, status=503)
 
 
 async def close_sockets(app: web.Application) -> None:

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateways.common.framing import loads
+from gateways.common.framing import MAX_JSON_DEPTH, loads
 from gateways.common.schema import Int32, field_path
 from gateways.common.status import GatewayError
 
@@ -117,18 +117,19 @@ def first_error(error: ValidationError) -> tuple[str, str]:
     return field_path(first["loc"]), _PHRASES.get(first["type"], first["msg"])
 
 
-def parse_frame(text: str, *, max_prompts: int) -> WsRequest:
+def parse_frame(text: str, *, max_prompts: int, max_depth: int = MAX_JSON_DEPTH) -> WsRequest:
     """Parse and shape-check one text frame.
 
     Args:
         text: the frame's payload.
         max_prompts: most prompts accepted in one frame (gateway option).
+        max_depth: deepest nesting of arrays and objects (--max-json-depth).
 
     Raises:
         GatewayError: INVALID_ARGUMENT for a frame that is not JSON, not an object of this
             protocol's shape, has more than `max_prompts` prompts, or repeats a request_id.
     """
-    obj = loads(text, what="The frame")
+    obj = loads(text, what="The frame", max_depth=max_depth)
     if not isinstance(obj, dict):
         raise GatewayError.invalid("The frame must be a JSON object with a 'prompts' array.")
     try:

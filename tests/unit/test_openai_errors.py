@@ -40,9 +40,10 @@ def test_render_before_stream(code, status, kind):
 
 @pytest.mark.parametrize("code, status, kind", STATUSES, ids=[c[0].name for c in STATUSES])
 def test_render_in_stream_has_the_same_object(code, status, kind):
+    """An error without the core's reason still has a machine-readable code: its status's name."""
     err = GatewayError(code, "Late failure.")
     assert errors.render_in_stream(err) == {
-        "error": {"message": "Late failure.", "type": kind, "param": None, "code": None}
+        "error": {"message": "Late failure.", "type": kind, "param": None, "code": code.name.lower()}
     }
 
 

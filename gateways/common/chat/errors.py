@@ -10,7 +10,7 @@ status is already sent.
 `type` follows OpenAI's vocabulary by HTTP status: 400/404/409/413/422
 "invalid_request_error", 401 "authentication_error", 403 "permission_error", 429
 "rate_limit_error", 5xx "server_error". `code` is the core's ErrorInfo reason in lower case
-("model_not_found", "context_length_exceeded", "queue_full", ...), or null; `param` is the
+("model_not_found", "context_length_exceeded", "queue_full", ...), else the gateway's own; `param` is the
 OpenAI parameter name (see translate.client_names), or null.
 """
 
@@ -50,10 +50,21 @@ def error_response(status: int, message: str, *, param: str | None = None, code:
     return web.json_response(error_object(message, status, param=param, code=code), status=status, dumps=dumps)
 
 
+#: The `code` of HTTP-level errors (found before any handler ran, or around it).
+HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    500: "internal",
+}
+
+
 def render_http_error(request: web.Request, status: int, message: str) -> web.Response:
-    """An HTTP-level error (unknown path, wrong method, body too large, a gateway failure) in
-    OpenAI's shape, for the error middleware (gateways.common.app)."""
-    return error_response(status, message)
+    """An HTTP-level error (unknown path, wrong method, body too large, a non-JSON body, a
+    gateway failure) in OpenAI's shape, for the error middleware (gateways.common.app); `code`
+    from HTTP_CODES."""
+    return error_response(status, message, code=HTTP_CODES.get(status, "http_error"))
 
 
 def render_before_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> web.Response:
