@@ -70,6 +70,8 @@ class CoreConfig:
     session_ttl_seconds: float = 3600.0
     max_message_bytes: int = 16 * 1024 * 1024
     log_level: str = "INFO"
+    # Prometheus metrics (core.metrics): None serves none.
+    metrics_port: int | None = None
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
     trt_kv_cache_free_gpu_memory_fraction: float = 0.9
@@ -165,6 +167,13 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
     )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (--host's address; 0: pick a free port; "
+        "unset: no metrics server)",
+    )
     p.add_argument(
         "--trt-max-num-tokens",
         type=int,

@@ -22,6 +22,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from core.config import CoreConfig
 from core.engine.base import Engine
 from core.engine.registry import create_engine, tokenizer_path
+from core.metrics import CoreCollector, MetricsServer, core_registry, serve_metrics
 from core.pipeline import RequestPipeline
 from core.service import GenerateServicer
 from core.sessions import SessionStore
@@ -43,6 +44,7 @@ class CoreServer:
     engine: Engine
     servicer: GenerateServicer
     health: health_aio.HealthServicer
+    metrics: MetricsServer | None = None
 
     @property
     def address(self) -> str:
@@ -57,6 +59,8 @@ class CoreServer:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.engine.shutdown()
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 async def start_core(
@@ -126,4 +130,13 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
             task.add_done_callback(pending.discard)
 
     engine.set_on_dead(on_dead)
-    return CoreServer(config, server, port, engine, servicer, health)
+    metrics = None
+    if config.metrics_port is not None:
+        collector = CoreCollector(pipeline.metrics, engine, sessions, config.max_batch_size, config.served_model_name)
+        try:
+            metrics = serve_metrics(core_registry(collector), config.host, config.metrics_port)
+        except OSError as e:
+            await server.stop(None)
+            raise OSError(f"cannot serve metrics on {config.host}:{config.metrics_port}: {e}") from e
+        log.info("Prometheus metrics on http://%s:%d/metrics", config.host, metrics.port)
+    return CoreServer(config, server, port, engine, servicer, health, metrics)

@@ -15,7 +15,8 @@ Every app built so has: the gateway's settings on its AppKey, the core client
 schema's own shape: those the handlers render themselves (they know the request), and those that
 happen around them, rendered by the schema's `render_http_error`: an unknown path (404), a wrong
 method (405), a body over --max-body-bytes (413), an unexpected failure before the response
-started (500).
+started (500). And Prometheus metrics: `GET /metrics` and the middleware that counts every
+request (gateways.common.metrics).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from envflags import EnvArgumentParser
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
 from gateways.common.framing import loads
+from gateways.common.metrics import add_metrics, metrics_middleware
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
@@ -72,12 +74,15 @@ def make_gateway_app(
     add_routes: Callable[[web.Application], None],
 ) -> web.Application:
     """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
-    error middleware with the schema's `render_error`, and the routes from `add_routes`."""
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware(render_error)])
+    error middleware with the schema's `render_error`, Prometheus metrics (`GET /metrics`,
+    gateways.common.metrics) and the routes from `add_routes`."""
+    middlewares = [metrics_middleware, error_middleware(render_error)]
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
     app[settings_key] = settings
     app.cleanup_ctx.append(core_client_ctx)
     app.on_response_prepare.append(_mark_started)
+    add_metrics(app)
     add_routes(app)
     return app
 
