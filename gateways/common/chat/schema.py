@@ -74,27 +74,37 @@ def _neutral(name: str, value: Any) -> bool:
     return False
 
 
-class _Wire(BaseModel):
+def check_logit_bias(cls: type, value: dict[str, float] | None) -> dict[str, float] | None:
+    """pydantic validator of `logit_bias`: keys are token ids (int32 as decimal strings)."""
+    for key in value or {}:
+        if not _TOKEN_ID.fullmatch(key):
+            raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
+        if not INT32_MIN <= int(key) <= INT32_MAX:
+            raise ValueError(f"token id {key} is out of range")
+    return value
+
+
+class Wire(BaseModel):
     """Strict JSON types (no "1" for 1, no 1 for true) and no unknown fields."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class TextPart(_Wire):
+class TextPart(Wire):
     """`{"type": "text", "text": "..."}`."""
 
     type: Literal["text"]
     text: str
 
 
-class ImageUrl(_Wire):
+class ImageUrl(Wire):
     """`{"url": "https://... | data:image/...;base64,...", "detail": "auto|low|high"}`."""
 
     url: str
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ImagePart(_Wire):
+class ImagePart(Wire):
     """`{"type": "image_url", "image_url": {...}}` (the seed's "Vision/Image Support")."""
 
     type: Literal["image_url"]
@@ -104,7 +114,7 @@ class ImagePart(_Wire):
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
-class Message(_Wire):
+class Message(Wire):
     """One conversation message (seed "Message"): role and content (string or parts).
 
     An assistant message echoed back from a previous response may carry OpenAI's response-only
@@ -124,7 +134,7 @@ class Message(_Wire):
     tool_call_id: str | None = None
 
 
-class StreamOptions(_Wire):
+class StreamOptions(Wire):
     """`stream_options`: `include_usage` adds a final chunk with usage and empty choices.
 
     `include_obfuscation` is accepted and has no effect (this server pads nothing).
@@ -134,7 +144,7 @@ class StreamOptions(_Wire):
     include_obfuscation: bool | None = None
 
 
-class ChatCompletionRequest(_Wire):
+class ChatCompletionRequest(Wire):
     """A chat completion request body (seed "Request Schema").
 
     Unset fields are None: the core's (engine's) defaults then apply, except that sampling is
@@ -161,15 +171,7 @@ class ChatCompletionRequest(_Wire):
     user: str | None = None
     ignore_eos: bool | None = None
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key in value or {}:
-            if not _TOKEN_ID.fullmatch(key):
-                raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
-            if not INT32_MIN <= int(key) <= INT32_MAX:
-                raise ValueError(f"token id {key} is out of range")
-        return value
+    _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
     @field_validator("stop")
     @classmethod
@@ -215,7 +217,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     try:
         req = ChatCompletionRequest.model_validate(checked)
     except ValidationError as e:
-        raise _to_gateway_error(e) from None
+        raise to_gateway_error(e) from None
     for i, m in enumerate(req.messages):
         _check_message(m, i)
     if req.stream_options is not None and not req.stream:
@@ -242,7 +244,7 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return field_path(loc, tags=_PART_TYPES)
 
 
-def _to_gateway_error(e: ValidationError) -> GatewayError:
+def to_gateway_error(e: ValidationError) -> GatewayError:
     """The most specific pydantic error as a GatewayError (unions report one error per member;
     the deepest location is the one that explains the problem)."""
     errors = e.errors(include_url=False)
