@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.engine.registry import ENGINES
-from envflags import EnvArgumentParser
+from envflags import EnvArgumentParser, ListAction, comma_list
 
 ENV_PREFIX = "TRELLIS_CORE_"
 
@@ -72,6 +72,8 @@ class CoreConfig:
     log_level: str = "INFO"
     # Prometheus metrics (core.metrics): None serves none.
     metrics_port: int | None = None
+    # API keys (core.auth): none accepts every call.
+    api_key: tuple[str, ...] = ()
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
     trt_kv_cache_free_gpu_memory_fraction: float = 0.9
@@ -95,8 +97,10 @@ class CoreConfig:
         return self.model_name or Path(self.model.rstrip("/")).name
 
     def redacted(self) -> dict[str, object]:
-        """The configuration as a dict for the start-up log (nothing here is secret)."""
-        return dataclasses.asdict(self)
+        """The configuration as a dict for the start-up log, API keys replaced by their count."""
+        out = dataclasses.asdict(self)
+        out["api_key"] = f"<{len(self.api_key)} keys>"
+        return out
 
 
 def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
@@ -173,6 +177,14 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         default=d.metrics_port,
         help="serve Prometheus metrics on http://HOST:PORT/metrics (--host's address; 0: pick a free port; "
         "unset: no metrics server)",
+    )
+    p.add_argument(
+        "--api-key",
+        action=ListAction,
+        type=comma_list,
+        default=[],
+        help="accept only calls with the metadata 'authorization: Bearer KEY' (repeatable, or comma-separated; "
+        "grpc.health.v1 stays open)",
     )
     p.add_argument(
         "--trt-max-num-tokens",
@@ -269,5 +281,6 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         SystemExit: on a usage error (argparse prints the message).
     """
     environ = os.environ if environ is None else environ
-    ns = build_parser(environ).parse_args(argv)
-    return CoreConfig(**vars(ns))
+    ns = vars(build_parser(environ).parse_args(argv))
+    ns["api_key"] = tuple(ns["api_key"])
+    return CoreConfig(**ns)

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
+from core.auth import ApiKeyInterceptor, ApiKeys
 from core.config import CoreConfig
 from core.engine.base import Engine
 from core.engine.registry import create_engine, tokenizer_path
@@ -100,11 +101,13 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
     pipeline = RequestPipeline(engine, tokenizer, sessions, limits, config.default_max_new_tokens)
     servicer = GenerateServicer(pipeline, config)
+    interceptors = [ApiKeyInterceptor(ApiKeys(config.api_key))] if config.api_key else []
     server = grpc.aio.server(
+        interceptors=interceptors,
         options=[
             ("grpc.max_send_message_length", config.max_message_bytes),
             ("grpc.max_receive_message_length", config.max_message_bytes),
-        ]
+        ],
     )
     spb_grpc.add_GenerateServiceServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()

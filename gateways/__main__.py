@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log.info(
         "effective configuration: %s",
-        json.dumps({**config.__dict__, "options": dict(config.options)}, sort_keys=True, default=str),
+        json.dumps(config.redacted(), sort_keys=True, default=str),
     )
     return asyncio.run(_serve(config, module))
 

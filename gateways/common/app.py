@@ -30,6 +30,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from envflags import EnvArgumentParser
+from gateways.common.auth import HEALTH_PATHS, ApiKeys, auth_middleware
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
 from gateways.common.framing import loads
@@ -74,9 +75,13 @@ def make_gateway_app(
     add_routes: Callable[[web.Application], None],
 ) -> web.Application:
     """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
-    error middleware with the schema's `render_error`, Prometheus metrics (`GET /metrics`,
-    gateways.common.metrics) and the routes from `add_routes`."""
+    error middleware with the schema's `render_error`, API keys (gateways.common.auth),
+    Prometheus metrics (`GET /metrics`, gateways.common.metrics) and the routes from
+    `add_routes`."""
     middlewares = [metrics_middleware, error_middleware(render_error)]
+    if config.api_key:
+        open_paths = HEALTH_PATHS if config.metrics_require_key else HEALTH_PATHS | {"/metrics"}
+        middlewares.insert(1, auth_middleware(ApiKeys(config.api_key), render_error, open_paths=open_paths))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
     app[settings_key] = settings

@@ -9,12 +9,13 @@ name.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from envflags import EnvArgumentParser
+from envflags import EnvArgumentParser, ListAction, comma_list
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -36,6 +37,9 @@ class GatewayConfig:
         max_body_bytes: largest request body accepted (larger bodies get 413).
         max_message_bytes: gRPC message size limit towards the core.
         log_level: logging level name.
+        api_key: keys HTTP clients must send (`Authorization: Bearer`); empty: no check.
+        core_api_key: the key sent to the core (`authorization` metadata); empty: none.
+        metrics_require_key: `GET /metrics` needs a key too.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -48,7 +52,18 @@ class GatewayConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
     log_level: str = "INFO"
+    api_key: tuple[str, ...] = ()
+    core_api_key: str = ""
+    metrics_require_key: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    def redacted(self) -> dict[str, Any]:
+        """The configuration for the start-up log, keys replaced by their count."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["api_key"] = f"<{len(self.api_key)} keys>"
+        out["core_api_key"] = "<set>" if self.core_api_key else ""
+        out["options"] = dict(self.options)
+        return out
 
 
 def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
@@ -62,7 +77,24 @@ def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
     return cls(**{name: value for name, value in options.items() if name in names})
 
 
-_COMMON = {"core", "host", "port", "request_timeout", "max_body_bytes", "max_message_bytes", "log_level"}
+_COMMON = {
+    "core",
+    "host",
+    "port",
+    "request_timeout",
+    "max_body_bytes",
+    "max_message_bytes",
+    "log_level",
+    "api_key",
+    "core_api_key",
+    "metrics_require_key",
+}
+
+
+def _first_key(raw: str) -> str:
+    """The first key of a comma-separated list (the core's variable may hold several)."""
+    keys = comma_list(raw)
+    return keys[0] if keys else ""
 
 
 def load(
@@ -92,7 +124,29 @@ def load(
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--api-key",
+        action=ListAction,
+        type=comma_list,
+        default=[],
+        help="accept only requests with 'Authorization: Bearer KEY' (repeatable, or comma-separated; health "
+        "routes stay open)",
+    )
+    p.add_argument(
+        "--core-api-key",
+        type=_first_key,
+        default="",
+        env_aliases=("TRELLIS_CORE_API_KEY",),
+        help="API key sent to the core (its --api-key)",
+    )
+    p.add_argument(
+        "--metrics-require-key",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="GET /metrics needs an API key too (default: open)",
+    )
     add_arguments(p)
     ns = vars(p.parse_args(argv))
+    ns["api_key"] = tuple(ns["api_key"])
     common = {k: ns.pop(k) for k in list(ns) if k in _COMMON}
     return GatewayConfig(name=name, options=ns, **common)

@@ -125,7 +125,7 @@ class _Multiplexed:
 
     def __init__(self, client: CoreClient):
         self.client = client
-        self.call = cast(Any, client.stub.MultiplexGenerate())
+        self.call = cast(Any, client.stub.MultiplexGenerate(metadata=client.metadata))
         self.open: dict[int, CoreCall] = {}
         self.broken = False
         self._ids = itertools.count(1)
@@ -222,18 +222,32 @@ class CoreClient:
         max_message_bytes: gRPC message size limit.
         timeout: per-request deadline in seconds (None: no deadline); a request past it ends
             with DEADLINE_EXCEEDED and is cancelled at the core.
+        api_key: sent as `authorization: Bearer <key>` metadata on every call (the core's
+            --api-key); empty: none.
+        credentials: TLS channel credentials (gateways.common.tls.channel_credentials); None: a
+            plaintext channel.
     """
 
-    def __init__(self, address: str, *, max_message_bytes: int = 16 * 1024 * 1024, timeout: float | None = None):
+    def __init__(
+        self,
+        address: str,
+        *,
+        max_message_bytes: int = 16 * 1024 * 1024,
+        timeout: float | None = None,
+        api_key: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
+    ):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.max_receive_message_length", max_message_bytes),
-            ],
-        )
+        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self.stub = spb_grpc.GenerateServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._model_info: spb.GetModelInfoResponse | None = None
@@ -296,7 +310,7 @@ class CoreClient:
         return call
 
     def _relay_unary(self, call: CoreCall) -> None:
-        grpc_call = self.stub.Generate(call.request)
+        grpc_call = self.stub.Generate(call.request, metadata=self.metadata)
         call._cancel = lambda: grpc_call.cancel() and None
 
         async def relay() -> None:
@@ -321,7 +335,7 @@ class CoreClient:
         """
         if self._model_info is None:
             try:
-                info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10)
+                info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10, metadata=self.metadata)
                 self._model_info = cast(spb.GetModelInfoResponse, info)
             except grpc.RpcError as e:
                 raise GatewayError.from_rpc_error(e) from None
@@ -350,6 +364,7 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         config.core,
         max_message_bytes=config.max_message_bytes,
         timeout=config.request_timeout or None,
+        api_key=config.core_api_key,
     )
     app[CORE_CLIENT_KEY] = client
     yield

@@ -109,6 +109,9 @@ class GatewayError(Exception):
                     param = bad.field_violations[0].field
         if code is grpc.StatusCode.UNAVAILABLE and "connect" in (message or "").lower():
             message = "The model server cannot be reached."
+        if code is grpc.StatusCode.UNAUTHENTICATED:  # the gateway's own key, not the client's
+            code = grpc.StatusCode.INTERNAL
+            message = "The model server refused this gateway's API key (--core-api-key)."
         return cls(code, message or code.name, param=param, reason=reason)
 
 
