@@ -74,6 +74,11 @@ class CoreConfig:
     metrics_port: int | None = None
     # API keys (core.auth): none accepts every call.
     api_key: tuple[str, ...] = ()
+    # TLS (core.tls): no certificate serves plaintext.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
     trt_kv_cache_free_gpu_memory_fraction: float = 0.9
@@ -185,6 +190,18 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         default=[],
         help="accept only calls with the metadata 'authorization: Bearer KEY' (repeatable, or comma-separated; "
         "grpc.health.v1 stays open)",
+    )
+    p.add_argument("--ssl-certfile", default=d.ssl_certfile, help="serve gRPC over TLS with this PEM certificate chain")
+    p.add_argument("--ssl-keyfile", default=d.ssl_keyfile, help="the TLS certificate's PEM private key")
+    p.add_argument(
+        "--ssl-ca-certs", default=d.ssl_ca_certs, help="PEM CA certificates that sign accepted client certificates"
+    )
+    p.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=d.ssl_cert_reqs,
+        choices=[0, 1, 2],
+        help="client certificates: 0 none, 1 optional, 2 required (mTLS); as Python's ssl.CERT_*",
     )
     p.add_argument(
         "--trt-max-num-tokens",

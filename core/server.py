@@ -27,6 +27,7 @@ from core.metrics import CoreCollector, MetricsServer, core_registry, serve_metr
 from core.pipeline import RequestPipeline
 from core.service import GenerateServicer
 from core.sessions import SessionStore
+from core.tls import server_credentials
 from core.tokenizer import Tokenizer
 from core.validation import Limits
 
@@ -76,7 +77,9 @@ async def start_core(
 
     Raises:
         RuntimeError / OSError: the model, tokenizer or engine dependencies cannot be loaded, or
-            the address cannot be listened on (the engine is shut down again in every case).
+            the address cannot be listened on, or a TLS file cannot be read (the engine is shut
+            down again in every case).
+        ValueError: inconsistent TLS flags (core.tls.server_credentials).
     """
     tokenizer = tokenizer or Tokenizer.load(tokenizer_path(config))
     engine = engine or create_engine(config, tokenizer)
@@ -115,8 +118,10 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
+    credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs, config.ssl_cert_reqs)
     try:
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as e:  # grpc's way of saying the address is taken or not ours
         raise OSError(f"cannot listen on {config.host}:{config.port} (in use, or not an address of this host)") from e
     await server.start()

@@ -17,6 +17,7 @@ from typing import cast
 
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
+from gateways.common.tls import server_ssl_context
 
 GATEWAYS = ("lmi", "openai", "triton", "ws")
 log = logging.getLogger("gateways")
@@ -45,13 +46,15 @@ def main(argv: list[str] | None = None) -> int:
 async def _serve(config: GatewayConfig, module: Gateway) -> int:
     try:
         app = module.make_app(config)
-        runner, port = await start_app(app, config.host, config.port)
+        context = server_ssl_context(config)
+        runner, port = await start_app(app, config.host, config.port, context)
     except (ValueError, OSError) as e:
         log.error("trellis-gateway %s cannot start: %s", config.name, e)
         return 2
     gc.collect()  # see core.__main__.freeze_heap: short collections while serving
     gc.freeze()
-    print(f"trellis-gateway {config.name} on http://{config.host}:{port} -> core {config.core}", flush=True)
+    scheme = "https" if context else "http"
+    print(f"trellis-gateway {config.name} on {scheme}://{config.host}:{port} -> core {config.core}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -157,15 +158,18 @@ async def _mark_started(request: web.Request, response: web.StreamResponse) -> N
     request[RESPONSE_STARTED] = True
 
 
-async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving `app` on host:port (0 picks a free port); returns the runner and the port.
+async def start_app(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Start serving `app` on host:port (0 picks a free port), over HTTPS with `ssl_context`;
+    returns the runner and the port.
 
     Handler cancellation is on: a client that disconnects cancels its handler task at once, and
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
     """
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     server = site._server  # aiohttp exposes no public accessor for the bound port
     assert isinstance(server, asyncio.Server)

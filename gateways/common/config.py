@@ -40,6 +40,10 @@ class GatewayConfig:
         api_key: keys HTTP clients must send (`Authorization: Bearer`); empty: no check.
         core_api_key: the key sent to the core (`authorization` metadata); empty: none.
         metrics_require_key: `GET /metrics` needs a key too.
+        ssl_certfile, ssl_keyfile, ssl_ca_certs, ssl_cert_reqs: HTTPS to clients
+            (gateways.common.tls.server_ssl_context).
+        core_tls, core_ssl_ca_certs, core_ssl_certfile, core_ssl_keyfile: TLS to the core
+            (gateways.common.tls.channel_credentials).
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -55,6 +59,14 @@ class GatewayConfig:
     api_key: tuple[str, ...] = ()
     core_api_key: str = ""
     metrics_require_key: bool = False
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
+    core_tls: bool = False
+    core_ssl_ca_certs: str | None = None
+    core_ssl_certfile: str | None = None
+    core_ssl_keyfile: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def redacted(self) -> dict[str, Any]:
@@ -88,6 +100,14 @@ _COMMON = {
     "api_key",
     "core_api_key",
     "metrics_require_key",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+    "core_tls",
+    "core_ssl_ca_certs",
+    "core_ssl_certfile",
+    "core_ssl_keyfile",
 }
 
 
@@ -145,6 +165,25 @@ def load(
         default=False,
         help="GET /metrics needs an API key too (default: open)",
     )
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS (and WSS) with this PEM certificate chain")
+    p.add_argument("--ssl-keyfile", default=None, help="the HTTPS certificate's PEM private key")
+    p.add_argument("--ssl-ca-certs", default=None, help="PEM CA certificates that sign accepted client certificates")
+    p.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="client certificates: 0 none, 1 optional, 2 required; as Python's ssl.CERT_*",
+    )
+    p.add_argument(
+        "--core-tls",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="connect to the core over TLS, verified with the system's CAs (implied by --core-ssl-ca-certs)",
+    )
+    p.add_argument("--core-ssl-ca-certs", default=None, help="connect to the core over TLS, verified with this CA")
+    p.add_argument("--core-ssl-certfile", default=None, help="client certificate for a core that requires one (mTLS)")
+    p.add_argument("--core-ssl-keyfile", default=None, help="the client certificate's PEM private key")
     add_arguments(p)
     ns = vars(p.parse_args(argv))
     ns["api_key"] = tuple(ns["api_key"])

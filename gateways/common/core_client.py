@@ -35,6 +35,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from gateways.common.config import GatewayConfig
 from gateways.common.status import GatewayError
+from gateways.common.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -365,6 +366,7 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         max_message_bytes=config.max_message_bytes,
         timeout=config.request_timeout or None,
         api_key=config.core_api_key,
+        credentials=channel_credentials(config),
     )
     app[CORE_CLIENT_KEY] = client
     yield
