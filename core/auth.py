@@ -3,19 +3,17 @@
 With `--api-key` set (one or more keys), every call must carry the metadata
 `authorization: Bearer <key>` with one of them, or it ends with UNAUTHENTICATED before the
 servicer runs. grpc.health.v1 stays open, so load balancers and Kubernetes probes need no key.
-Keys are compared as SHA-256 digests with `hmac.compare_digest` against every configured key,
-so the time taken tells nothing about a key. (The gateways check their HTTP clients the same
-way, in gateways.common.auth; the islands share no module for it.)
+Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+
+from envflags.apikeys import ApiKeys
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -23,31 +21,10 @@ _Resp = TypeVar("_Resp")
 #: Method prefixes served without a key.
 OPEN_METHODS = ("/grpc.health.v1.Health/",)
 
-MISSING = "Missing API key: send the metadata 'authorization: Bearer <key>'."
-WRONG = "Invalid API key."
-
-
-class ApiKeys:
-    """The accepted keys, kept as SHA-256 digests.
-
-    Args:
-        keys: the accepted keys (at least one).
-    """
-
-    def __init__(self, keys: Iterable[str]):
-        self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
-
-    def check(self, authorization: str | None) -> str | None:
-        """None when `authorization` ("Bearer <key>", scheme in any case) carries an accepted
-        key; else why not (MISSING or WRONG)."""
-        scheme, _, token = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return MISSING
-        digest = hashlib.sha256(token.strip().encode()).digest()
-        ok = False
-        for known in self._digests:  # every key, always: no early exit
-            ok |= hmac.compare_digest(known, digest)
-        return None if ok else WRONG
+MESSAGES = {
+    "missing": "Missing API key: send the metadata 'authorization: Bearer <key>'.",
+    "wrong": "Invalid API key.",
+}
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
@@ -70,7 +47,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         why = self.keys.check(value if isinstance(value, str) else None)
         if why is None:
             return handler
-        return _refusal(handler, why)
+        return _refusal(handler, MESSAGES[why])
 
 
 def _refusal(handler: grpc.RpcMethodHandler[_Req, _Resp], message: str) -> grpc.RpcMethodHandler[_Req, _Resp]:

@@ -19,7 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
-from core.auth import ApiKeyInterceptor, ApiKeys
+from core.auth import ApiKeyInterceptor
 from core.config import CoreConfig
 from core.engine.base import Engine
 from core.engine.registry import create_engine, tokenizer_path
@@ -30,6 +30,7 @@ from core.sessions import SessionStore
 from core.tls import server_credentials
 from core.tokenizer import Tokenizer
 from core.validation import Limits
+from envflags.apikeys import ApiKeys
 
 log = logging.getLogger(__name__)
 

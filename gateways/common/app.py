@@ -31,7 +31,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from envflags import EnvArgumentParser
-from gateways.common.auth import HEALTH_PATHS, ApiKeys, auth_middleware
+from envflags.apikeys import ApiKeys
+from gateways.common.auth import HEALTH_PATHS, auth_middleware
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
 from gateways.common.framing import loads

@@ -8,48 +8,26 @@ error renderer the gateway gives `make_gateway_app`: OpenAI's error object, LMI'
 before the upgrade. Health routes stay open (`HEALTH_PATHS`), and so does `GET /metrics` unless
 `--metrics-require-key`.
 
-Keys are compared as SHA-256 digests with `hmac.compare_digest` against every configured key, so
-the time taken tells nothing about a key (the core checks its gRPC callers the same way,
-core.auth).
+Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time), as the core
+checks its gRPC callers (core.auth).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from envflags.apikeys import ApiKeys
+
 #: Routes that never need a key: every gateway's health checks.
 HEALTH_PATHS = frozenset({"/health", "/ping", "/v2/health/live", "/v2/health/ready"})
 
-MISSING = "Missing API key: send the header 'Authorization: Bearer <key>'."
-WRONG = "Invalid API key."
-
-
-class ApiKeys:
-    """The accepted keys, kept as SHA-256 digests.
-
-    Args:
-        keys: the accepted keys (at least one).
-    """
-
-    def __init__(self, keys: Iterable[str]):
-        self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
-
-    def check(self, authorization: str | None) -> str | None:
-        """None when `authorization` ("Bearer <key>", scheme in any case) carries an accepted
-        key; else why not (MISSING or WRONG)."""
-        scheme, _, token = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return MISSING
-        digest = hashlib.sha256(token.strip().encode()).digest()
-        ok = False
-        for known in self._digests:  # every key, always: no early exit
-            ok |= hmac.compare_digest(known, digest)
-        return None if ok else WRONG
+MESSAGES = {
+    "missing": "Missing API key: send the header 'Authorization: Bearer <key>'.",
+    "wrong": "Invalid API key.",
+}
 
 
 def auth_middleware(
@@ -65,7 +43,7 @@ def auth_middleware(
         why = keys.check(request.headers.get("Authorization"))
         if why is None:
             return await handler(request)
-        response = render(request, 401, why)
+        response = render(request, 401, MESSAGES[why])
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
 

@@ -23,11 +23,11 @@ from pydantic import Field, ValidationError, field_validator
 
 from gateways.common.chat.schema import (
     IGNORED_FIELDS,
-    MAX_STOP,
     MAX_TEMPERATURE,
     StreamOptions,
     Wire,
     check_logit_bias,
+    check_stop_count,
     to_gateway_error,
 )
 from gateways.common.schema import Int32, Int64
@@ -72,12 +72,7 @@ class CompletionRequest(Wire):
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_count(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed, got {len(value)}")
-        return value
+    _stop = field_validator("stop")(check_stop_count)
 
     @property
     def prompts(self) -> list[str | list[int]]:

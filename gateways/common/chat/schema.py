@@ -74,6 +74,13 @@ def _neutral(name: str, value: Any) -> bool:
     return False
 
 
+def check_stop_count(cls: type, value: str | list[str] | None) -> str | list[str] | None:
+    """pydantic validator of `stop`: at most MAX_STOP strings (OpenAI's limit)."""
+    if isinstance(value, list) and len(value) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop sequences are allowed, got {len(value)}")
+    return value
+
+
 def check_logit_bias(cls: type, value: dict[str, float] | None) -> dict[str, float] | None:
     """pydantic validator of `logit_bias`: keys are token ids (int32 as decimal strings)."""
     for key in value or {}:
@@ -173,12 +180,7 @@ class ChatCompletionRequest(Wire):
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_count(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed, got {len(value)}")
-        return value
+    _stop = field_validator("stop")(check_stop_count)
 
     @property
     def include_usage(self) -> bool:
