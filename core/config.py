@@ -72,6 +72,7 @@ class CoreConfig:
     log_level: str = "INFO"
     # Prometheus metrics (core.metrics): None serves none.
     metrics_port: int | None = None
+    metrics_require_key: bool = False
     # API keys (core.auth): none accepts every call.
     api_key: tuple[str, ...] = ()
     # TLS (core.tls): no certificate serves plaintext.
@@ -182,6 +183,12 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         default=d.metrics_port,
         help="serve Prometheus metrics on http://HOST:PORT/metrics (--host's address; 0: pick a free port; "
         "unset: no metrics server)",
+    )
+    p.add_argument(
+        "--metrics-require-key",
+        action=argparse.BooleanOptionalAction,
+        default=d.metrics_require_key,
+        help="the metrics port needs one of the --api-key keys too (default: open)",
     )
     p.add_argument(
         "--api-key",

@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from core.engine.base import Engine
 from core.sessions import SessionStore
 from core.types import FinishReason
+from envflags.apikeys import ApiKeys
 
 #: vLLM's TTFT bucket edges, in seconds.
 TTFT_BUCKETS = (
@@ -218,11 +221,32 @@ def core_registry(collector: CoreCollector) -> CollectorRegistry:
     return registry
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serve `registry` on http://host:port/metrics (port 0 picks a free one).
+def serve_metrics(registry: CollectorRegistry, host: str, port: int, keys: ApiKeys | None = None) -> MetricsServer:
+    """Serve `registry` on http://host:port/metrics (port 0 picks a free one); with `keys`, only
+    to scrapers that send `Authorization: Bearer <key>` (401 otherwise).
 
     Raises:
         OSError: the address cannot be listened on.
     """
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    if keys is None:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+        return MetricsServer(server, thread)
+    metrics = make_wsgi_app(registry)
+
+    def guarded(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if keys.check(environ.get("HTTP_AUTHORIZATION")) is None:
+            return metrics(environ, start_response)  # type: ignore[no-any-return]
+        start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+        return [b"Missing or invalid API key: send 'Authorization: Bearer <key>'.\n"]
+
+    server = make_server(host, port, guarded, ThreadingWSGIServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
     return MetricsServer(server, thread)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

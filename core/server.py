@@ -80,7 +80,8 @@ async def start_core(
         RuntimeError / OSError: the model, tokenizer or engine dependencies cannot be loaded, or
             the address cannot be listened on, or a TLS file cannot be read (the engine is shut
             down again in every case).
-        ValueError: inconsistent TLS flags (core.tls.server_credentials).
+        ValueError: inconsistent TLS flags (core.tls.server_credentials), or
+            --metrics-require-key without --api-key.
     """
     tokenizer = tokenizer or Tokenizer.load(tokenizer_path(config))
     engine = engine or create_engine(config, tokenizer)
@@ -105,6 +106,8 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
     pipeline = RequestPipeline(engine, tokenizer, sessions, limits, config.default_max_new_tokens)
     servicer = GenerateServicer(pipeline, config)
+    if config.metrics_require_key and not config.api_key:
+        raise ValueError("--metrics-require-key needs --api-key")
     interceptors = [ApiKeyInterceptor(ApiKeys(config.api_key))] if config.api_key else []
     server = grpc.aio.server(
         interceptors=interceptors,
@@ -143,7 +146,8 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     if config.metrics_port is not None:
         collector = CoreCollector(pipeline.metrics, engine, sessions, config.max_batch_size, config.served_model_name)
         try:
-            metrics = serve_metrics(core_registry(collector), config.host, config.metrics_port)
+            keys = ApiKeys(config.api_key) if config.metrics_require_key else None
+            metrics = serve_metrics(core_registry(collector), config.host, config.metrics_port, keys)
         except OSError as e:
             await server.stop(None)
             raise OSError(f"cannot serve metrics on {config.host}:{config.metrics_port}: {e}") from e

@@ -79,8 +79,14 @@ def make_gateway_app(
     """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
     error middleware with the schema's `render_error`, API keys (gateways.common.auth),
     Prometheus metrics (`GET /metrics`, gateways.common.metrics) and the routes from
-    `add_routes`."""
+    `add_routes`.
+
+    Raises:
+        ValueError: --metrics-require-key without --api-key.
+    """
     middlewares = [metrics_middleware, error_middleware(render_error)]
+    if config.metrics_require_key and not config.api_key:
+        raise ValueError("--metrics-require-key needs --api-key")
     if config.api_key:
         open_paths = HEALTH_PATHS if config.metrics_require_key else HEALTH_PATHS | {"/metrics"}
         middlewares.insert(1, auth_middleware(ApiKeys(config.api_key), render_error, open_paths=open_paths))

@@ -188,3 +188,23 @@ async def test_websocket_upgrade_is_refused_without_the_key_and_served_with_it(s
     async with websockets.connect(ws_url, additional_headers=headers) as ws:
         await ws.send('[{"request_id": "a", "prompt": "hi", "generation_config": {"max_new_tokens": 2}}]')
         assert await ws.recv()
+
+
+async def test_core_metrics_behind_the_key_when_asked(start_mock_core):
+    core = await start_mock_core(api_key=CORE_KEYS, metrics_port=0, metrics_require_key=True)
+    url = f"http://127.0.0.1:{core.metrics.port}/metrics"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url) as r:
+            assert r.status == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+        async with s.get(url, headers={"Authorization": "Bearer wrong"}) as r:
+            assert r.status == 401
+        async with s.get(url, headers={"Authorization": f"Bearer {CORE_KEYS[1]}"}) as r:
+            assert r.status == 200 and "vllm:num_requests_waiting" in await r.text()
+    await core.stop(0)
+
+
+async def test_metrics_require_key_without_keys_is_refused(start_mock_core, start_gateway):
+    with pytest.raises(ValueError, match="needs --api-key"):
+        await start_mock_core(metrics_port=0, metrics_require_key=True)
+    with pytest.raises(ValueError, match="needs --api-key"):
+        await start_gateway("openai", metrics_require_key=True)
