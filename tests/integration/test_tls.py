@@ -6,11 +6,15 @@ required too), plus the flag errors on both sides."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import importlib
 import os
+import re
 import shutil
+import signal
 import ssl
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -25,7 +29,7 @@ from gateways.common.app import start_app
 from gateways.common.config import GatewayConfig
 from gateways.common.tls import channel_credentials, server_ssl_context
 from tests.conftest import _default_options
-from tests.integration.core_helpers import generate
+from tests.integration.core_helpers import generate, start_core_process
 
 BODY = {"text": "Once upon a time", "stopping": {"maxNewTokens": 3}}
 
@@ -285,3 +289,63 @@ def test_tls_flags_parse_on_both_sides():
     assert (gw.ssl_certfile, gw.ssl_keyfile, gw.ssl_cert_reqs, gw.core_ssl_ca_certs) == ("c", "k", 2, "core-ca")
     with pytest.raises(SystemExit):
         load_gateway("ws", 8765, lambda p: None, ["--ssl-cert-reqs", "5"], {})
+
+
+# --------------------------------------------------------------------------- the processes
+
+
+async def _gateway_process(*args: str) -> tuple[asyncio.subprocess.Process, str, list[str]]:
+    """`python -m gateways *args`; returns the process, its URL and its output so far."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateways", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    lines: list[str] = []
+    while True:
+        line = (await proc.stdout.readline()).decode()
+        lines.append(line)
+        if not line:
+            return proc, "", lines
+        m = re.search(r" on (https?://127\.0\.0\.1:\d+) ->", line)
+        if m:
+            return proc, m.group(1), lines
+
+
+async def test_core_and_gateway_processes_with_keys_and_tls_end_to_end(tokenizer_only_dir, pki):
+    core_cert, core_key = pki.issue("proc-core", "127.0.0.1")
+    gw_client = pki.issue("proc-gw-client", "gateway")
+    gw_cert, gw_key = pki.issue("proc-gw", "127.0.0.1")
+    core, address = await start_core_process(
+        "--engine", "mock", "--model", str(tokenizer_only_dir), "--model-name", "mock", "--port", "0",
+        "--api-key", "secret-core-key",
+        "--ssl-certfile", core_cert, "--ssl-keyfile", core_key, "--ssl-ca-certs", pki.ca_file, "--ssl-cert-reqs", "2",
+    )  # fmt: skip
+    gateway = None
+    try:
+        gateway, url, lines = await _gateway_process(
+            "openai", "--core", address, "--port", "0", "--host", "127.0.0.1",
+            "--api-key", "secret-gw-key", "--core-api-key", "secret-core-key",
+            "--core-ssl-ca-certs", pki.ca_file, "--core-ssl-certfile", gw_client[0], "--core-ssl-keyfile", gw_client[1],
+            "--ssl-certfile", gw_cert, "--ssl-keyfile", gw_key,
+        )  # fmt: skip
+        assert url.startswith("https://"), "".join(lines)
+        assert not any("secret" in line for line in lines)  # keys never reach the log
+        body = {"model": "mock", "prompt": "hi", "max_tokens": 3}
+        headers = {"Authorization": "Bearer secret-gw-key"}
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{url}/v1/completions", json=body, headers=headers, ssl=client_context(pki)) as r:
+                assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 3
+            async with s.post(f"{url}/v1/completions", json=body, ssl=client_context(pki)) as r:
+                assert r.status == 401
+        gateway.send_signal(signal.SIGTERM)
+        assert await gateway.wait() == 0
+    finally:
+        for proc in (gateway, core):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+async def test_gateway_process_with_inconsistent_tls_flags_exits_2(tmp_path):
+    proc, url, lines = await _gateway_process("openai", "--port", "0", "--ssl-certfile", str(tmp_path / "c.pem"))
+    assert url == "" and await proc.wait() == 2
+    assert any("--ssl-keyfile" in line for line in lines)
