@@ -9,12 +9,13 @@ name.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from envflags import EnvArgumentParser
+from envflags import EnvArgumentParser, ListAction, comma_list
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -40,6 +41,13 @@ class GatewayConfig:
         max_json_depth: deepest nesting of arrays and objects in a request body or frame.
         retry_after_seconds: the Retry-After of 429 and 503 responses.
         log_level: logging level name.
+        api_key: keys HTTP clients must send (`Authorization: Bearer`); empty: no check.
+        core_api_key: the key sent to the core (`authorization` metadata); empty: none.
+        metrics_require_key: `GET /metrics` needs a key too.
+        ssl_certfile, ssl_keyfile, ssl_ca_certs, ssl_cert_reqs: HTTPS to clients
+            (gateways.common.tls.server_ssl_context).
+        core_tls, core_ssl_ca_certs, core_ssl_certfile, core_ssl_keyfile: TLS to the core
+            (gateways.common.tls.channel_credentials).
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -55,7 +63,26 @@ class GatewayConfig:
     max_json_depth: int = 32
     retry_after_seconds: int = 1
     log_level: str = "INFO"
+    api_key: tuple[str, ...] = ()
+    core_api_key: str = ""
+    metrics_require_key: bool = False
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
+    core_tls: bool = False
+    core_ssl_ca_certs: str | None = None
+    core_ssl_certfile: str | None = None
+    core_ssl_keyfile: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    def redacted(self) -> dict[str, Any]:
+        """The configuration for the start-up log, keys replaced by their count."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["api_key"] = f"<{len(self.api_key)} keys>"
+        out["core_api_key"] = "<set>" if self.core_api_key else ""
+        out["options"] = dict(self.options)
+        return out
 
 
 def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
@@ -80,7 +107,24 @@ _COMMON = {
     "max_json_depth",
     "retry_after_seconds",
     "log_level",
+    "api_key",
+    "core_api_key",
+    "metrics_require_key",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+    "core_tls",
+    "core_ssl_ca_certs",
+    "core_ssl_certfile",
+    "core_ssl_keyfile",
 }
+
+
+def _first_key(raw: str) -> str:
+    """The first key of a comma-separated list (the core's variable may hold several)."""
+    keys = comma_list(raw)
+    return keys[0] if keys else ""
 
 
 def load(
@@ -120,7 +164,48 @@ def load(
         "--retry-after-seconds", type=int, default=d.retry_after_seconds, help="Retry-After of 429 and 503 answers"
     )
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--api-key",
+        action=ListAction,
+        type=comma_list,
+        default=[],
+        help="accept only requests with 'Authorization: Bearer KEY' (repeatable, or comma-separated; health "
+        "routes stay open)",
+    )
+    p.add_argument(
+        "--core-api-key",
+        type=_first_key,
+        default="",
+        env_aliases=("TRELLIS_CORE_API_KEY",),
+        help="API key sent to the core (its --api-key)",
+    )
+    p.add_argument(
+        "--metrics-require-key",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="GET /metrics needs an API key too (default: open)",
+    )
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS (and WSS) with this PEM certificate chain")
+    p.add_argument("--ssl-keyfile", default=None, help="the HTTPS certificate's PEM private key")
+    p.add_argument("--ssl-ca-certs", default=None, help="PEM CA certificates that sign accepted client certificates")
+    p.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="client certificates: 0 none, 1 optional, 2 required; as Python's ssl.CERT_*",
+    )
+    p.add_argument(
+        "--core-tls",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="connect to the core over TLS, verified with the system's CAs (implied by --core-ssl-ca-certs)",
+    )
+    p.add_argument("--core-ssl-ca-certs", default=None, help="connect to the core over TLS, verified with this CA")
+    p.add_argument("--core-ssl-certfile", default=None, help="client certificate for a core that requires one (mTLS)")
+    p.add_argument("--core-ssl-keyfile", default=None, help="the client certificate's PEM private key")
     add_arguments(p)
     ns = vars(p.parse_args(argv))
+    ns["api_key"] = tuple(ns["api_key"])
     common = {k: ns.pop(k) for k in list(ns) if k in _COMMON}
     return GatewayConfig(name=name, options=ns, **common)

@@ -36,6 +36,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from gateways.common.config import GatewayConfig
 from gateways.common.status import DEADLINE_PASSED, GatewayError
+from gateways.common.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class _Multiplexed:
 
     def __init__(self, client: CoreClient):
         self.client = client
-        self.call = cast(Any, client.stub.MultiplexGenerate())
+        self.call = cast(Any, client.stub.MultiplexGenerate(metadata=client.metadata))
         self.open: dict[int, CoreCall] = {}
         self.broken = False
         self._ids = itertools.count(1)
@@ -248,6 +249,10 @@ class CoreClient:
         queue_timeout: seconds a request may wait in the core's queue before it is scheduled
             (None: no limit); past it, it ends with DEADLINE_EXCEEDED (reason QUEUE_TIMEOUT) and
             is cancelled at the core.
+        api_key: sent as `authorization: Bearer <key>` metadata on every call (the core's
+            --api-key); empty: none.
+        credentials: TLS channel credentials (gateways.common.tls.channel_credentials); None: a
+            plaintext channel.
     """
 
     def __init__(
@@ -257,17 +262,21 @@ class CoreClient:
         max_message_bytes: int = 16 * 1024 * 1024,
         timeout: float | None = None,
         queue_timeout: float | None = None,
+        api_key: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
     ):
         self.address = address
         self.timeout = timeout
         self.queue_timeout = queue_timeout
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.max_receive_message_length", max_message_bytes),
-            ],
-        )
+        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(address, credentials, options=options)
         self.stub = spb_grpc.GenerateServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._model_info: spb.GetModelInfoResponse | None = None
@@ -330,7 +339,7 @@ class CoreClient:
         return call
 
     def _relay_unary(self, call: CoreCall) -> None:
-        grpc_call = self.stub.Generate(call.request)
+        grpc_call = self.stub.Generate(call.request, metadata=self.metadata)
         call._cancel = lambda: grpc_call.cancel() and None
 
         async def relay() -> None:
@@ -355,7 +364,7 @@ class CoreClient:
         """
         if self._model_info is None:
             try:
-                info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10)
+                info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10, metadata=self.metadata)
                 self._model_info = cast(spb.GetModelInfoResponse, info)
             except grpc.RpcError as e:
                 raise GatewayError.from_rpc_error(e) from None
@@ -385,6 +394,8 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         max_message_bytes=config.max_message_bytes,
         timeout=config.request_timeout or None,
         queue_timeout=config.queue_timeout or None,
+        api_key=config.core_api_key,
+        credentials=channel_credentials(config),
     )
     app[CORE_CLIENT_KEY] = client
     yield
