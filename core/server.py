@@ -59,6 +59,22 @@ class CoreServer:
         await self.engine.shutdown()
 
 
+def server_options(config: CoreConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: message size limits, and the connection age after
+    which clients get GOAWAY (grpc.max_connection_age_ms, with grpc.max_connection_age_grace_ms
+    for the streams still open), so clients re-resolve and balance over replicas added since."""
+    options = [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+    ]
+    if config.max_connection_age_seconds > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.max_connection_age_grace_seconds * 1000)),
+        ]
+    return options
+
+
 async def start_core(
     config: CoreConfig, engine: Engine | None = None, tokenizer: Tokenizer | None = None
 ) -> CoreServer:
@@ -96,12 +112,7 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
     pipeline = RequestPipeline(engine, tokenizer, sessions, limits, config.default_max_new_tokens)
     servicer = GenerateServicer(pipeline, config)
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-        ]
-    )
+    server = grpc.aio.server(options=server_options(config))
     spb_grpc.add_GenerateServiceServicer_to_server(servicer, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
