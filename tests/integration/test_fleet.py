@@ -127,3 +127,24 @@ async def test_a_killed_core_fails_only_its_started_requests_and_is_used_again(
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+async def test_requests_a_draining_core_refuses_go_to_another(start_mock_core, start_gateway):
+    """A core that refuses new requests (draining: UNAVAILABLE before the first message) loses
+    none: each is resent to the other core; with --core-retries 0 the refusal reaches the client
+    (LMI answers 503)."""
+    cores = [await start_mock_core() for _ in range(2)]
+    counters = [count_requests(c) for c in cores]
+    target = ",".join(c.address for c in cores)
+    url = await start_gateway("lmi", core=target)
+    strict = await start_gateway("lmi", core=target, core_retries=0)
+    async with aiohttp.ClientSession() as http:
+        await settle(http, url)
+        await settle(http, strict)
+        cores[0].servicer.drain()  # refuses every start; health stays SERVING
+        served = counters[0][0]
+        results = [outcome(*await lmi_stream(http, url, 2)) for _ in range(20)]
+        assert results == ["ok"] * 20
+        assert counters[0][0] == served
+        refused = [outcome(*await lmi_stream(http, strict, 2)) for _ in range(20)]
+        assert "status 503" in refused and set(refused) <= {"ok", "status 503"}, refused
