@@ -17,6 +17,7 @@ from typing import cast
 
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
+from gateways.common.drain import drain
 
 GATEWAYS = ("lmi", "openai", "triton", "ws")
 log = logging.getLogger("gateways")
@@ -57,7 +58,7 @@ async def _serve(config: GatewayConfig, module: Gateway) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await drain(app, runner, config.drain_seconds)
     return 0
 
 

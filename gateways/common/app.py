@@ -31,6 +31,7 @@ from aiohttp.typedefs import Handler, Middleware
 from envflags import EnvArgumentParser
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
+from gateways.common.drain import SHUTDOWN_TIMEOUT_S
 from gateways.common.framing import loads
 from gateways.common.status import GatewayError
 
@@ -153,7 +154,7 @@ async def start_app(app: web.Application, host: str, port: int) -> tuple[web.App
     Handler cancellation is on: a client that disconnects cancels its handler task at once, and
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -37,6 +37,8 @@ class GatewayConfig:
         max_body_bytes: largest request body accepted (larger bodies get 413).
         max_message_bytes: gRPC message size limit towards the core.
         log_level: logging level name.
+        drain_seconds: on SIGTERM, how long health reports not serving, while requests are
+            still served, before the listener closes and in-flight requests finish.
         core_streams: MultiplexGenerate streams the gateway keeps open over its cores (0: two
             per listed address and at least 4 when the target may hold several cores, else 1).
         core_stream_max_age: seconds a stream takes new requests before a fresh one replaces it
@@ -59,6 +61,7 @@ class GatewayConfig:
     max_body_bytes: int = 2 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
     log_level: str = "INFO"
+    drain_seconds: float = 5.0
     core_streams: int = 0
     core_stream_max_age: float = 30.0
     core_retries: int = 2
@@ -79,6 +82,7 @@ def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
 
 
 _COMMON = {"core", "host", "port", "request_timeout", "max_body_bytes", "max_message_bytes", "log_level"}
+_COMMON |= {"drain_seconds"}
 _COMMON |= {f.name for f in fields(GatewayConfig) if f.name.startswith("core_")}
 
 
@@ -152,6 +156,13 @@ def load(
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=d.drain_seconds,
+        help="on SIGTERM, seconds health reports not serving (requests still served) before the listener "
+        "closes and in-flight requests finish",
+    )
     add_core_arguments(p, d)
     add_arguments(p)
     ns = vars(p.parse_args(argv))
@@ -159,7 +170,7 @@ def load(
         parse_core_target(ns["core"])
     except ValueError as e:
         p.error(str(e))
-    for name in ("core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
+    for name in ("drain_seconds", "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
         if ns[name] < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {ns[name]}")
     if ns["core_max_reconnect_backoff_ms"] < max(1, ns["core_reconnect_backoff_ms"]):

@@ -360,6 +360,7 @@ class CoreClient:
         self._turn = itertools.count()
         self._multiplex = True  # False once the core answered UNIMPLEMENTED
         self._closing = False
+        self._draining = False
         self._unary: set[asyncio.Task[None]] = set()
 
     def connect(self) -> None:
@@ -530,8 +531,15 @@ class CoreClient:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info
 
+    def drain(self) -> None:
+        """The gateway stops (gateways.common.drain): `serving()` is False from now on."""
+        self._draining = True
+
     async def serving(self) -> bool:
-        """Whether the core answers grpc.health.v1 Check with SERVING (within 2 s)."""
+        """Whether the gateway takes requests: not draining, and a core answers grpc.health.v1
+        Check with SERVING (within 2 s)."""
+        if self._draining:
+            return False
         try:
             # types-grpcio-health-checking declares HealthStub without its methods.
             resp = await self._health.Check(  # type: ignore[attr-defined]

@@ -81,7 +81,7 @@ def test_the_core_image_installs_cpu_torch_then_the_core_extra():
 
 def test_the_manifests_validate_against_the_kubernetes_schemas():
     checked = 0
-    for name, resource in resources():
+    for _, resource in resources():
         if resource["kind"] == "InferencePool":
             continue
         kubernetes_validate.validate(resource, K8S_VERSION, strict=True)
@@ -94,9 +94,9 @@ def test_the_manifests_validate_against_the_kubernetes_schemas():
 def test_cores_have_a_grpc_readiness_probe_a_headless_service_and_metrics():
     (service,) = [r for _, r in resources() if r["kind"] == "Service" and r["metadata"]["name"] == "trellis-core"]
     assert service["spec"]["clusterIP"] == "None"
-    for core in containers("core"):
-        assert core["readinessProbe"]["grpc"] == {"port": 50051, "service": GENERATE_SERVICE}
-        assert {"name": "metrics", "containerPort": 9400} in core["ports"]
+    for container in containers("core"):
+        assert container["readinessProbe"]["grpc"] == {"port": 50051, "service": GENERATE_SERVICE}
+        assert {"name": "metrics", "containerPort": 9400} in container["ports"]
     for _, r in resources():
         if r["kind"] == "Deployment":
             annotations = r["spec"]["template"]["metadata"]["annotations"]
