@@ -148,3 +148,16 @@ async def test_requests_a_draining_core_refuses_go_to_another(start_mock_core, s
         assert counters[0][0] == served
         refused = [outcome(*await lmi_stream(http, strict, 2)) for _ in range(20)]
         assert "status 503" in refused and set(refused) <= {"ok", "status 503"}, refused
+
+
+async def test_streams_outlive_the_connection_age_and_clients_reconnect(start_mock_core, start_gateway):
+    """A core that ages connections out after 0.5 s (GOAWAY) lets the streams on them finish
+    within the grace, and the gateway carries on over a new connection."""
+    server = await start_mock_core(mock_step_ms=20.0, max_connection_age_seconds=0.5)
+    url = await start_gateway("lmi", core=server.address)
+    async with aiohttp.ClientSession() as http:
+        long = await lmi_stream(http, url, 100)  # 2 s: spans several connection ages
+        assert outcome(*long) == "ok" and len(long[1]) == 100
+        for _ in range(3):
+            await asyncio.sleep(0.6)
+            assert outcome(*await lmi_stream(http, url, 2)) == "ok"

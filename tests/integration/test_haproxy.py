@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import signal
 import socket
-import sys
 
 import aiohttp
 import pytest
+
+from tests.integration.core_helpers import start_module
 
 HAPROXY = shutil.which("haproxy") or ("/usr/sbin/haproxy" if os.path.exists("/usr/sbin/haproxy") else None)
 
@@ -57,31 +57,13 @@ _READERS: set[asyncio.Future[bytes]] = set()
 
 
 async def start_gateway_process(core: str) -> tuple[asyncio.subprocess.Process, int]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateways",
-        "lmi",
-        "--port",
-        "0",
-        "--core",
-        core,
-        "--drain-seconds",
-        "2",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    lines = []
-    while True:
-        line = (await proc.stdout.readline()).decode()
-        lines.append(line)
-        assert line, "".join(lines)
-        m = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
-        if m:
-            reader = asyncio.ensure_future(proc.stdout.read())
-            _READERS.add(reader)
-            reader.add_done_callback(_READERS.discard)
-            return proc, int(m.group(1))
+    """An LMI gateway process on a free port (draining 2 s on SIGTERM); its output is drained."""
+    args = ("lmi", "--port", "0", "--core", core, "--drain-seconds", "2")
+    proc, port = await start_module("gateways", args, r"on http://127\.0\.0\.1:(\d+)")
+    reader = asyncio.ensure_future(proc.stdout.read())
+    _READERS.add(reader)
+    reader.add_done_callback(_READERS.discard)
+    return proc, int(port)
 
 
 async def test_a_gateway_stopped_under_load_loses_no_request(mock_core, tmp_path):
