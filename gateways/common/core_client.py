@@ -378,20 +378,18 @@ class CoreClient:
         for task in list(self._unary):
             task.cancel()
 
-    def generate(
-        self, request: spb.GenerateRequest, *, hash_key: str | None = None, token_details: bool = False
-    ) -> CoreCall:
+    def generate(self, request: spb.GenerateRequest, *, hash_key: str | None = None) -> CoreCall:
         """Start a Generate request; cancel its CoreCall (in a `finally`) when giving it up.
+
+        Every schema served renders token records (ids, token text, bytes) only with logprobs,
+        so a request without logprobs and without an explicit `output.tokens` is sent with
+        `output.tokens` false: text-only responses cross the wire as text.
 
         Args:
             request: the request (not modified).
             hash_key: what should keep requests on the same core (a session id), if anything.
-            token_details: the response renders each token's id, text or bytes even without
-                logprobs. False (every schema served: their token records and logprob entries
-                exist only with logprobs) asks the core for tokens only when the request asks
-                for logprobs (`output.tokens`), so text-only responses cross the wire as text.
         """
-        if not token_details and not request.output.logprobs and not request.output.HasField("tokens"):
+        if not request.output.logprobs and not request.output.HasField("tokens"):
             sent = spb.GenerateRequest()
             sent.CopyFrom(request)
             sent.output.tokens = False

@@ -30,7 +30,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateways.common.app import core_client
 from gateways.common.core_client import CoreCall, CoreClient
-from gateways.common.framing import dumps
+from gateways.common.framing import dump_bytes
 from gateways.common.status import GatewayError
 from gateways.ws import errors, schema, translate
 from gateways.ws.config import SETTINGS_KEY, WsSettings
@@ -190,7 +190,7 @@ class Connection:
         transport = self._protocol.transport
         if transport is None or transport.is_closing() or self.ws.closed:
             return
-        transport.write(b"".join(_text_frame(dumps(frame).encode()) for frame in _frames(items)))
+        transport.write(b"".join(_text_frame(dump_bytes(frame)) for frame in _frames(items)))
 
     async def _drain(self) -> None:
         try:

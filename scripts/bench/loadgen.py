@@ -9,6 +9,7 @@ process on asyncio, so the client's own cost is the same for every target.
 
 Targets:
   grpc        trellis core, GenerateService/Generate (text prompt, or chat messages with --chat)
+  mux         trellis core, every request on one MultiplexGenerate stream (what a gateway does)
   openai      POST /v1/chat/completions with stream=true (Trellis gateway or any OpenAI server)
   lmi         POST /invocations, jsonlines streaming (Trellis LMI gateway)
   triton      POST /v2/models/<model>/generate_stream (Trellis Triton gateway)
@@ -207,6 +208,44 @@ class GrpcClient(Client):
         return timeline.sample()
 
 
+class MuxClient(Client):
+    """Every request on one MultiplexGenerate stream, through the gateways' own core client
+    (gateways.common.core_client): the core's cost behind a gateway, without the HTTP side.
+    Text-only requests, as gateways send them; a message with text counts as one token, settled
+    against usage.completion_tokens."""
+
+    def __init__(self, address: str, max_new_tokens: int):
+        self.address, self.max_new_tokens = address, max_new_tokens
+
+    async def start(self) -> None:
+        from trellis.generate.v1 import generate_pb2 as pb
+        from trellis.generate.v1 import generate_service_pb2 as spb
+
+        from gateways.common.core_client import CoreClient
+        from gateways.common.streaming import CoreStream
+
+        self.pb, self.spb, self.open = pb, spb, CoreStream.open
+        self.client = CoreClient(self.address)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def run(self, prompt: str) -> Sample:
+        stopping = self.pb.StoppingParams(max_new_tokens=self.max_new_tokens, ignore_eos=True)
+        timeline = Timeline(self.meter)
+        stream = await self.open(self.client.generate(self.spb.GenerateRequest(text=prompt, stopping=stopping)))
+        last = None
+        try:
+            async for msg in stream:
+                timeline.arrived(sum(1 for o in msg.outputs if o.text))
+                last = msg
+        finally:
+            stream.cancel()
+        if last is not None:
+            timeline.settle(last.usage.completion_tokens)
+        return timeline.sample()
+
+
 class HttpClient(Client):
     def __init__(self, url: str, max_new_tokens: int, model: str):
         self.url, self.max_new_tokens, self.model = url.rstrip("/"), max_new_tokens, model
@@ -328,6 +367,8 @@ class WsClient(Client):
 def make_client(args) -> Client:
     if args.target == "grpc":
         return GrpcClient(args.address, args.max_new_tokens, args.chat)
+    if args.target == "mux":
+        return MuxClient(args.address, args.max_new_tokens)
     if args.target == "ws":
         return WsClient(args.url, args.max_new_tokens)
     cls = {"openai": OpenAIClient, "lmi": LmiClient, "triton": TritonClient}[args.target]
@@ -388,7 +429,7 @@ async def run_load(
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("target", choices=["grpc", "openai", "lmi", "triton", "ws"])
+    p.add_argument("target", choices=["grpc", "mux", "openai", "lmi", "triton", "ws"])
     p.add_argument("--address", default="127.0.0.1:50051", help="core address (grpc)")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (HTTP targets; ws://.../ws)")
     p.add_argument("--model", default="demo", help="model name (openai, triton)")

@@ -46,10 +46,10 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import PROMPTS, Client, GrpcClient, LmiClient, Meter, OpenAIClient, TritonClient, WsClient
+from loadgen import PROMPTS, Client, GrpcClient, LmiClient, Meter, MuxClient, OpenAIClient, TritonClient, WsClient
 from procs import ROOT, Proc, free_port
 
-TARGETS = ("grpc", "lmi", "openai", "triton", "ws")
+TARGETS = ("grpc", "mux", "lmi", "openai", "triton", "ws")
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -82,6 +82,8 @@ def make_client(target: str, address: str, tokens: int) -> Client:
     """The load generator's client of `target` at `address` (host:port)."""
     if target == "grpc":
         return GrpcClient(address, tokens, chat=False)
+    if target == "mux":
+        return MuxClient(address, tokens)
     if target == "ws":
         return WsClient(f"ws://{address}/ws", tokens)
     cls = {"lmi": LmiClient, "openai": OpenAIClient, "triton": TritonClient}[target]
@@ -235,7 +237,7 @@ def run_overhead(
     core, core_port = start_core(model, step_ms, max(streams))
     try:
         for target in targets:
-            gateway, port = (None, core_port) if target == "grpc" else start_gateway(target, core_port)
+            gateway, port = (None, core_port) if target in ("grpc", "mux") else start_gateway(target, core_port)
             try:
                 address = f"127.0.0.1:{port}"
                 procs = {"core": core} if gateway is None else {"core": core, "gateway": gateway}
@@ -372,7 +374,7 @@ def profile(model: str, target: str, streams: int, step_ms: float, tokens: int, 
     gateway = None
     spies: list[tuple[str, subprocess.Popen[bytes], Path]] = []
     try:
-        gateway, port = (None, core_port) if target == "grpc" else start_gateway(target, core_port)
+        gateway, port = (None, core_port) if target in ("grpc", "mux") else start_gateway(target, core_port)
         address = f"127.0.0.1:{port}"
         procs = {"core": core} if gateway is None else {"core": core, "gateway": gateway}
 

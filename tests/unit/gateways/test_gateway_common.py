@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from trellis.generate.v1 import generate_pb2 as pb
 
-from gateways.common.framing import dumps
+from gateways.common.framing import dump_bytes, dumps, jsonline, sse_event
 from gateways.common.schema import Int32, field_path, json_type
 from gateways.common.status import GatewayError
 from gateways.common.streaming import FanIn, finish_word, incomplete_stream, sequence_error, stream_response
@@ -64,9 +64,20 @@ def test_int32_is_the_proto_range():
         _Given(top_k=2**31)
 
 
-@pytest.mark.parametrize("obj", [{"a": "ünïcode ☃", "b": [1, 2.5, None, True]}, [], "x", {"nested": {"k": -1e-7}}])
+@pytest.mark.parametrize(
+    "obj", [{"a": "ünïcode ☃", "b": [1, 2.5, None, True]}, [], "x", {"n": {"k": -1e-7, "s": 2**64 - 1}}]
+)
 def test_dumps_is_compact_json_that_keeps_non_ascii(obj):
-    assert dumps(obj) == json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    text = dumps(obj)
+    assert json.loads(text) == obj
+    assert text == json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("e-07", "e-7")
+    assert dump_bytes(obj) == text.encode()
+    assert sse_event(obj) == b"data: " + text.encode() + b"\n\n"
+    assert jsonline(obj) == text.encode() + b"\n"
+
+
+def test_dumps_writes_integer_keys_as_strings_and_non_finite_floats_as_null():
+    assert dumps({1: float("nan"), "b": [float("-inf"), float("inf")]}) == '{"1":null,"b":[null,null]}'
 
 
 @pytest.mark.parametrize(
