@@ -65,6 +65,7 @@ class CoreConfig:
     dtype: str = "auto"
     device: str = "cpu"
     threads: int = 0
+    engine_process: bool = True
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
@@ -72,6 +73,7 @@ class CoreConfig:
     max_connection_age_seconds: float = 300.0
     max_connection_age_grace_seconds: float = 3600.0
     log_level: str = "INFO"
+    guide_cache_size: int = 256
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
     trt_kv_cache_free_gpu_memory_fraction: float = 0.9
@@ -83,6 +85,7 @@ class CoreConfig:
     trt_await_timeout_ms: int = 5
     trt_tensor_parallel_size: int = 1
     trt_pipeline_parallel_size: int = 1
+    trt_guided_decoding_backend: str = "xgrammar"
     # Mock engine options (ignored by other engines).
     mock_step_ms: float = 10.0
     mock_prefill_ms_per_token: float = 0.0
@@ -149,7 +152,18 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"], help="HF engine dtype"
     )
     p.add_argument("--device", default=d.device, help="HF engine device (cpu, cuda, cuda:1, ...)")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch intra-op threads (0: all cores)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=d.threads,
+        help="HF engine: torch intra-op threads (0: one per core, less one left to the serving threads)",
+    )
+    p.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=d.engine_process,
+        help="HF engine: run the batching loop in a process of its own, so model steps never wait on serving work",
+    )
     p.add_argument(
         "--drain-seconds", type=float, default=d.drain_seconds, help="on SIGTERM, how long in-flight streams may finish"
     )
@@ -181,6 +195,12 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "the longest stream (a gateway's --core-stream-max-age plus its longest request)",
     )
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--guide-cache-size",
+        type=int,
+        default=d.guide_cache_size,
+        help="HF engine: compiled guided-decoding guides (schemas, regexes, grammars) kept",
+    )
     p.add_argument(
         "--trt-max-num-tokens",
         type=int,
@@ -241,6 +261,12 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         type=int,
         default=d.trt_pipeline_parallel_size,
         help="TensorRT-LLM LLM API (--engine trtllm-llm): pipeline-parallel stages",
+    )
+    p.add_argument(
+        "--trt-guided-decoding-backend",
+        default=d.trt_guided_decoding_backend,
+        choices=["xgrammar", "llguidance", "none"],
+        help="TensorRT-LLM: grammar backend of guided decoding (llguidance: LLM API only; none: off)",
     )
     p.add_argument(
         "--mock-step-ms",

@@ -18,6 +18,7 @@ from core.types import (
     ContentPart,
     FinishReason,
     GenerationRequest,
+    Guide,
     OutputOptions,
     RequestState,
     ResolvedSampling,
@@ -25,6 +26,8 @@ from core.types import (
     SamplingOptions,
     StoppingOptions,
     TokenInfo,
+    Tool,
+    ToolCall,
 )
 
 FINISH_REASONS = {
@@ -67,6 +70,8 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
                     if p.WhichOneof("part") is not None
                 ),
                 name=_opt(m, "name"),
+                tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                tool_call_id=_opt(m, "tool_call_id"),
             )
             for m in req.messages.messages
         )
@@ -99,7 +104,22 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
             tokens=_opt(o, "tokens"),
         ),
         session_id=_opt(req, "session_id"),
+        tools=tuple(Tool(t.name, t.description, t.parameters) for t in req.messages.tools)
+        if which == "messages"
+        else (),
+        guide=to_guide(req.guided_decoding) if req.HasField("guided_decoding") else None,
     )
+
+
+def to_guide(g: pb.GuidedDecoding) -> Guide:
+    """A GuidedDecoding message as a Guide. No guide set, or json_object false (which asks for
+    nothing), is kind "", which validation refuses."""
+    kind = g.WhichOneof("guide") or ""
+    if kind == "choice":
+        return Guide(kind, choices=tuple(g.choice.choices))
+    if kind == "json_object":
+        return Guide(kind if g.json_object else "")
+    return Guide(kind, spec=getattr(g, kind) if kind else "")
 
 
 def to_sampling_params(r: ResolvedSampling) -> pb.SamplingParams:

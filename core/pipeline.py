@@ -28,6 +28,7 @@ from typing import Protocol
 from core.detokenize import ByteDetokenizer, Detokenizer, IncrementalDetokenizer
 from core.engine.base import Engine, OutputStream
 from core.errors import CoreError, EngineFailure, InvalidArgument, SessionBusy
+from core.guided import check_compiles
 from core.sessions import SessionStore
 from core.stops import StopMatcher
 from core.tokenizer import Tokenizer
@@ -46,6 +47,7 @@ from core.types import (
     SequenceStep,
     Timing,
     TokenInfo,
+    Tool,
     TopToken,
     Usage,
 )
@@ -123,10 +125,12 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ prepare
 
-    def tokenize(self, text: str | None, messages: Sequence[ChatMessage] | None) -> tuple[list[int], str]:
-        """Token ids of a text prompt or a chat (and the rendered chat text)."""
+    def tokenize(
+        self, text: str | None, messages: Sequence[ChatMessage] | None, tools: Sequence[Tool] = ()
+    ) -> tuple[list[int], str]:
+        """Token ids of a text prompt or a chat with its tools (and the rendered chat text)."""
         if messages is not None:
-            rendered, ids = self.tokenizer.render_chat(messages)
+            rendered, ids = self.tokenizer.render_chat(messages, tools)
             return ids, rendered
         return self.tokenizer.encode(text or ""), ""
 
@@ -167,7 +171,7 @@ class RequestPipeline:
         elif req.token_ids is not None:
             prompt_ids = list(req.token_ids)
         elif req.text is not None or req.messages is not None:
-            prompt_ids, _ = self.tokenize(req.text, req.messages)
+            prompt_ids, _ = self.tokenize(req.text, req.messages, req.tools)
         else:
             raise InvalidArgument(
                 f"There is no live session '{req.session_id}' to continue and the request has no input; "
@@ -182,6 +186,8 @@ class RequestPipeline:
         max_new = resolve_max_new_tokens(req, len(prompt_ids), self.limits, self.default_max_new_tokens)
         sampling = self.engine.resolve_sampling(req.sampling, random_seed=secrets.randbits(63))
         validate_engine_support(sampling, req, self.engine.info)
+        if req.guide is not None:
+            check_compiles(req.guide)
         n = req.sampling.n or 1
         best_of = max(req.sampling.best_of or n, n)
         out = req.output
@@ -203,6 +209,7 @@ class RequestPipeline:
             top_logprobs=out.top_logprobs or 0,
             prompt_logprobs=out.prompt_logprobs,
             arrival_time=time.monotonic(),
+            guide=req.guide,
         )
         return PreparedRequest(
             request=req,

@@ -22,7 +22,7 @@ from core.config import CoreConfig
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
 from core.multiplex import CallOutput, MultiplexSession
 from core.pipeline import RequestPipeline, merge_deltas
-from core.types import SamplingOptions
+from core.types import GUIDE_KINDS, SamplingOptions
 from core.validation import validate_request
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             sampling_defaults=sampling_pb,
             unsupported_sampling_fields=sorted(info.unsupported_sampling_fields),
             max_n=p.limits.max_n,
+            guided_decoding=[k for k in GUIDE_KINDS if k in info.guided_decoding],
         )
 
     async def Tokenize(
@@ -142,7 +143,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
                 body = spb.GenerateRequest(text=request.text)
             req = convert.to_generation_request(body, "tokenize")
             validate_request(req, self.pipeline.limits)
-            ids, rendered = self.pipeline.tokenize(req.text, req.messages)
+            ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools)
         except CoreError as e:
             await context.abort_with_status(e.to_status())
         return spb.TokenizeResponse(token_ids=ids, rendered_prompt=rendered)

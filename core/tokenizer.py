@@ -13,10 +13,10 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from core.errors import InvalidArgument
-from core.types import ChatMessage
+from core.types import ChatMessage, Tool
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -98,8 +98,16 @@ class Tokenizer:
         """Token ids of `text`; special tokens (such as BOS) are added unless told otherwise."""
         return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> tuple[str, list[int]]:
+    def render_chat(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> tuple[str, list[int]]:
         """Render a chat with the model's template and a generation prompt.
+
+        Messages are passed in the shape Hugging Face chat templates take (transformers' chat
+        templating docs, "Tool use"): `{"role", "content"[, "name"][, "tool_calls"][,
+        "tool_call_id"]}`, where each tool call is `{"id", "type": "function", "function":
+        {"name", "arguments"}}` with the arguments as a JSON object (the templates apply
+        `tojson` to them; text that is not a JSON object is passed as it is, as vLLM does). A
+        message without content parts has content "". `tools` go to the template as OpenAI's
+        function tools; templates that do not use them ignore them.
 
         Returns the rendered text and its token ids (the template supplies any special
         tokens, so none are added).
@@ -113,14 +121,14 @@ class Tokenizer:
                 "This model has no chat template, so chat messages cannot be used; send a text prompt instead.",
                 field="messages",
             )
-        convo = []
-        for m in messages:
-            entry: dict[str, str] = {"role": m.role, "content": "\n".join(p.text or "" for p in m.content)}
-            if m.name is not None:
-                entry["name"] = m.name
-            convo.append(entry)
+        # Messages and tools are JSON-like dicts, wider than transformers' annotations say.
+        convo: Any = [_template_message(m) for m in messages]
+        template_tools: Any = [_template_tool(t) for t in tools] or None
         try:
-            text = cast(str, self.hf.apply_chat_template(convo, tokenize=False, add_generation_prompt=True))
+            text = cast(
+                str,
+                self.hf.apply_chat_template(convo, tools=template_tools, tokenize=False, add_generation_prompt=True),
+            )
         except Exception as e:  # jinja raises TemplateError (or anything raise_exception() throws)
             raise InvalidArgument(f"The model's chat template rejected the messages: {e}", field="messages") from e
         return text, self.encode(text, add_special_tokens=False)
@@ -181,6 +189,37 @@ class Tokenizer:
         if "▁" in piece:  # SentencePiece marks a leading space with U+2581
             return piece.replace("▁", " ").encode("utf-8")
         return self._decode([token_id], False).encode("utf-8")
+
+
+def _template_message(m: ChatMessage) -> dict[str, object]:
+    entry: dict[str, object] = {"role": m.role, "content": "\n".join(p.text or "" for p in m.content)}
+    if m.name is not None:
+        entry["name"] = m.name
+    if m.tool_calls:
+        entry["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_object(c.arguments)}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        entry["tool_call_id"] = m.tool_call_id
+    return entry
+
+
+def _template_tool(t: Tool) -> dict[str, object]:
+    params = _json_object(t.parameters) if t.parameters else {"type": "object", "properties": {}}
+    function: dict[str, object] = {"name": t.name, "parameters": params}
+    if t.description:
+        function["description"] = t.description
+    return {"type": "function", "function": function}
+
+
+def _json_object(text: str) -> object:
+    """`text` parsed when it is a JSON object, else `text` itself."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
 
 
 def _decoder_kinds(hf_tokenizer: PreTrainedTokenizerBase) -> list[str | None]:

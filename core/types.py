@@ -77,6 +77,30 @@ class ResolvedSampling:
     num_beams: int = 1
 
 
+#: The GuidedDecoding kinds (trellis.generate.v1.GuidedDecoding's oneof fields), in contract order.
+GUIDE_KINDS = ("json_object", "json_schema", "regex", "ebnf_grammar", "lark_grammar", "choice")
+
+
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """A structured-output constraint (trellis.generate.v1.GuidedDecoding).
+
+    Attributes:
+        kind: one of GUIDE_KINDS.
+        spec: the schema, regex or grammar text ("" for json_object and choice).
+        choices: the alternatives of a "choice" guide (empty otherwise).
+    """
+
+    kind: str
+    spec: str = ""
+    choices: tuple[str, ...] = ()
+
+    @property
+    def field(self) -> str:
+        """The GenerateRequest field path errors about this guide name."""
+        return f"guided_decoding.{self.kind}"
+
+
 @dataclass(slots=True)
 class EngineRequest:
     """One request at token level, as an engine receives it.
@@ -98,6 +122,7 @@ class EngineRequest:
         top_logprobs: number of alternatives per generated token (0..20).
         prompt_logprobs: None, or the number of alternatives per prompt token.
         arrival_time: monotonic time the core received the request.
+        guide: the structured-output constraint (a kind in EngineInfo.guided_decoding), or None.
     """
 
     request_id: str
@@ -115,6 +140,7 @@ class EngineRequest:
     top_logprobs: int = 0
     prompt_logprobs: int | None = None
     arrival_time: float = 0.0
+    guide: Guide | None = None
 
 
 @dataclass(slots=True)
@@ -182,6 +208,7 @@ class EngineInfo:
         supports_prompt_logprobs: whether OutputOptions.prompt_logprobs can be honoured.
         reproducible_seeds: whether a sampling request with the same seed and parameters
             reproduces; when False, sampling requests report no seed.
+        guided_decoding: the Guide kinds (GUIDE_KINDS) the engine honours; empty: none.
     """
 
     engine: str
@@ -194,6 +221,7 @@ class EngineInfo:
     max_top_logprobs: int = 20
     supports_prompt_logprobs: bool = True
     reproducible_seeds: bool = True
+    guided_decoding: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,12 +245,33 @@ class ContentPart:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call of an assistant turn: its id, the function's name, the arguments' JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function the model may call: name, description, parameters as JSON Schema text."""
+
+    name: str
+    description: str = ""
+    parameters: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One chat message; `content` parts in order."""
+    """One chat message; `content` parts in order; `tool_calls` on assistant turns that called
+    tools, `tool_call_id` on a "tool" message answering one."""
 
     role: str
     content: tuple[ContentPart, ...] = ()
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +304,7 @@ class OutputOptions:
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     """A whole Generate request; exactly one of text, token_ids, messages is set (or none
-    when a session continues)."""
+    when a session continues). `tools` go with `messages` to the chat template."""
 
     request_id: str
     model: str | None = None
@@ -268,6 +317,8 @@ class GenerationRequest:
     stopping: StoppingOptions = StoppingOptions()
     output: OutputOptions = OutputOptions()
     session_id: str | None = None
+    tools: tuple[Tool, ...] = ()
+    guide: Guide | None = None
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,10 +9,13 @@ ModelNotFound.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
 
 from core.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
+from core.guided import check_guide
 from core.sampling import NEUTRAL
 from core.types import EngineInfo, GenerationRequest, ResolvedSampling
 
@@ -20,6 +23,9 @@ MAX_TOP_LOGPROBS = 20
 MAX_BAD_WORDS = 64
 PENALTY_RANGE = (-2.0, 2.0)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
+MAX_TOOLS = 128
+#: A tool's name (OpenAI's rule for function names).
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +55,7 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
     _check_sampling(req, limits)
     _check_stopping(req, limits)
     _check_output(req)
+    _check_guided(req)
     if req.session_id is not None:
         if not req.session_id:
             raise InvalidArgument("session_id must not be empty when set.", field="session_id")
@@ -66,6 +73,8 @@ def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, 
         InvalidArgument: naming the field (e.g. num_beams > 1 on an engine without beam search).
     """
     s = req.sampling
+    if req.guide is not None:
+        check_guide(req.guide, info.guided_decoding, info.engine)
     if resolved.num_beams > info.max_num_beams:
         if info.max_num_beams == 1:
             msg = (
@@ -186,6 +195,46 @@ def _check_input(req: GenerationRequest, limits: Limits) -> None:
                         "This model accepts text only; image_url content parts are not supported.",
                         field=f"messages[{i}].content",
                     )
+            if m.tool_calls and m.role != "assistant":
+                raise InvalidArgument(
+                    f"Only assistant messages carry tool_calls; messages[{i}] has role '{m.role}'.",
+                    field=f"messages[{i}].tool_calls",
+                )
+            if m.role == "tool" and not m.tool_call_id:
+                raise InvalidArgument(
+                    f"messages[{i}] is a tool message without tool_call_id; name the call it answers.",
+                    field=f"messages[{i}].tool_call_id",
+                )
+    _check_tools(req)
+
+
+def _check_tools(req: GenerationRequest) -> None:
+    """Tools need a chat; names follow OpenAI's rule and are unique; parameters are a JSON object."""
+    if not req.tools:
+        return
+    if len(req.tools) > MAX_TOOLS:
+        raise InvalidArgument(f"At most {MAX_TOOLS} tools are allowed, got {len(req.tools)}.", field="tools")
+    seen: set[str] = set()
+    for i, tool in enumerate(req.tools):
+        if not TOOL_NAME.fullmatch(tool.name):
+            raise InvalidArgument(
+                f"tools[{i}].name must be 1 to 64 letters, digits, underscores or dashes, got {tool.name!r}.",
+                field=f"tools[{i}].name",
+            )
+        if tool.name in seen:
+            raise InvalidArgument(f"Two tools are named '{tool.name}'; names must be unique.", field=f"tools[{i}].name")
+        seen.add(tool.name)
+        if tool.parameters:
+            try:
+                params = json.loads(tool.parameters)
+            except ValueError as e:
+                raise InvalidArgument(
+                    f"tools[{i}].parameters is not valid JSON: {e}.", field=f"tools[{i}].parameters"
+                ) from None
+            if not isinstance(params, dict):
+                raise InvalidArgument(
+                    f"tools[{i}].parameters must be a JSON Schema object.", field=f"tools[{i}].parameters"
+                )
 
 
 def _check_range(
@@ -268,6 +317,23 @@ def _check_stopping(req: GenerationRequest, limits: Limits) -> None:
         )
     _check_range(st.time_limit_ms, 0, None, "stopping.time_limit_ms", lo_open=True)
     _check_range(st.truncate_input_tokens, 1, None, "stopping.truncate_input_tokens")
+
+
+def _check_guided(req: GenerationRequest) -> None:
+    """A guided sequence ends on EOS once its output is complete: ignore_eos and min_new_tokens
+    would keep it from ending (the guide allows nothing but EOS then)."""
+    if req.guide is None:
+        return
+    if req.stopping.ignore_eos:
+        raise InvalidArgument(
+            "ignore_eos cannot be combined with guided_decoding: a guided output ends with EOS once it is complete.",
+            field="stopping.ignore_eos",
+        )
+    if req.stopping.min_new_tokens:
+        raise InvalidArgument(
+            "min_new_tokens cannot be combined with guided_decoding: the guide decides where the output ends.",
+            field="stopping.min_new_tokens",
+        )
 
 
 def _check_output(req: GenerationRequest) -> None:

@@ -26,8 +26,20 @@ import time
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+# Plain turns render as <|role|>content<|end|>. With tools, a system turn lists them and asks for
+# Hermes-style calls (<tool_call>{"name": ..., "arguments": ...}</tool_call>, the format the
+# OpenAI gateway parses); an assistant turn's tool_calls render the same way, and a tool result
+# is a <|tool|> turn.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<|end|>' }}{% endfor %}"
+    "{% if tools %}{{ '<|system|>You may call these functions:\\n<tools>\\n' }}"
+    "{% for t in tools %}{{ t | tojson }}{{ '\\n' }}{% endfor %}"
+    "{{ '</tools>\\nTo call one, answer with <tool_call>\\n"
+    '{\\"name\\": <name>, \\"arguments\\": <arguments>}'
+    "\\n</tool_call><|end|>' }}{% endif %}"
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}"
+    "{{ '<tool_call>\\n' + ({'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson)"
+    " + '\\n</tool_call>' }}{% endfor %}{{ '<|end|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 

@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 
+from core.engine import hf_guided
 from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.hf_cache import SlotKVCache
+from core.engine.hf_config import KIND, check_request, default_threads, duplicate_id, engine_info, queue_full
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
-from core.errors import EngineDead, EngineFailure, InvalidArgument, NotReady, Overloaded
+from core.errors import EngineDead, EngineFailure, NotReady
 from core.sampling import NEUTRAL, resolve_generic
 from core.types import (
-    EngineInfo,
     EngineOutput,
     EngineRequest,
     EngineStats,
@@ -62,9 +63,15 @@ TopLogprobs: TypeAlias = dict[int, list[tuple[int, float]]]
 
 
 def build(config: CoreConfig, tokenizer: Tokenizer) -> HfEngine:
-    """Engine factory for `--engine hf` (see core.engine.registry)."""
-    return HfEngine(
-        config.model,
+    """The engine in this process, on a thread of its own (`--no-engine-process`; see
+    core.engine.hf_process for the default)."""
+    return HfEngine(config.model, **engine_kwargs(config, tokenizer))
+
+
+def engine_kwargs(config: CoreConfig, tokenizer: Tokenizer) -> dict[str, Any]:
+    """HfEngine's keyword arguments from the core's configuration (plain values: they also
+    travel to an engine process)."""
+    return dict(
         eos_token_ids=tokenizer.eos_token_ids,
         vocab_size=tokenizer.vocab_size,
         pad_token_id=tokenizer.pad_token_id,
@@ -76,6 +83,7 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> HfEngine:
         dtype=config.dtype,
         device=config.device,
         threads=config.threads,
+        guides=hf_guided.GuideMatchers(tokenizer.hf, tokenizer.eos_token_ids, config.guide_cache_size),
     )
 
 
@@ -85,10 +93,11 @@ class _Req:
 
     req: EngineRequest
     reserved_tokens: int
-    outputs: OutputStream
+    outputs: OutputStream | None  # None when the outputs leave the process (see HfEngine.submit)
     rows: list[_Row] = field(default_factory=list)
     unfinished: int = 0
     admitted: bool = False
+    grammar: Any = None  # the compiled guide (hf_guided), copied into each row
 
 
 @dataclass(eq=False, slots=True)
@@ -102,6 +111,7 @@ class _Row:
     generator: torch.Generator | None
     generated: list[int] = field(default_factory=list)
     finished: bool = False
+    matcher: Any = None  # this row's guide state (hf_guided), advanced with each token
 
     @property
     def history(self) -> list[int]:
@@ -128,10 +138,11 @@ class HfEngine(EngineLifecycle):
         max_n: sequences per request.
         dtype: "auto" (float32 on CPU, the checkpoint's dtype elsewhere) or a torch dtype name.
         device: torch device.
-        threads: torch intra-op threads (0: all cores).
+        threads: torch intra-op threads (0: core.engine.hf_config.default_threads).
+        guides: compiled guides for guided decoding (hf_guided); None: guided decoding is off.
     """
 
-    kind = "hf"
+    kind = KIND
 
     def __init__(
         self,
@@ -148,20 +159,18 @@ class HfEngine(EngineLifecycle):
         dtype: str = "auto",
         device: str = "cpu",
         threads: int = 0,
+        guides: hf_guided.GuideMatchers | None = None,
     ):
-        from transformers import AutoConfig
-
         super().__init__()
         self._path = str(model_path)
-        cfg = AutoConfig.from_pretrained(self._path)
-        context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
-        self.info = EngineInfo(
-            engine=self.kind,
-            max_context_length=int(context),
-            vocab_size=int(vocab_size),
-            max_num_beams=1,
-            max_n=min(max_n, max_batch_size),
+        self.info = engine_info(
+            self._path,
+            vocab_size=vocab_size,
+            max_n=max_n,
+            max_batch_size=max_batch_size,
+            guided_decoding=guides.kinds if guides is not None else frozenset(),
         )
+        self._guides = guides
         self._eos = frozenset(eos_token_ids)
         self._pad = int(pad_token_id if pad_token_id is not None else next(iter(self._eos), 0))
         self._max_batch = max_batch_size
@@ -173,6 +182,7 @@ class HfEngine(EngineLifecycle):
         self._threads = threads
         # The transformers causal LM (loaded by start()); its forward takes keyword tensors.
         self._model: Any = None
+        self._sdpa = False  # the model attends with sdpa (decode then passes a ready 4D mask)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         # Shared between the event loop and the worker (guarded by _cv's lock, as are _alive
@@ -206,16 +216,16 @@ class HfEngine(EngineLifecycle):
     async def start(self) -> None:
         """Load the model (in a thread) and start the batching worker."""
         self._loop = asyncio.get_running_loop()
-        await asyncio.to_thread(self._load)
-        self._started = self._alive = True
-        self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+        await asyncio.to_thread(self.load)
+        self._thread = threading.Thread(target=self.run, name="hf-engine", daemon=True)
         self._thread.start()
 
-    def _load(self) -> None:
+    def load(self) -> None:
+        """Load the model (blocking); requests are admitted from now on, and run once `run`
+        loops (on a thread of `start`'s, or in an engine process's main thread)."""
         from transformers import AutoModelForCausalLM
 
-        if self._threads > 0:
-            torch.set_num_threads(self._threads)
+        torch.set_num_threads(default_threads(self._threads))
         if self._dtype_name == "auto":
             dtype = torch.float32 if self._device.type == "cpu" else "auto"
         else:
@@ -224,19 +234,28 @@ class HfEngine(EngineLifecycle):
         model.to(self._device)
         model.eval()
         self._model = model
+        self._sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self._logit_dim = int(model.get_output_embeddings().weight.shape[0])
+        if self._guides is not None:
+            self._guides.bind(self._logit_dim)
         log.info(
             "hf engine: loaded %s (%s, %s, %d threads)", self._path, model.dtype, self._device, torch.get_num_threads()
         )
+        self._started = self._alive = True
 
     async def shutdown(self) -> None:
         """Stop the worker; requests still queued or running end with NotReady."""
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
+        self.stop_soon()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         self._alive = False
+
+    def stop_soon(self) -> None:
+        """Refuse new requests and have the worker exit at the next step boundary (it ends the
+        requests left with NotReady)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
 
     def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
         """The generic (LMI "every rolling batch backend") defaults."""
@@ -254,41 +273,49 @@ class HfEngine(EngineLifecycle):
 
         Raises:
             NotReady / EngineDead: the engine is not serving.
-            InvalidArgument: more sequences or batch tokens than the batch can ever hold.
+            InvalidArgument: more sequences or batch tokens than the batch can ever hold, the id
+                of a request still running, or a guide that does not compile.
             Overloaded: max_queue_size requests are already waiting.
         """
-        seqs = request.num_sequences
-        if seqs > self._max_batch:
-            raise InvalidArgument(
-                f"The request asks for {seqs} sequences, more than the batch holds ({self._max_batch}).",
-                field="sampling.n",
-            )
-        need = (len(request.prompt_ids) + request.max_new_tokens) * seqs
-        if need > self._max_total:
-            raise InvalidArgument(
-                f"The request needs {need} tokens of batch capacity (prompt + max_new_tokens per sequence), "
-                f"more than this server allows ({self._max_total}); lower max_new_tokens or n.",
-                field="stopping.max_new_tokens",
-            )
+        need = check_request(request, self._max_batch, self._max_total)
 
         def on_close(finished: bool) -> None:
             if not finished:
                 self.abort(request.request_id)
 
         queued = EngineOutput(request.request_id, state=RequestState.QUEUED, time=time.monotonic())
-        r = _Req(request, need, OutputStream(queued, on_close))
+        r = _Req(request, need, OutputStream(queued, on_close), grammar=self._grammar(request))
+        self._enqueue(r)
+        assert r.outputs is not None
+        return r.outputs
+
+    def submit(self, request: EngineRequest) -> None:
+        """Admit a request whose outputs leave through `_publish` only (no OutputStream: the
+        engine process's side of core.engine.hf_process). Raises as `generate` does."""
+        need = check_request(request, self._max_batch, self._max_total)
+        self._enqueue(_Req(request, need, None, grammar=self._grammar(request)))
+
+    def _grammar(self, request: EngineRequest) -> Any:
+        """The compiled guide of `request` (hf_guided), None without one.
+
+        Raises:
+            InvalidArgument: the guide does not compile.
+        """
+        if request.guide is None or self._guides is None:
+            return None
+        return self._guides.compiled(request.guide)
+
+    def _enqueue(self, r: _Req) -> None:
+        request = r.req
         with self._cv:
             self._check_serving()
             if request.request_id in self._requests:
-                raise InvalidArgument(
-                    f"A request with id '{request.request_id}' is already running.", field="request_id"
-                )
+                raise duplicate_id(request.request_id)
             if len(self._pending) >= self._max_queue:
-                raise Overloaded(f"The server is at capacity ({self._max_queue} requests waiting); retry later.")
+                raise queue_full(self._max_queue)
             self._pending.append(r)
             self._requests[request.request_id] = r
             self._cv.notify()
-        return r.outputs
 
     def abort(self, request_id: str) -> None:
         """Cancel a request at the next step boundary (no-op when unknown or finished)."""
@@ -299,7 +326,8 @@ class HfEngine(EngineLifecycle):
 
     # ---------------------------------------------------------------- worker
 
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The batching loop: one prefill or decode step per iteration until stopped or dead."""
         try:
             with torch.inference_mode():
                 while True:
@@ -341,8 +369,19 @@ class HfEngine(EngineLifecycle):
                         r.admitted = False
                         self._running_requests -= 1
                         self._reserved -= r.reserved_tokens
-        if emits and self._loop is not None:
+        if emits:
+            self._publish(emits)
+
+    def _publish(self, emits: Emits) -> None:
+        """Hand one step's outputs over to their consumers (from the worker thread): here, to
+        the OutputStreams on the event loop."""
+        if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_deliver, emits)
+
+    def _report_death(self, error: Exception) -> None:
+        """Tell the serving side that the engine died of `error` (from the worker thread)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._mark_dead, error)
 
     def _die(self, error: Exception) -> None:
         """The worker is exiting: fail every request left with `error` when it is NotReady (an
@@ -357,12 +396,10 @@ class HfEngine(EngineLifecycle):
         failure = EngineDead(f"The engine stopped: {error}") if crashed else error
         now = time.monotonic()
         emits = [(r, EngineOutput(r.req.request_id, error=failure, finished=True, time=now)) for r in live]
-        if self._loop is None or self._loop.is_closed():
-            return
         if emits:
-            self._loop.call_soon_threadsafe(_deliver, emits)
+            self._publish(emits)
         if crashed:
-            self._loop.call_soon_threadsafe(self._mark_dead, error)
+            self._report_death(error)
 
     def _cancel_pending(self, emits: Emits) -> None:
         """Under the lock: drop aborted requests that are still waiting."""
@@ -474,9 +511,8 @@ class HfEngine(EngineLifecycle):
         self._emit_tokens(rows, tokens, lps, tops, emits)
         if self._cache is None:
             self._cache = SlotKVCache(len(group_cache.layers), self._max_batch, dev)
-        for row, i, tok in zip(rows, source, tokens.tolist(), strict=True):
-            if row.finished:
-                continue
+        joining = [(row, i, tok) for row, i, tok in zip(rows, source, tokens.tolist(), strict=True) if not row.finished]
+        for row, i, tok in sorted(joining, key=lambda j: -lens[j[1]]):  # longest first: one timeline shift
             plen = lens[i]
             keys = [layer.keys[i, :, width - plen :] for layer in group_cache.layers]
             values = [layer.values[i, :, width - plen :] for layer in group_cache.layers]
@@ -504,7 +540,7 @@ class HfEngine(EngineLifecycle):
         if s.do_sample:
             gen = torch.Generator(device=self._device)
             gen.manual_seed((s.seed + k) & 0xFFFF_FFFF_FFFF_FFFF)
-        return _Row(r, k, slot, params, gen)
+        return _Row(r, k, slot, params, gen, matcher=r.grammar.deep_copy() if r.grammar is not None else None)
 
     # ---------------------------------------------------------------- decode
 
@@ -516,10 +552,13 @@ class HfEngine(EngineLifecycle):
         extent = self._extent
         cache.make_room(live)
         end = cache.length
-        cache.mask[:extent, end] = 1
+        cache.mask[:extent, end] = True
+        mask = cache.mask[:extent, : end + 1]
         out = self._model(
             input_ids=self._next[:extent, None],
-            attention_mask=cache.mask[:extent, : end + 1],
+            # One query per row: the padding mask is the whole mask, and sdpa takes it as a
+            # ready 4D view, sparing transformers' mask building (~5% of a small model's step).
+            attention_mask=mask[:, None, None, :] if self._sdpa else mask,
             position_ids=self._pos[:extent, None],
             past_key_values=cache,
             use_cache=True,
@@ -573,6 +612,8 @@ class HfEngine(EngineLifecycle):
         if bias is not None:
             x = x + bias
         x = self._ban(rows, x)
+        if self._guides is not None:
+            x = self._guides.mask_logits(rows, x)
         tokens = x.argmax(dim=-1)
         if params.any_sample:
             if sample_idx is None or sample_params is None:
@@ -631,6 +672,8 @@ class HfEngine(EngineLifecycle):
             row = rows[i]
             req = row.owner.req
             row.generated.append(tok)
+            if row.matcher is not None:
+                row.matcher.consume_token(tok)
             step = SequenceStep(row.index, [tok])
             if lps is not None and i in lps:
                 step.logprobs = [lps[i]]
@@ -732,6 +775,7 @@ def _cancelled(r: _Req) -> EngineOutput:
     return EngineOutput(r.req.request_id, sequences=steps, finished=True, time=time.monotonic())
 
 
-def _deliver(emits: list[tuple[_Req, EngineOutput]]) -> None:
+def _deliver(emits: Emits) -> None:
     for r, out in emits:
-        r.outputs.put(out)
+        if r.outputs is not None:
+            r.outputs.put(out)

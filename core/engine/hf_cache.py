@@ -64,7 +64,7 @@ class SlotKVCache(Cache):
     Attributes:
         length: columns of the timeline in use; the next decode step writes column `length`.
         capacity: columns allocated.
-        mask: [slots, capacity] long attention mask (1 = a real token of that slot).
+        mask: [slots, capacity] bool attention mask (True = a real token of that slot).
         start: per slot, the first column of its sequence.
     """
 
@@ -73,7 +73,7 @@ class SlotKVCache(Cache):
         self.device = device
         self.length = 0
         self.capacity = capacity
-        self.mask = torch.zeros((slots, capacity), dtype=torch.long, device=device)
+        self.mask = torch.zeros((slots, capacity), dtype=torch.bool, device=device)
         self.start = [0] * slots
         self.allocated = False
         self.slot_layers = [_SlotLayer(self) for _ in range(num_layers)]
@@ -90,7 +90,8 @@ class SlotKVCache(Cache):
         """Place a prefilled sequence in `slot`, right-aligned to the timeline's end.
 
         keys / values: per layer, [kv_heads, prompt_len, head_dim]. live: slots of the other
-        sequences still running (their columns are preserved when the timeline shifts).
+        sequences still running (their columns are preserved when the timeline shifts). Insert
+        a group of sequences longest first: the first insert then makes room for all of them.
         """
         plen = keys[0].shape[1]
         if not self.allocated:
@@ -104,7 +105,7 @@ class SlotKVCache(Cache):
             layer.kbuf[slot, :, begin : self.length] = k
             layer.vbuf[slot, :, begin : self.length] = v
         self.mask[slot].zero_()
-        self.mask[slot, begin : self.length] = 1
+        self.mask[slot, begin : self.length] = True
         self.start[slot] = begin
 
     def release(self, slot: int) -> None:
@@ -130,7 +131,7 @@ class SlotKVCache(Cache):
             layer.kbuf[:, :, :keep] = layer.kbuf[:, :, cols : self.length].clone()
             layer.vbuf[:, :, :keep] = layer.vbuf[:, :, cols : self.length].clone()
         self.mask[:, :keep] = self.mask[:, cols : self.length].clone()
-        self.mask[:, keep:] = 0
+        self.mask[:, keep:] = False
         self.length = keep
         for s in live:
             self.start[s] -= cols
@@ -138,12 +139,20 @@ class SlotKVCache(Cache):
     def _shift_right(self, cols: int, live: list[int]) -> None:
         if not live:
             self.mask.zero_()
+            if self.length + cols + 1 > self.capacity:  # grow before the timeline passes the old buffers' end
+                self._grow(max(self.capacity * 2, self.length + cols + 1))
             self.length += cols
-            if self.length + 1 > self.capacity:
-                self._grow(max(self.capacity * 2, self.length + 1))
             return
-        new_cap = max(self.capacity, self.length + cols + 1)
-        self._rebuild(new_cap, offset=cols)
+        if self.length + cols + 1 <= self.capacity and self.allocated:  # in place: no reallocation
+            end, rows = self.length, max(live) + 1
+            for layer in self.slot_layers:
+                for buf in (layer.kbuf, layer.vbuf):
+                    buf[:rows, :, cols : cols + end] = buf[:rows, :, :end].clone()
+            self.mask[:, cols : cols + end] = self.mask[:, :end].clone()
+            self.mask[:, :cols] = False
+            self.length = end + cols
+        else:
+            self._rebuild(max(self.capacity, self.length + cols + 1), offset=cols)
         for s in live:
             self.start[s] += cols
 
@@ -155,7 +164,7 @@ class SlotKVCache(Cache):
         end = self.length
         for layer in self.slot_layers:
             layer.kbuf, layer.vbuf = (_moved(old, capacity, offset, end) for old in (layer.kbuf, layer.vbuf))
-        mask = torch.zeros((self.slots, capacity), dtype=torch.long, device=self.device)
+        mask = torch.zeros((self.slots, capacity), dtype=torch.bool, device=self.device)
         mask[:, offset : offset + end] = self.mask[:, :end]
         self.mask = mask
         self.capacity = capacity

@@ -33,7 +33,9 @@ elsewhere), so values are <= 0, sorted descending, and the chosen logprob equals
 Prompt logprobs are built the same way from the prompt.
 
 Sampling parameters other than do_sample and seed (temperature, top_k, top_p, penalties,
-logit_bias, bad_words) are validated and reported as usual but do not shape the draws.
+logit_bias, bad_words) are validated and reported as usual but do not shape the draws. Guided
+decoding is not honoured: EngineInfo.guided_decoding is empty, so the core refuses a guided
+request (INVALID_ARGUMENT) rather than return draws that ignore the guide.
 """
 
 from __future__ import annotations

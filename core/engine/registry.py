@@ -22,7 +22,7 @@ EngineFactory: TypeAlias = "Callable[[CoreConfig, Tokenizer], Engine]"
 
 # name -> "module:factory" (an EngineFactory).
 ENGINES = {
-    "hf": "core.engine.hf:build",
+    "hf": "core.engine.hf_process:build",
     "mock": "core.engine.mock:build",
     "trtllm": "core.engine.trtllm.executor:build",
     "trtllm-llm": "core.engine.trtllm.llm:build",

@@ -30,6 +30,7 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.fields import Field, FieldTable, Transform, by_rule, same_names, true_or_unset
+from gateways.common.guided import tgi_grammar_guide
 from gateways.common.status import GatewayError
 from gateways.common.streaming import finish_word
 from gateways.lmi.schema import GenerationParameters
@@ -88,6 +89,8 @@ FIELDS = FieldTable(
         *by_rule("parameters.prompt_logprobs", "output.prompt_logprobs"),
         Field("parameters.return_full_text", "output.echo", true_or_unset),
         *same_names("parameters.", "output", ("skip_special_tokens", "spaces_between_special_tokens")),
+        *by_rule("parameters.grammar", "guided_decoding.json_object", "guided_decoding.json_schema"),
+        *by_rule("parameters.grammar", "guided_decoding.regex"),
     )
 )
 
@@ -151,7 +154,7 @@ def refuse_unsupported(p: GenerationParameters, *, stream: bool, dynamic: bool =
     Raises:
         GatewayError: INVALID_ARGUMENT naming the LMI parameter:
             - `stop: true` (TensorRT-LLM's flag, without a defined meaning on other engines);
-            - `watermark: true`, a `grammar` (TGI features the core does not implement);
+            - `watermark: true` (a TGI feature the core does not implement);
             - n or best_of > 1 with streaming (seed: "only works with non-streaming case");
             - with dynamic batching, parameters whose output that schema cannot carry
               (details, decoder_input_details, prompt_logprobs, logprobs, top_n_tokens,
@@ -165,8 +168,6 @@ def refuse_unsupported(p: GenerationParameters, *, stream: bool, dynamic: bool =
         )
     if p.watermark:
         raise _refuse("watermark", "watermarking is not supported by this server.")
-    if p.grammar is not None:
-        raise _refuse("grammar", "grammar-constrained generation is not supported by this server.")
     many = max(p.n or 1, p.best_of or 1) > 1
     name = "n" if (p.n or 1) > 1 else "best_of"
     if dynamic:
@@ -205,8 +206,9 @@ def to_generate_request(
     min_new_tokens; stop_sequences (and TGI's list-valued `stop`) -> stopping.stop;
     ignore_eos_token -> ignore_eos; truncate -> truncate_input_tokens; bad_sequences ->
     bad_words; return_full_text -> echo; logprobs/top_n_tokens -> top_logprobs;
-    decoder_input_details -> prompt_logprobs 0, prompt_logprobs k -> k. Logprobs are asked
-    whenever token records show `log_prob` (streaming, details) or sequences are ranked.
+    decoder_input_details -> prompt_logprobs 0, prompt_logprobs k -> k; TGI's grammar
+    (`{"type": "json" | "regex", "value"}`) -> guided_decoding (gateways.common.guided). Logprobs
+    are asked whenever token records show `log_prob` (streaming, details) or sequences are ranked.
 
     Args:
         inputs: the prompt text.
@@ -217,7 +219,7 @@ def to_generate_request(
         dynamic: the request is one input of a dynamic batch (stricter refusals).
 
     Raises:
-        GatewayError: see `refuse_unsupported`.
+        GatewayError: see `refuse_unsupported`; a `grammar` of another shape (INVALID_ARGUMENT).
     """
     refuse_unsupported(p, stream=opts.stream, dynamic=dynamic)
     req = spb.GenerateRequest(request_id=request_id, text=inputs)
@@ -245,6 +247,8 @@ def to_generate_request(
     prompt = [v for v in (0 if p.decoder_input_details else None, p.prompt_logprobs) if v is not None]
     if prompt:
         o.prompt_logprobs = _merge(prompt)
+    if p.grammar is not None:
+        req.guided_decoding.CopyFrom(tgi_grammar_guide(p.grammar, "parameters.grammar"))
     return req
 
 

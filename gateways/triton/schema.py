@@ -42,6 +42,9 @@ class Kind(enum.Enum):
     FLOAT = "float"  # any JSON number
     BOOL = "bool"  # true or false
     WORDS = "words"  # a string or an array of strings
+    STRING = "string"  # a string
+    STRINGS = "strings"  # an array of strings
+    JSON = "json"  # an object, or a string holding one (a JSON Schema)
 
 
 #: TensorRT-LLM ensemble / BLS inputs this server cannot honour. The value is the one setting
@@ -69,8 +72,6 @@ UNSUPPORTED: dict[str, Any] = {
     "lora_task_id": None,
     "lora_weights": None,
     "lora_config": None,
-    "guided_decoding_guide_type": None,
-    "guided_decoding_guide": None,
 }
 
 
@@ -141,6 +142,20 @@ def check_value(name: str, kind: Kind, value: Any) -> Any:
     if kind is Kind.BOOL:
         if not isinstance(value, bool):
             raise GatewayError.invalid(f"Parameter '{name}' must be a boolean, got {json_type(value)}.", name)
+        return value
+    if kind is Kind.STRING:
+        if not isinstance(value, str):
+            raise GatewayError.invalid(f"Parameter '{name}' must be a string, got {json_type(value)}.", name)
+        return value
+    if kind is Kind.STRINGS:
+        if not isinstance(value, list) or not all(isinstance(w, str) for w in value):
+            raise GatewayError.invalid(f"Parameter '{name}' must be an array of strings, got {json_type(value)}.", name)
+        return value
+    if kind is Kind.JSON:
+        if not isinstance(value, dict | str):
+            raise GatewayError.invalid(
+                f"Parameter '{name}' must be a JSON Schema (an object or its JSON text), got {json_type(value)}.", name
+            )
         return value
     if kind is Kind.WORDS:
         if isinstance(value, str):

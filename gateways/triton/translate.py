@@ -22,6 +22,7 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.fields import Field, FieldTable, Transform, by_rule, same, true_or_unset
+from gateways.common.guided import trt_guide, vllm_guide
 from gateways.common.status import GatewayError
 from gateways.common.streaming import finish_word
 from gateways.triton import schema
@@ -91,13 +92,29 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("exclude_input_in_output", "output.echo", _echo, kind=Kind.BOOL, datatype="BOOL"),
     ParamSpec("include_stop_str_in_output", "stopping.include_stop_str_in_output", kind=Kind.BOOL, datatype="BOOL"),
     ParamSpec("stream", None, kind=Kind.BOOL, datatype="BOOL"),
+    # Guided decoding: vLLM's names, and TensorRT-LLM's ensemble inputs (gateways.common.guided).
+    ParamSpec("guided_json", "guided_decoding.json_schema", None, kind=Kind.JSON, datatype="BYTES"),
+    ParamSpec("guided_regex", "guided_decoding.regex", None, kind=Kind.STRING, datatype="BYTES"),
+    ParamSpec("guided_choice", "guided_decoding.choice", None, kind=Kind.STRINGS, datatype="BYTES", shape=(-1,)),
+    ParamSpec("guided_grammar", "guided_decoding.ebnf_grammar", None, kind=Kind.STRING, datatype="BYTES"),
+    ParamSpec("guided_decoding_guide_type", "guided_decoding", None, kind=Kind.STRING, datatype="BYTES"),
+    ParamSpec("guided_decoding_guide", None, None, kind=Kind.STRING, datatype="BYTES"),
 )
 
 #: Every accepted name (canonical or alias) -> its spec.
 BY_NAME: dict[str, ParamSpec] = {n: p for p in PARAMETERS for n in (p.name, *p.aliases)}
 
-#: The schema's field table: the parameters, and the members outside `parameters`.
-FIELDS = FieldTable((*by_rule("text_input", "text"), *by_rule("model_name", "model"), *PARAMETERS))
+#: The schema's field table: the parameters, the members outside `parameters`, and the guide
+#: text of TensorRT-LLM's guided decoding inputs (named when the core refuses it).
+FIELDS = FieldTable(
+    (
+        *by_rule("text_input", "text"),
+        *by_rule("model_name", "model"),
+        *PARAMETERS,
+        *by_rule("guided_decoding_guide", "guided_decoding.json_schema", "guided_decoding.regex"),
+        *by_rule("guided_decoding_guide", "guided_decoding.ebnf_grammar"),
+    )
+)
 
 _VERSION = re.compile(r"[0-9]{1,18}")
 
@@ -187,6 +204,8 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
     the penalties -> sampling.*. do_sample is never set: the core infers it and applies the
     engine's defaults. top_p <= 0 is left unset, as Triton's TensorRT-LLM backend drops it.
     pad_id and stream have no effect (text output has no padding; the route decides streaming).
+    guided_json / guided_regex / guided_choice / guided_grammar (vLLM) or
+    guided_decoding_guide_type with guided_decoding_guide (TensorRT-LLM) -> guided_decoding.
 
     Raises:
         GatewayError: INVALID_ARGUMENT for a wrong shape or JSON type, an unknown parameter
@@ -219,6 +238,9 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
 
     req = spb.GenerateRequest(request_id=request_id, model=model, text=env.text_input)
     FIELDS.apply(values, req)
+    guide = _guide(values)
+    if guide is not None:
+        req.guided_decoding.CopyFrom(guide)
     end_id = values.get("end_id")
     if end_id is not None:
         # The ensemble's end_id replaces the model's EOS; -1 (what TensorRT-LLM's own tests send)
@@ -227,6 +249,29 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
             req.stopping.stop_token_ids.append(end_id)
         req.stopping.ignore_eos = True
     return Translation(req, env.id, bool(values.get("return_log_probs")), FIELDS.names(used), tuple(ignored))
+
+
+def _guide(values: Mapping[str, Any]) -> pb.GuidedDecoding | None:
+    """The guide of the guided_* parameters, or of guided_decoding_guide_type/_guide (not both).
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT naming the parameter (two guides, an unknown guide type,
+            a guide without its type).
+    """
+    vllm = vllm_guide(values)
+    guide_type = values.get("guided_decoding_guide_type")
+    if guide_type is None:
+        if values.get("guided_decoding_guide") is not None:
+            raise GatewayError.invalid(
+                "guided_decoding_guide needs guided_decoding_guide_type.", "guided_decoding_guide_type"
+            )
+        return vllm
+    if vllm is not None:
+        raise GatewayError.invalid(
+            "Give either the guided_* parameters or guided_decoding_guide_type, not both.",
+            "guided_decoding_guide_type",
+        )
+    return trt_guide(guide_type, values.get("guided_decoding_guide"))
 
 
 def _check_unsupported(name: str, value: object) -> None:

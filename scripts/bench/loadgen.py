@@ -178,8 +178,13 @@ class Client:
 
 
 class GrpcClient(Client):
-    def __init__(self, address: str, max_new_tokens: int, chat: bool):
+    """Generate calls straight to the core. With `json_schema`, each request is constrained to
+    that schema (guided decoding), so it cannot ask for ignore_eos: the schema must not let the
+    output complete within max_new_tokens if every request is to generate as many tokens."""
+
+    def __init__(self, address: str, max_new_tokens: int, chat: bool, json_schema: str | None = None):
         self.address, self.max_new_tokens, self.chat = address, max_new_tokens, chat
+        self.json_schema = json_schema
 
     async def start(self) -> None:
         import grpc
@@ -196,12 +201,14 @@ class GrpcClient(Client):
 
     async def run(self, prompt: str) -> Sample:
         pb, spb = self.pb, self.spb
-        stopping = pb.StoppingParams(max_new_tokens=self.max_new_tokens, ignore_eos=True)
+        stopping = pb.StoppingParams(max_new_tokens=self.max_new_tokens, ignore_eos=self.json_schema is None)
         if self.chat:
             msgs = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content=[pb.ContentPart(text=prompt)])])
             req = spb.GenerateRequest(messages=msgs, stopping=stopping)
         else:
             req = spb.GenerateRequest(text=prompt, stopping=stopping)
+        if self.json_schema is not None:
+            req.guided_decoding.json_schema = self.json_schema
         timeline = Timeline(self.meter)
         async for msg in self.stub.Generate(req):
             timeline.arrived(sum(len(o.tokens) for o in msg.outputs))

@@ -30,13 +30,21 @@ class Proc:
         SystemExit: the process exited, or `ready` did not appear in its log within `timeout` s.
     """
 
-    def __init__(self, name: str, cmd: list[str], ready: str, env: dict | None = None, timeout: float = 300):
+    def __init__(
+        self,
+        name: str,
+        cmd: list[str],
+        ready: str,
+        env: dict | None = None,
+        timeout: float = 300,
+        cwd: Path = ROOT,
+    ):
         self.name = name
         log_dir = ROOT / "bench-results"
         log_dir.mkdir(exist_ok=True)
         log = open(log_dir / f"{name}.log", "w")
         self.popen = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})}
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env={**os.environ, **(env or {})}
         )
         self.log_path = Path(log.name)
         deadline = time.monotonic() + timeout

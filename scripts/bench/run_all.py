@@ -8,10 +8,15 @@ machine is shared and noisy: figures are reported as ratios against a baseline f
 
 Figures:
   core        output tokens/s at 1, 8 and 32 streams; 32-stream / 1-stream ratio; peak RSS
+  static      at 16 and 32 streams, the core (direct gRPC, steady-state window) vs the same model's
+              in-process padded static batch of that size (scripts/bench/static_batch.py):
+              tokens/s ratio, TTFT and ITL p50 of both, the core's CPU µs per token
   gateways    at 16 streams, gateway vs direct gRPC: tokens/s ratio, added TTFT and ITL p50
   baseline    at 16 streams, core (gRPC) and the OpenAI gateway vs transformers serve: tokens/s
               ratio and TTFT p50 of both
   websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
+  guided      at 16 streams over gRPC, requests constrained to a JSON schema vs free ones: tokens/s
+              ratio (the goal: at least 0.9), with the machine's load average
   overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
 
@@ -19,28 +24,63 @@ Sections are merged into bench-results/summary.json: a run of some sections keep
 
 Usage: python scripts/bench/run_all.py --model models/demo [--out bench-results] [--rounds 3]
            [--skip baseline] [--only overhead]
+       python scripts/bench/run_all.py --only hf     # the HF engine's goals: static and baseline
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
 from overhead import TARGETS as OVERHEAD_TARGETS
+from overhead import _f as num
+from overhead import measure as measure_window
 from overhead import merge_summary, print_overhead, run_overhead
 from procs import ROOT, Proc, free_port
 
-HF_SECTIONS = {"core", "gateways", "websocket", "baseline"}
-SECTIONS = ("core", "gateways", "websocket", "baseline", "overhead")
+HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline", "guided"}
+SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead")
+# Names that select several sections.
+GROUPS = {"hf": {"static", "baseline"}}
+
+#: The guided section's schema: a list of at least 24 bounded records, so a constrained output is
+#: still unfinished after 64 tokens and runs as long as a free one with ignore_eos (greedy both).
+GUIDED_SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "items": {
+                "type": "array",
+                "minItems": 24,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 12},
+                        "qty": {"type": "integer", "minimum": 0, "maximum": 999},
+                        "ok": {"type": "boolean"},
+                    },
+                    "required": ["name", "qty", "ok"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["items"],
+        "additionalProperties": False,
+    }
+)
 
 
 def measure(client, concurrency: int, requests: int, label: str, max_new_tokens: int) -> Result:
@@ -82,24 +122,53 @@ def main() -> int:
     p.add_argument("--out", default="bench-results")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--skip", default="", help="comma-separated sections to leave out: " + ",".join(SECTIONS))
+    p.add_argument(
+        "--engine-threads",
+        type=int,
+        default=0,
+        help="torch threads of the core's HF engine and of the static batch (0: the engine's default)",
+    )
+    p.add_argument(
+        "--core-args",
+        default="",
+        metavar="FLAGS",
+        help="extra flags of the HF core under test, as one string (e.g. --core-args='--no-engine-process')",
+    )
+    p.add_argument(
+        "--core-root",
+        default="",
+        metavar="DIR",
+        help="run the HF core under test from another checkout with its own .venv (a before/after "
+        "comparison: e.g. `git worktree add --detach /tmp/before main && make -C /tmp/before venv`)",
+    )
+    p.add_argument(
+        "--skip", default="", help="comma-separated sections to leave out: " + ",".join([*SECTIONS, *GROUPS])
+    )
     p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
     args = p.parse_args()
-    selected = set(filter(None, args.only.split(","))) or set(SECTIONS)
-    selected -= set(filter(None, args.skip.split(",")))
+
+    def sections(arg: str) -> set[str]:
+        names = set(filter(None, arg.split(",")))
+        return set().union(*(GROUPS.get(name, {name}) for name in names))
+
+    selected = sections(args.only) or set(SECTIONS)
+    selected -= sections(args.skip)
     unknown = selected - set(SECTIONS)
     if unknown:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     out = ROOT / args.out
     out.mkdir(exist_ok=True)
     summary: dict = {"model": args.model, "max_new_tokens": args.max_new_tokens, "machine": {"cpus": os.cpu_count()}}
-    if selected & HF_SECTIONS:
-        hf_sections(args, selected, out, summary)
-    if "overhead" in selected:
-        summary["overhead"] = run_overhead(
-            args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens
-        )
-    print_summary(json.loads(merge_summary(out, summary).read_text()))
+    try:
+        if selected & HF_SECTIONS:
+            hf_sections(args, selected, out, summary)
+        if "overhead" in selected:
+            summary["overhead"] = run_overhead(
+                args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens
+            )
+    finally:
+        path = merge_summary(out, summary)  # what was measured before a failure is kept
+    print_summary(json.loads(path.read_text()))
     return 0
 
 
@@ -107,24 +176,34 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
     """The sections measured on the HF engine and the demo model, against one core."""
     n = args.max_new_tokens
     py = sys.executable
+    threads = args.engine_threads
+    if threads == 0:
+        sys.path.insert(0, str(ROOT))
+        from core.engine.hf_config import default_threads
+
+        threads = default_threads(0)
     core_port = free_port()
     core_addr = f"127.0.0.1:{core_port}"
+    core_root = Path(args.core_root).resolve() if args.core_root else ROOT
     core = Proc(
         "core",
         [
-            py,
+            str(core_root / ".venv/bin/python") if args.core_root else py,
             "-m",
             "core",
             "--model",
-            args.model,
+            str(ROOT / args.model),
             "--port",
             str(core_port),
             "--model-name",
             "demo",
             "--log-level",
             "WARNING",
+            *(["--threads", str(args.engine_threads)] if args.engine_threads else []),
+            *shlex.split(args.core_args),
         ],
         ready="serving",
+        cwd=core_root,
     )
     try:
         if "core" in selected:
@@ -138,6 +217,8 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
                 "ratio_32_vs_1": runs[32].output_tokens_per_s / runs[1].output_tokens_per_s,
                 "runs": {str(c): asdict(r) for c, r in runs.items()},
             }
+        if "static" in selected:
+            summary["static"] = static_batch(core, core_addr, args, n, threads)
         if "gateways" in selected:
             summary["gateways"] = {}
             for name, cls, chat in (
@@ -194,11 +275,139 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
                 summary["websocket"] = json.loads(ws_json.read_text())
             finally:
                 gw.stop()
+        if "guided" in selected:
+            summary["guided"] = guided(core, core_addr, args, n)
         if "baseline" in selected:
             summary["baseline"] = baseline(core_addr, args, out, n)
         summary["core_peak_rss_mb"] = core.peak_rss_mb()
+        summary["engine_process_peak_rss_mb"] = EngineProcess(core).peak_rss_mb()
     finally:
         core.stop()
+
+
+def guided(core: Proc, core_addr: str, args, n: int) -> dict:
+    """Requests constrained to GUIDED_SCHEMA vs free ones (greedy, 64 tokens each, 16 streams
+    over gRPC), alternated over at least 5 rounds. Besides tokens/s, the core's own CPU seconds
+    per generated token (psutil, warm-up requests included on both sides), which other work on
+    the machine disturbs far less; both as the median of the rounds' ratios."""
+    rounds = max(args.rounds, 5)
+    runs: dict[str, list[Result]] = {"free": [], "constrained": []}
+    cpu_us: dict[str, list[float]] = {"free": [], "constrained": []}
+    load = [os.getloadavg()[0]]
+    print(f"== guided decoding: JSON-schema-constrained vs free requests at 16 streams (gRPC), {rounds} rounds")
+    for _ in range(rounds):
+        for label, schema in (("free", None), ("constrained", GUIDED_SCHEMA)):
+            before = core.cpu_seconds()
+            result = measure(GrpcClient(core_addr, n, chat=False, json_schema=schema), 16, 48, label, n)
+            tokens = result.output_tokens + 4 * n  # measure()'s 4 warm-up requests generate n tokens each
+            cpu_us[label].append((core.cpu_seconds() - before) * 1e6 / tokens)
+            runs[label].append(result)
+        load.append(os.getloadavg()[0])
+    pairs = list(zip(runs["free"], runs["constrained"], strict=True))
+    return {
+        "rounds": rounds,
+        "tokens_per_s_ratio": statistics.median(c.output_tokens_per_s / f.output_tokens_per_s for f, c in pairs),
+        "core_cpu_us_per_token": {k: statistics.median(v) for k, v in cpu_us.items()},
+        "core_cpu_per_token_ratio": statistics.median(
+            c / f for f, c in zip(cpu_us["free"], cpu_us["constrained"], strict=True)
+        ),
+        "added_itl_p50_ms": statistics.median(c.itl_ms["p50"] - f.itl_ms["p50"] for f, c in pairs),
+        "load_average_1m": load,
+        "runs": {k: [asdict(r) for r in v] for k, v in runs.items()},
+    }
+
+
+class EngineProcess:
+    """CPU and memory accounting of the processes a core started (the HF engine process), in
+    the shape overhead.measure takes for its `procs`."""
+
+    def __init__(self, core: Proc):
+        self.core = psutil.Process(core.pid)
+
+    def children(self) -> list[psutil.Process]:
+        return self.core.children(recursive=True)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU seconds the core's children have used so far."""
+        total = 0.0
+        for child in self.children():
+            with contextlib.suppress(psutil.Error):
+                t = child.cpu_times()
+                total += t.user + t.system
+        return total
+
+    def peak_rss_mb(self) -> float:
+        """The largest peak resident set size (VmHWM) among the core's children, in MiB."""
+        peaks = [0.0]
+        for child in self.children():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{child.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        peaks.append(int(line.split()[1]) / 1024)
+        return max(peaks)
+
+
+def static_batch(core: Proc, core_addr: str, args, n: int, threads: int, streams=(16, 32)) -> dict:
+    """The core (direct gRPC, closed loop, one steady-state window after a warm-up) vs the same
+    model's in-process padded static batch of the same size with the same torch threads (a
+    fresh process each round, so the core sits idle meanwhile), alternating over `args.rounds`
+    rounds; medians of each side. The core's CPU is split into the core process (serving:
+    pipeline, gRPC) and its engine process, per streamed token."""
+    result: dict = {"threads": threads, "streams": {}}
+    procs = {"core": core, "engine": EngineProcess(core)}
+    for c in streams:
+        print(f"== core vs in-process padded static batch at {c} streams ({threads} torch threads)", flush=True)
+        core_runs, static_runs = [], []
+        for _ in range(args.rounds):
+            run = asyncio.run(
+                measure_window(
+                    GrpcClient(core_addr, n, chat=False),
+                    c,
+                    warmup_s=3.0,
+                    window_s=8.0,
+                    procs=procs,
+                    step_ms=0.0,
+                    label=f"grpc x{c}",
+                )
+            )
+            us = run["cpu_us_per_token"]
+            print(
+                f"  core     x{c:<3} {run['tokens_per_s']:8.0f} tok/s  TTFT p50 {num(run['ttft_ms']['p50'], 7, 1)} ms  "
+                f"ITL p50 {num(run['itl_ms']['p50'], 6)} ms  CPU µs/token: core {us['core']:.0f}, engine process "
+                f"{us['engine']:.0f}, client {us['client']:.0f}  others {run['cpu_cores']['others']:.2f} cores",
+                flush=True,
+            )
+            core_runs.append(run)
+            static_runs.append(run_static(args.model, c, n, threads))
+        core_med = sorted(core_runs, key=lambda r: r["tokens_per_s"])[len(core_runs) // 2]
+        static_med = sorted(static_runs, key=lambda r: r["tokens_per_s"])[len(static_runs) // 2]
+        result["streams"][str(c)] = {
+            "core": core_med,
+            "static": static_med,
+            "tokens_per_s_ratio": core_med["tokens_per_s"] / static_med["tokens_per_s"],
+            "ttft_p50_ms": {"core": core_med["ttft_ms"]["p50"], "static": static_med["ttft_ms"]["p50"]},
+            "rounds": {
+                "core_tokens_per_s": [r["tokens_per_s"] for r in core_runs],
+                "static_tokens_per_s": [r["tokens_per_s"] for r in static_runs],
+                "core_others_cores": [r["cpu_cores"]["others"] for r in core_runs],
+                "static_others_cores": [r["others_cores"] for r in static_runs],
+            },
+        }
+    return result
+
+
+def run_static(model: str, batch: int, n: int, threads: int) -> dict:
+    """One scripts/bench/static_batch.py measurement in a fresh process."""
+    cmd = [sys.executable, "scripts/bench/static_batch.py", "--model", model, "--batch", str(batch)]
+    cmd += ["--max-new-tokens", str(n), "--threads", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(
+        f"  static   x{batch:<3} {result['tokens_per_s']:8.0f} tok/s  TTFT p50 {result['ttft_ms']['p50']:7.1f} ms  "
+        f"ITL p50 {result['itl_ms']['p50']:6.2f} ms  others {result['others_cores']:.2f} cores",
+        flush=True,
+    )
+    return result
 
 
 def baseline(core_addr: str, args, out: Path, n: int) -> dict:
@@ -208,7 +417,7 @@ def baseline(core_addr: str, args, out: Path, n: int) -> dict:
     cache = out / "hf-cache"
     cache.mkdir(exist_ok=True)
     serve_cmd = [
-        "transformers",
+        str(Path(py).parent / "transformers"),  # this environment's CLI, whether or not it is on PATH
         "serve",
         str(ROOT / args.model),
         "--device",
@@ -278,6 +487,16 @@ def print_summary(s: dict) -> None:
             f"core tokens/s: 1 stream {t['1']:.0f}, 8 streams {t['8']:.0f}, 32 streams {t['32']:.0f}; "
             f"32/1 = {s['core']['ratio_32_vs_1']:.1f}x"
         )
+    static = s.get("static", {})
+    for c, r in static.get("streams", {}).items():
+        us = r["core"]["cpu_us_per_token"]
+        print(
+            f"core vs in-process padded static batch at {c} streams ({static['threads']} torch threads): "
+            f"{r['core']['tokens_per_s']:.0f} vs {r['static']['tokens_per_s']:.0f} tok/s = "
+            f"{r['tokens_per_s_ratio']:.2f}x; TTFT p50 {num(r['ttft_p50_ms']['core'], 0, 1)} vs "
+            f"{r['ttft_p50_ms']['static']:.1f} ms; CPU µs/token: core {us['core']:.0f}, "
+            f"engine process {us['engine']:.0f}"
+        )
     for name, g in s.get("gateways", {}).items():
         print(
             f"{name} gateway vs gRPC at 16 streams: tokens/s ratio {g['tokens_per_s_ratio']:.3f}, "
@@ -296,8 +515,19 @@ def print_summary(s: dict) -> None:
             f"openai gateway {b['openai_gateway_vs_serve_tokens_per_s_ratio']:.2f}x; TTFT p50 ms "
             + ", ".join(f"{k} {v:.1f}" for k, v in b["ttft_p50_ms"].items())
         )
+    if "guided" in s:
+        g = s["guided"]
+        cpu = g["core_cpu_us_per_token"]
+        print(
+            f"guided decoding at 16 streams: constrained / free tokens/s {g['tokens_per_s_ratio']:.3f} "
+            f"(goal >= 0.90); core CPU per token {cpu['constrained']:.0f} vs {cpu['free']:.0f} µs "
+            f"= {g['core_cpu_per_token_ratio']:.3f}x; added ITL p50 {g['added_itl_p50_ms']:+.2f} ms"
+        )
     if "core_peak_rss_mb" in s:
-        print(f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB")
+        print(
+            f"core peak RSS: {s['core_peak_rss_mb']:.0f} MiB; its engine process: "
+            f"{s.get('engine_process_peak_rss_mb', 0):.0f} MiB"
+        )
     if "overhead" in s:
         print_overhead(s["overhead"])
 

@@ -27,7 +27,25 @@ One era per upstream binding shape, each rebuilt from the bindings' own source
   "1.0"  | request.cpp (pybind and nanobind), 1.x       | Request(input_token_ids, max_tokens, *, ...); new
          |                                              | names only; FinishReason adds TIMED_OUT and
          |                                              | CANCELLED; SamplingConfig has num_return_sequences
-         |                                              | and min_p; block reuse on by default
+         |                                              | and min_p; block reuse on by default; guided
+         |                                              | decoding (below)
+
+Guided decoding (era "1.0"; absent before, as in 0.11-0.15: first released in 0.16.0):
+`GuidedDecodingParams(guide_type, guide=None)` with `GuidedDecodingParams.GuideType` (JSON,
+JSON_SCHEMA, REGEX, EBNF_GRAMMAR, STRUCTURAL_TAG) and read-only `guide_type`/`guide`; the
+Request's `guided_decoding_params` (refused with beam search: requestImpl.h "Guided decoding
+does not support with beam search."); `GuidedDecodingConfig(backend, encoded_vocab=None,
+tokenizer_str=None, stop_token_ids=None)` with `GuidedDecodingConfig.GuidedDecodingBackend`
+(XGRAMMAR, LLGUIDANCE) as `ExecutorConfig(guided_decoding_config=...)`. The executor then
+behaves as `batch_manager/guidedDecoder.cpp`: LLGUIDANCE is refused at construction ("LLGuidance
+is not supported for guided decoding in C++ runtime."); the tokenizer comes from encoded_vocab
+and tokenizer_str with the padded vocabulary size; each guided request's grammar is compiled at
+its first context step (JSON: the builtin JSON grammar, an object or an array) and its token
+mask applied to the logits before sampling, the matcher advancing with each token. The double
+compiles with llguidance (the grammar library this project ships) where the runtime uses
+XGrammar; the masks are what each guide allows either way. A guide that does not compile fails
+its request with an error response ([UNCONFIRMED]: the runtime's exact behaviour); guided
+parameters without a GuidedDecodingConfig are ignored (no GuidedDecoder exists; [UNCONFIRMED]).
 
 Behaviour common to every era, from the same sources: `LlmRequest::createResponse` sends
 `log_probs` cumulative (all generated so far) and `context_logits` on every result when
@@ -261,6 +279,55 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
 
     m.OutputConfig = OutputConfig
 
+    # ------------------------------------------------------------------ guided decoding (1.0)
+    if late:
+        guide_types = enum.IntEnum(
+            "GuideType", {"JSON": 0, "JSON_SCHEMA": 1, "REGEX": 2, "EBNF_GRAMMAR": 3, "STRUCTURAL_TAG": 4}
+        )
+        gdp_sig = _signature([("guide_type", _EMPTY), ("guide", None)])
+
+        class GuidedDecodingParams:
+            """request.cpp: (guide_type, guide=None); read-only properties."""
+
+            GuideType = guide_types
+
+            def __init__(self, *args, **kwargs):
+                v = _bind(gdp_sig, "GuidedDecodingParams", args, kwargs)
+                if not isinstance(v["guide_type"], guide_types):
+                    raise TypeError("GuidedDecodingParams.__init__(): incompatible constructor arguments (guide_type)")
+                object.__setattr__(self, "_v", v)
+
+            @property
+            def guide_type(self):
+                return self._v["guide_type"]
+
+            @property
+            def guide(self):
+                return self._v["guide"]
+
+            def __setattr__(self, name, value):
+                raise AttributeError(f"can't set attribute {name!r}")
+
+        backend_enum = enum.IntEnum("GuidedDecodingBackend", {"XGRAMMAR": 0, "LLGUIDANCE": 1})
+        gdc_sig = _signature(
+            [("backend", _EMPTY), ("encoded_vocab", None), ("tokenizer_str", None), ("stop_token_ids", None)]
+        )
+
+        class GuidedDecodingConfig:
+            """executorConfig.cpp: (backend, encoded_vocab=None, tokenizer_str=None,
+            stop_token_ids=None); read/write properties."""
+
+            GuidedDecodingBackend = backend_enum
+
+            def __init__(self, *args, **kwargs):
+                v = _bind(gdc_sig, "GuidedDecodingConfig", args, kwargs)
+                if not isinstance(v["backend"], backend_enum):
+                    raise TypeError("GuidedDecodingConfig.__init__(): incompatible constructor arguments (backend)")
+                self.__dict__.update(v)
+
+        m.GuidedDecodingParams = GuidedDecodingParams
+        m.GuidedDecodingConfig = GuidedDecodingConfig
+
     # ------------------------------------------------------------------ Request (§1.8)
     common_req = [
         ("streaming", False),
@@ -288,7 +355,8 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
             )
         else:
             req_sig = _signature(
-                [("input_token_ids", _EMPTY), ("max_tokens", _EMPTY)], [*common_req, *later, ("allotted_time_ms", None)]
+                [("input_token_ids", _EMPTY), ("max_tokens", _EMPTY)],
+                [*common_req, *later, ("guided_decoding_params", None), ("allotted_time_ms", None)],
             )
 
     class Request:
@@ -316,6 +384,8 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
             for words in ("bad_words", "stop_words"):
                 w = v.get(words)
                 _check(w is None or all(isinstance(x, list) and x for x in w), f"{words}: list of non-empty lists")
+            if v.get("guided_decoding_params") is not None and v["sampling_config"].beam_width > 1:
+                raise RuntimeError("[TensorRT-LLM][ERROR] Guided decoding does not support with beam search.")
             object.__setattr__(self, "_v", v)
 
         def __getattr__(self, name):
@@ -475,7 +545,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
             ("max_seq_idle_microseconds", 180_000_000),
         ]
     if late:
-        ec_fields += [("gather_generation_logits", False)]
+        ec_fields += [("gather_generation_logits", False), ("guided_decoding_config", None)]
     ec_sig = _signature(ec_fields)
     ec_names = {n for n, _ in ec_fields} - ({"max_batch_size"} if early else set())
 
@@ -532,6 +602,7 @@ class _Seq:
         self.sent = 0  # generated tokens already delivered (streaming)
         self.done = False
         self.reason = 0  # FinishReason value
+        self.matcher = None  # guided decoding state (an llguidance matcher)
 
 
 class _Live:
@@ -608,6 +679,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             sched = ec.scheduler_config
             self._policy = sched.capacity_scheduler_policy
             self._normalize = ec.normalize_log_probs
+            self._guides = _FakeGuidedDecoder(m, getattr(ec, "guided_decoding_config", None), self._vocab)
             self.config = ec
             self.model = FakeModel(self._vocab)
             self.fake_requests: dict[int, object] = {}
@@ -941,6 +1013,10 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 if error is not None:
                     self._error(live, f"Encountered an error when fetching new request: {error}")
                     continue
+                error = self._guides.start(live)
+                if error is not None:
+                    self._error(live, f"Encountered an error in forwardAsync function: {error}")
+                    continue
                 room = self._max_seq_len - len(live.req.input_token_ids)
                 if live.max_tokens > room:  # §1.12: silently clipped, with a warning
                     log.warning("Number of requested output tokens is changed to (%d)", room)
@@ -989,6 +1065,8 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 if seq.done:
                     continue
                 tok, lp = self._next_token(live, seq, sc)
+                if seq.matcher is not None:
+                    seq.matcher.consume_token(tok)
                 end_id = req.end_id
                 if end_id is not None and end_id >= 0 and tok == end_id:
                     seq.done, seq.reason = True, reason("END_ID")  # §7.5: the end token is excluded
@@ -1031,6 +1109,8 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 if not prefix or context[-len(prefix) :] == prefix:
                     x[word[-1]] = float("-inf")
             logprobs = x.log_softmax(-1)
+            if seq.matcher is not None:  # GuidedDecoder::execute masks the logits before sampling
+                x = self._guides.mask(seq.matcher, x)
             top_k = sc.top_k or 0
             top_p = sc.top_p or 0.0
             if top_k == 0 and top_p == 0.0:  # §1.6: both unset = greedy
@@ -1121,6 +1201,65 @@ def _make_executor_class(m: types.ModuleType, era: str):
             self._ready.append(m.Response(live.id, message, *self._client_id(live.req)))
 
     return Executor
+
+
+class _FakeGuidedDecoder:
+    """`batch_manager/guidedDecoder.cpp` for the double: built from the ExecutorConfig's
+    GuidedDecodingConfig (None: guided parameters are ignored), compiles each guided request's
+    grammar when it is scheduled, masks its logits (see the module docstring)."""
+
+    def __init__(self, m: types.ModuleType, config, vocab_padded: int):
+        self.config = config
+        self.vocab = vocab_padded
+        self.tokenizer = None
+        if config is None:
+            return
+        _check(
+            config.backend != m.GuidedDecodingConfig.GuidedDecodingBackend.LLGUIDANCE,
+            "LLGuidance is not supported for guided decoding in C++ runtime.",
+        )
+        _check(config.encoded_vocab is not None, "guidedDecodingConfig.getEncodedVocab().value()")
+        _check(config.tokenizer_str is not None, "fake executor: tokenizer_str is needed (no raw vocab decoding)")
+        import llguidance
+
+        self.tokenizer = llguidance.LLTokenizer(
+            config.tokenizer_str, n_vocab=vocab_padded, eos_token=list(config.stop_token_ids or [])
+        )
+        self.types = m.GuidedDecodingParams.GuideType
+
+    def start(self, live: _Live) -> str | None:
+        """Give each sequence of a scheduled request its matcher; an error message when the
+        guide does not compile."""
+        params = getattr(live.req, "guided_decoding_params", None)
+        if params is None or self.tokenizer is None:
+            return None
+        from llguidance import LLMatcher, grammar_from
+
+        t, guide = params.guide_type, params.guide
+        if t == self.types.JSON:
+            grammar = LLMatcher.grammar_from_json_schema('{"type": ["object", "array"]}')
+        elif t == self.types.JSON_SCHEMA:
+            grammar = LLMatcher.grammar_from_json_schema(guide)
+        elif t == self.types.REGEX:
+            grammar = LLMatcher.grammar_from_regex(guide)
+        elif t == self.types.EBNF_GRAMMAR:
+            try:
+                grammar = grammar_from("gbnf", guide)
+            except ValueError as e:
+                return str(e)
+        else:
+            return f"fake executor: guide type {t!r} is not modelled"
+        for seq in live.seqs:
+            seq.matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
+            if seq.matcher.is_error():
+                return seq.matcher.get_error()
+        return None
+
+    def mask(self, matcher, logits: torch.Tensor) -> torch.Tensor:
+        """The logits with every token the matcher does not allow at -inf."""
+        allowed = torch.tensor(list(matcher.compute_bitmask()), dtype=torch.uint8)
+        bits = ((allowed[:, None] >> torch.arange(8)) & 1).reshape(-1)[: self.vocab].bool()
+        return logits.masked_fill(~bits, float("-inf"))
 
 
 def engine_config(

@@ -25,7 +25,14 @@ source (NVIDIA/TensorRT-LLM):
     `enable_trtllm_sampler=True` (1.0) selects the C++ sampler instead: per-request seeds,
     penalties, min_p, the sampled token's logprob;
   * TRT-flow backend (`backend="tensorrt"`): the C++ executor's behaviour (end token
-    excluded, per-request seeds, sampled-token logprobs).
+    excluded, per-request seeds, sampled-token logprobs);
+  * guided decoding (`sampling_params.py`): `GuidedDecodingParams(json, regex, grammar,
+    json_object, structural_tag)`, a kw-only dataclass whose `_validate` refuses more than one
+    guide, in `SamplingParams.guided_decoding`, turned into the executor's GuidedDecodingParams
+    as `_get_guided_decoding_params` does (json_object -> JSON, json -> JSON_SCHEMA, dicts
+    serialized, regex -> REGEX, grammar -> EBNF_GRAMMAR, structural_tag -> STRUCTURAL_TAG);
+    the LLM's `guided_decoding_backend` ("xgrammar" | "llguidance", `llmapi/llm_args.py`) gives
+    the executor its GuidedDecodingConfig from the tokenizer (`_xgrammar_tokenizer_info`).
 
 Test hooks: `fake_executor` (the executor double inside), `fake_kill()`, `fake_fail_submit()`.
 """
@@ -52,6 +59,22 @@ _FINISH = {"END_ID": "stop", "STOP_WORDS": "stop", "LENGTH": "length", "TIMED_OU
 
 class RequestError(RuntimeError):
     """A per-request failure reported by the executor (tensorrt_llm.executor.utils.RequestError)."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class GuidedDecodingParams:
+    """`tensorrt_llm.sampling_params.GuidedDecodingParams`: only one guide per request."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+
+    def _validate(self) -> None:
+        num_guides = sum(bool(getattr(self, f.name)) for f in dataclasses.fields(self))
+        if num_guides > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {num_guides}.")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -85,8 +108,11 @@ class SamplingParams:
     ignore_eos: bool = False
     detokenize: bool = True
     skip_special_tokens: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self):
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
         if self.top_p is not None and not 0 <= self.top_p <= 1:
             raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 0:
@@ -296,6 +322,7 @@ class LLM:
         "tensor_parallel_size",
         "skip_tokenizer_init",
         "tokenizer",
+        "guided_decoding_backend",
     }
 
     def __init__(self, model, tokenizer=None, **kwargs):
@@ -334,10 +361,31 @@ class LLM:
             max_batch_size=self.args.max_batch_size,
             max_num_tokens=self.args.max_num_tokens,
         )
+        guided = None
+        backend = kwargs.get("guided_decoding_backend")
+        if backend is not None:
+            if self.args.skip_tokenizer_init:  # llm.py: _xgrammar_tokenizer_info(self.tokenizer) with no tokenizer
+                raise AttributeError("'NoneType' object has no attribute 'eos_token_id'")
+            if backend not in ("xgrammar", "llguidance"):
+                raise ValueError(
+                    f"TorchLlmArgs: guided_decoding_backend must be 'xgrammar' or 'llguidance', got {backend}"
+                )
+            from transformers import AutoTokenizer
+
+            hf_tok = AutoTokenizer.from_pretrained(tokenizer or model)
+            vocab = hf_tok.get_vocab()
+            guided = tl.GuidedDecodingConfig(
+                tl.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR,  # the executor double's decoder
+                encoded_vocab=[t for t, _ in sorted(vocab.items(), key=lambda x: x[1])],
+                tokenizer_str=hf_tok.backend_tokenizer.to_str(),
+                stop_token_ids=[hf_tok.eos_token_id],
+            )
+        self.fake_guided_backend = backend
         config = tl.ExecutorConfig(
             max_beam_width=1,
             max_batch_size=self.args.max_batch_size,
             kv_cache_config=tl.KvCacheConfig(enable_block_reuse=True),
+            guided_decoding_config=guided,
         )
         self.fake_executor = tl.Executor(b"engine", json.dumps(engine), tl.ModelType.DECODER_ONLY, config)
         self._outputs: dict[int, RequestOutput] = {}
@@ -416,6 +464,7 @@ class LLM:
             embedding_bias=p.embedding_bias,
             client_id=next(self._client_ids),
             return_all_generated_tokens=False,
+            guided_decoding_params=_executor_guide(tl, p.guided_decoding),
         )
         with self._lock:
             rid = self.fake_executor.enqueue_request(request)
@@ -477,6 +526,25 @@ class LLM:
         self._fail_submit = error
 
 
+def _executor_guide(tl, g: GuidedDecodingParams | None):
+    """`SamplingParams._get_guided_decoding_params`."""
+    if g is None:
+        return None
+    types = tl.GuidedDecodingParams.GuideType
+    if g.json_object:
+        return tl.GuidedDecodingParams(types.JSON)
+    if g.json is not None:
+        text = g.json if isinstance(g.json, str) else json.dumps(g.json)
+        return tl.GuidedDecodingParams(types.JSON_SCHEMA, text)
+    if g.regex is not None:
+        return tl.GuidedDecodingParams(types.REGEX, g.regex)
+    if g.grammar is not None:
+        return tl.GuidedDecodingParams(types.EBNF_GRAMMAR, g.grammar)
+    if g.structural_tag is not None:
+        return tl.GuidedDecodingParams(types.STRUCTURAL_TAG, g.structural_tag)
+    return None
+
+
 RELEASES = {
     # release: (args that select the sampler, TorchSampler keys logprobs by top-k, ignore_eos drops stop words)
     "1.0.0": (frozenset({"enable_trtllm_sampler"}), False, False),
@@ -525,6 +593,7 @@ def install(
     llmapi.KvCacheConfig = KvCacheConfig
     llmapi.LLM = TrackedLLM
     llmapi.SamplingParams = SamplingParams
+    llmapi.GuidedDecodingParams = GuidedDecodingParams
     llmapi.TorchLlmArgs = TorchLlmArgs
     executor_pkg = types.ModuleType("tensorrt_llm.executor")
     executor_utils = types.ModuleType("tensorrt_llm.executor.utils")

@@ -114,17 +114,27 @@ VALIDATION = [
     ),
     ("unknown_parameter", {"extra_body": {"best_of": 2}}, openai.BadRequestError, "best_of", "unknown_parameter"),
     (
-        "tools",
-        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        "tool_schema_does_not_compile",
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}],
+            "tool_choice": "required",
+        },
         openai.BadRequestError,
         "tools",
-        "unsupported_parameter",
-    ),
+        "invalid_argument",
+    ),  # core
     (
-        "response_format",
-        {"response_format": {"type": "json_object"}},
+        "response_format_schema_does_not_compile",
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}},
         openai.BadRequestError,
         "response_format",
+        "invalid_argument",
+    ),  # core
+    (
+        "legacy_functions",
+        {"extra_body": {"functions": [{"name": "f"}]}},
+        openai.BadRequestError,
+        "functions",
         "unsupported_parameter",
     ),
     (
@@ -142,12 +152,19 @@ VALIDATION = [
         "invalid_argument",
     ),  # core
     (
-        "tool_role",
-        {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]},
+        "function_role",
+        {"messages": [{"role": "function", "content": "x", "name": "f"}]},
         openai.BadRequestError,
         "messages[0].role",
         "invalid_argument",
     ),
+    (
+        "tool_message_without_call_id",
+        {"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "x"}]},
+        openai.BadRequestError,
+        "messages[1].tool_call_id",
+        "invalid_argument",
+    ),  # core
     ("empty_messages", {"messages": []}, openai.BadRequestError, "messages", "invalid_argument"),  # core
     ("prompt_too_long", {"messages": LONG}, openai.BadRequestError, "messages", "context_length_exceeded"),  # core
     ("unknown_model", {"model": "gpt-4o"}, openai.NotFoundError, "model", "model_not_found"),  # core

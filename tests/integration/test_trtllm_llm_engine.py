@@ -79,7 +79,9 @@ async def test_streams_greedy_tokens(fake, tokenizer, tiny_model_dir):
         assert sum(1 for m in msgs if any(o.tokens for o in m.outputs)) >= 2
         assert finish_of(msgs).finish_reason == pb.FINISH_REASON_LENGTH
         llm = llm_of(fake)
-        assert llm.args.skip_tokenizer_init and llm.args.tokenizer == str(tiny_model_dir)
+        # guided decoding (on by default) needs the LLM's tokenizer: llm_kwargs loads it
+        assert not llm.args.skip_tokenizer_init and llm.args.tokenizer == str(tiny_model_dir)
+        assert llm.fake_guided_backend == "xgrammar"
         assert llm.args.kv_cache_config.enable_block_reuse is True
         r = sent(fake)
         assert r.end_id == 2 and r.pad_id == 0 and r.streaming and r.stop_words == [[7]]

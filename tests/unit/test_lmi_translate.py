@@ -160,7 +160,6 @@ def test_model_is_passed_for_predictions():
     [
         ({"stop": True}, {}, "parameters.stop"),
         ({"watermark": True}, {}, "parameters.watermark"),
-        ({"grammar": {"type": "json", "value": {}}}, {}, "parameters.grammar"),
         ({"n": 2}, {"stream": True}, "parameters.n"),
         ({"best_of": 2}, {"stream": True}, "parameters.best_of"),
         ({"details": True}, {"dynamic": True}, "parameters.details"),
@@ -186,6 +185,36 @@ def test_refusals(params, kwargs, param):
 )
 def test_no_refusal(params):
     refuse_unsupported(GenerationParameters.model_validate(params), stream=False)
+
+
+@pytest.mark.parametrize(
+    ("grammar", "guide"),
+    [
+        ({"type": "json", "value": {"type": "object"}}, {"json_schema": '{"type": "object"}'}),
+        ({"type": "json", "value": '{"type": "integer"}'}, {"json_schema": '{"type": "integer"}'}),
+        ({"type": "regex", "value": "[0-9]+"}, {"regex": "[0-9]+"}),
+    ],
+)
+def test_tgi_grammar_sets_the_guide(grammar, guide):
+    """TGI's `grammar` parameter (text-generation-inference GrammarType: json, regex)."""
+    assert translate({"grammar": grammar})["guided_decoding"] == guide
+
+
+@pytest.mark.parametrize(
+    ("grammar", "message"),
+    [
+        ({"type": "xml", "value": "x"}, 'parameters.grammar.type must be "json" or "regex"'),
+        ({"type": "json", "value": 3}, "parameters.grammar.value must be a JSON Schema"),
+        ({"type": "regex", "value": {}}, "parameters.grammar.value must be a regular expression"),
+        ({"type": "regex", "value": "a", "extra": 1}, "takes only 'type' and 'value'"),
+    ],
+)
+def test_tgi_grammar_of_another_shape_is_refused(grammar, message):
+    p = GenerationParameters.model_validate({"grammar": grammar})
+    opts = render_options("hi", p, stream=False, tgi_compat=False)
+    with pytest.raises(GatewayError, match=message) as e:
+        to_generate_request("hi", p, opts, request_id="x")
+    assert e.value.param == "parameters.grammar" and e.value.code is grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_stop_sequences_and_given():

@@ -9,6 +9,7 @@ from gateways.common.chat.schema import ImagePart, TextPart, parse_chat_request
 from gateways.common.status import GatewayError
 
 USER = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
 def body(**fields):
@@ -61,6 +62,16 @@ ACCEPTED = [
     (
         "neutral_unsupported",
         body(tools=[], tool_choice="none", response_format={"type": "text"}, modalities=["text"], functions=None),
+        {},
+    ),
+    (
+        "tools_and_structured_output",
+        body(
+            tools=[TOOL],
+            tool_choice="auto",
+            parallel_tool_calls=False,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strict": True}},
+        ),
         {},
     ),
     (
@@ -121,7 +132,7 @@ REFUSED = [
     ("missing_messages", {"model": "tiny"}, "messages", "INVALID_ARGUMENT"),
     ("messages_not_a_list", {"messages": "hi"}, "messages", "INVALID_ARGUMENT"),
     ("message_without_role", {"messages": [{"content": "x"}]}, "messages[0].role", "INVALID_ARGUMENT"),
-    ("tool_role", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "INVALID_ARGUMENT"),
+    ("function_role", {"messages": [{"role": "function", "content": "x"}]}, "messages[0].role", "INVALID_ARGUMENT"),
     ("content_number", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "INVALID_ARGUMENT"),
     (
         "part_without_type",
@@ -166,8 +177,8 @@ REFUSED = [
     (
         "assistant_tool_calls",
         {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
-        "messages[0].tool_calls",
-        "UNSUPPORTED_PARAMETER",
+        "messages[0].tool_calls[0].function",
+        "INVALID_ARGUMENT",
     ),
     ("temperature_string", body(temperature="0.5"), "temperature", "INVALID_ARGUMENT"),
     ("temperature_above_2", body(temperature=2.5), "temperature", "INVALID_ARGUMENT"),
@@ -215,9 +226,39 @@ REFUSED = [
     ("model_number", body(model=1), "model", "INVALID_ARGUMENT"),
     ("unknown_field", body(foo=1), "foo", "UNKNOWN_PARAMETER"),
     ("best_of", body(best_of=2), "best_of", "UNKNOWN_PARAMETER"),
-    ("tools", body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "UNSUPPORTED_PARAMETER"),
-    ("tool_choice", body(tool_choice="required"), "tool_choice", "UNSUPPORTED_PARAMETER"),
-    ("response_format_json", body(response_format={"type": "json_object"}), "response_format", "UNSUPPORTED_PARAMETER"),
+    ("functions", body(functions=[{"name": "f"}]), "functions", "UNSUPPORTED_PARAMETER"),
+    ("tool_choice_without_tools", body(tool_choice="required"), "tool_choice", "INVALID_ARGUMENT"),
+    (
+        "tool_choice_unknown_name",
+        body(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}}),
+        "tool_choice",
+        "INVALID_ARGUMENT",
+    ),
+    (
+        "tool_bad_name",
+        body(tools=[{"type": "function", "function": {"name": "a b"}}]),
+        "tools[0].function.name",
+        "INVALID_ARGUMENT",
+    ),
+    (
+        "tool_parameters_not_object",
+        body(tools=[{"type": "function", "function": {"name": "f", "parameters": []}}]),
+        "tools[0].function.parameters",
+        "INVALID_ARGUMENT",
+    ),
+    ("response_format_xml", body(response_format={"type": "xml"}), "response_format", "INVALID_ARGUMENT"),
+    (
+        "response_format_bad_name",
+        body(response_format={"type": "json_schema", "json_schema": {"name": "a b"}}),
+        "response_format.json_schema.name",
+        "INVALID_ARGUMENT",
+    ),
+    (
+        "forced_call_and_response_format",
+        body(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}),
+        "response_format",
+        "INVALID_ARGUMENT",
+    ),
     ("audio", body(audio={"voice": "x"}), "audio", "UNSUPPORTED_PARAMETER"),
     ("modalities_audio", body(modalities=["text", "audio"]), "modalities", "UNSUPPORTED_PARAMETER"),
 ]

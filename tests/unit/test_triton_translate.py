@@ -8,6 +8,7 @@ import json
 
 import grpc
 import pytest
+from google.protobuf import json_format
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
@@ -413,3 +414,61 @@ def test_server_version_comes_from_the_installed_package(monkeypatch):
 
     monkeypatch.setattr(importlib.metadata, "version", missing)  # a source checkout that is not installed
     assert make_app(config)[SETTINGS_KEY].server_version == "0.0.0"
+
+
+# ----------------------------------------------------------------------------- guided decoding
+
+
+@pytest.mark.parametrize(
+    ("params", "guide"),
+    [
+        ({"guided_json": {"type": "object"}}, {"json_schema": '{"type": "object"}'}),
+        ({"guided_json": '{"type": "integer"}'}, {"json_schema": '{"type": "integer"}'}),
+        ({"guided_regex": "[0-9]+"}, {"regex": "[0-9]+"}),
+        ({"guided_choice": ["yes", "no"]}, {"choice": {"choices": ["yes", "no"]}}),
+        ({"guided_grammar": 'root ::= "a"'}, {"ebnf_grammar": 'root ::= "a"'}),
+        ({"guided_decoding_guide_type": "json"}, {"json_object": True}),
+        (
+            {"guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object"}'},
+            {"json_schema": '{"type": "object"}'},
+        ),
+        ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": "a+"}, {"regex": "a+"}),
+        (
+            {"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": 'root ::= "a"'},
+            {"ebnf_grammar": 'root ::= "a"'},
+        ),
+    ],
+)
+def test_guided_parameters_set_the_guide(params, guide):
+    """vLLM's guided_* names and TensorRT-LLM's guided_decoding_guide_type / _guide."""
+    req = _translate({"text_input": "x", "parameters": params}).request
+    assert json_format.MessageToDict(req.guided_decoding, preserving_proto_field_name=True) == guide
+
+
+@pytest.mark.parametrize(
+    ("params", "param", "message"),
+    [
+        ({"guided_json": 3}, "guided_json", "must be a JSON Schema"),
+        ({"guided_choice": "yes"}, "guided_choice", "must be an array of strings"),
+        ({"guided_regex": ["a"]}, "guided_regex", "must be a string"),
+        ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice", "Only one guided decoding parameter"),
+        ({"guided_decoding_guide_type": "xml"}, "guided_decoding_guide_type", "must be one of json, json_schema"),
+        ({"guided_decoding_guide_type": "regex"}, "guided_decoding_guide", "needs guided_decoding_guide"),
+        ({"guided_decoding_guide": "a"}, "guided_decoding_guide_type", "needs guided_decoding_guide_type"),
+        (
+            {"guided_decoding_guide_type": "json", "guided_json": {}},
+            "guided_decoding_guide_type",
+            "either the guided_\\* parameters or guided_decoding_guide_type",
+        ),
+    ],
+)
+def test_guided_parameters_of_another_shape_are_refused(params, param, message):
+    with pytest.raises(GatewayError, match=message) as e:
+        _translate({"text_input": "x", "parameters": params})
+    assert e.value.param == param
+
+
+def test_a_refused_guide_is_named_as_the_client_sent_it():
+    names = _translate({"text_input": "x", "guided_decoding_guide_type": "regex", "guided_decoding_guide": "["}).names
+    assert names["guided_decoding.regex"] == "guided_decoding_guide"
+    assert _translate({"text_input": "x", "guided_regex": "["}).names["guided_decoding.regex"] == "guided_regex"

@@ -187,7 +187,7 @@ def test_enqueue_errors(message, stopping, kind):
 @pytest.mark.parametrize(
     "era, expected",
     [
-        ("1.0", BindingApi()),
+        ("1.0", BindingApi(guide_types=frozenset({"JSON", "JSON_SCHEMA", "REGEX", "EBNF_GRAMMAR", "STRUCTURAL_TAG"}))),
         ("0.15", BindingApi(num_return_sequences=False, min_p=False)),
         ("0.11", OLD),
     ],

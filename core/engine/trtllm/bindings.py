@@ -17,6 +17,15 @@ source (NVIDIA/TensorRT-LLM):
   * 1.x (`cpp/tensorrt_llm/pybind/executor/request.cpp`, and the nanobind copy):
     `Request(input_token_ids, max_tokens, *, ...)`, FinishReason adds TIMED_OUT/CANCELLED,
     SamplingConfig has num_return_sequences and min_p.
+  * Guided decoding: `GuidedDecodingParams(guide_type, guide=None)` with
+    `GuidedDecodingParams.GuideType` (JSON, JSON_SCHEMA, REGEX, EBNF_GRAMMAR; STRUCTURAL_TAG
+    from 1.0) and `Request(..., guided_decoding_params=...)` (`request.cpp`), and
+    `GuidedDecodingConfig(backend, encoded_vocab=None, tokenizer_str=None, stop_token_ids=None)`
+    with `GuidedDecodingConfig.GuidedDecodingBackend` (XGRAMMAR; LLGUIDANCE from 1.0, which the
+    C++ runtime refuses: `batch_manager/guidedDecoder.cpp`) as
+    `ExecutorConfig(guided_decoding_config=...)` (`executorConfig.cpp`). First released in
+    0.16.0 ("Added guided decoding support with XGrammar backend", docs/source/release-notes.md);
+    0.18.x builds on 0.17.0; Triton's tensorrtllm_backend sends them from v0.19.0.
 The executor class itself is gone after v1.3.0rc20; the LLM API is then the only way in.
 """
 
@@ -79,6 +88,8 @@ class BindingApi:
         min_p: SamplingConfig takes min_p.
         finish_reasons: Result carries finish_reasons; otherwise the engine infers them.
         executor_config_fields: optional ExecutorConfig constructor keywords that exist.
+        guide_types: the GuidedDecodingParams.GuideType names of the release (empty: no
+            guided decoding, before 0.16).
     """
 
     max_tokens: str = "max_tokens"
@@ -88,6 +99,7 @@ class BindingApi:
     min_p: bool = True
     finish_reasons: bool = True
     executor_config_fields: frozenset[str] = frozenset(EXECUTOR_CONFIG_FIELDS)
+    guide_types: frozenset[str] = frozenset()
 
 
 def _accepts(ctor: Callable[..., object], *args: object, **kwargs: object) -> bool:
@@ -112,7 +124,16 @@ def detect_api(tl: Bindings) -> BindingApi:
         min_p=_accepts(sc, beam_width=1, min_p=0.0),
         finish_reasons=hasattr(tl.Result(), "finish_reasons"),
         executor_config_fields=fields,
+        guide_types=_guide_types(tl),
     )
+
+
+def _guide_types(tl: Bindings) -> frozenset[str]:
+    """GuideType names, when the release has both guided decoding classes."""
+    params = getattr(tl, "GuidedDecodingParams", None)
+    if params is None or not hasattr(tl, "GuidedDecodingConfig"):
+        return frozenset()
+    return frozenset(str(name) for name in params.GuideType.__members__)
 
 
 # ------------------------------------------------------------------------------------ LLM API
@@ -128,6 +149,8 @@ class LlmApi:
         kv_cache_config: `tensorrt_llm.llmapi.KvCacheConfig`.
         request_error: `tensorrt_llm.executor.utils.RequestError` (a RuntimeError subclass,
             raised for one request's failure), or None where the release has none.
+        guided_decoding_params: `tensorrt_llm.sampling_params.GuidedDecodingParams` (also
+            exported by `tensorrt_llm.llmapi`), or None where the release has none.
         llm_args: field names `LLM(**kwargs)` accepts (its pydantic args model forbids
             others); empty when they cannot be read.
         version: `tensorrt_llm.__version__`.
@@ -139,6 +162,7 @@ class LlmApi:
     request_error: type[BaseException] | None
     llm_args: frozenset[str]
     version: str
+    guided_decoding_params: Any = None
 
 
 def import_llm_api() -> LlmApi:
@@ -168,6 +192,7 @@ def import_llm_api() -> LlmApi:
         request_error=request_error,
         llm_args=_llm_arg_names(llmapi),
         version=release_of(top),
+        guided_decoding_params=getattr(llmapi, "GuidedDecodingParams", None),
     )
 
 

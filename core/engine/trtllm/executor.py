@@ -18,6 +18,10 @@ strings, logprob formatting and sessions are the core's shared request pipeline.
     executor reports nothing earlier, so queue time then includes prefill time).
   * Multi-GPU engines run under `mpirun` in leader mode: rank 0 serves gRPC, the other ranks
     construct the executor and wait in `shutdown()` (`run_if_follower_rank`).
+  * Guided decoding: where the release has it (0.16 and later), the executor gets a
+    `GuidedDecodingConfig` for XGrammar built from the tokenizer at start, and a guided request
+    its `GuidedDecodingParams` (mapping.EXECUTOR_GUIDE_TYPES); earlier releases list no guide
+    kinds, so the core refuses guided requests before they reach the engine.
 """
 
 from __future__ import annotations
@@ -37,17 +41,21 @@ from core.engine.trtllm.bindings import Bindings, detect_api, import_bindings, r
 from core.engine.trtllm.defaults import resolve_trtllm_sampling
 from core.engine.trtllm.engine_dir import EngineLayout, read_engine_layout
 from core.engine.trtllm.mapping import (
+    EXECUTOR_GUIDE_TYPES,
     RuntimeFinish,
     classify_enqueue_error,
     classify_error,
     embedding_bias,
+    guide_text,
+    guided_kinds,
     local_stop_tokens,
     new_logprobs,
     sampling_kwargs,
     special_ids,
     stop_words_for,
+    xgrammar_tokenizer_info,
 )
-from core.engine.trtllm.options import TrtllmOptions, executor_config
+from core.engine.trtllm.options import TrtllmOptions, executor_config, guided_decoding_config
 from core.engine.trtllm.sequence import SequenceTracker
 from core.errors import CoreError, EngineDead, InvalidArgument, NotReady, Overloaded
 from core.types import (
@@ -129,12 +137,17 @@ def run_if_follower_rank(config: CoreConfig) -> bool:
     rank, size = _mpi_rank_and_size()
     if size <= 1 or rank == 0:
         return False
+    from core.engine.registry import tokenizer_path
+    from core.tokenizer import Tokenizer
+
     tl = import_bindings()
+    api = detect_api(tl)
     layout = read_engine_layout(config.model)
     opts = TrtllmOptions.from_config(config)
-    executor = tl.Executor(
-        layout.engine_dir, tl.ModelType.DECODER_ONLY, executor_config(tl, detect_api(tl), opts, layout)
-    )
+    tokenizer = Tokenizer.load(tokenizer_path(config))
+    info = xgrammar_tokenizer_info(tokenizer, special_ids(tokenizer).end_id)
+    guided = guided_decoding_config(tl, api, opts, info)  # every rank builds the same config
+    executor = tl.Executor(layout.engine_dir, tl.ModelType.DECODER_ONLY, executor_config(tl, api, opts, layout, guided))
     log.info("rank %d of %d: TensorRT-LLM worker rank; rank 0 serves gRPC", rank, size)
     executor.shutdown()  # blocks until the leader shuts down
     return True
@@ -162,6 +175,8 @@ class TrtllmEngine(EngineLifecycle):
         self.layout = layout
         self.options = options
         self._ids = special_ids(tokenizer)
+        self._tokenizer = tokenizer
+        guides = options.guided_decoding_backend == "xgrammar" and self.api.guide_types
         unsupported = {"typical_p"} | (set() if self.api.min_p else {"min_p"})
         max_batch = min(options.max_batch_size, layout.max_batch_size)
         self.info = EngineInfo(
@@ -174,6 +189,7 @@ class TrtllmEngine(EngineLifecycle):
             max_input_length=layout.max_input_len,
             max_top_logprobs=0,  # the executor returns only the chosen token's logprob
             supports_prompt_logprobs=layout.gather_context_logits,  # context logits need that build flag
+            guided_decoding=guided_kinds(self.api.guide_types) if guides else frozenset(),
         )
         # The executor bounds its queue where ExecutorConfig can (0.12+); 0.11 needs us to.
         self._local_queue_limit = (
@@ -205,7 +221,9 @@ class TrtllmEngine(EngineLifecycle):
                 f"{self.layout.tp} x pp {self.layout.pp}); start it with "
                 f"`mpirun -n {self.layout.world_size} trellis-core --engine trtllm --model ...` (running {size})."
             )
-        config = executor_config(self._tl, self.api, self.options, self.layout)
+        info = xgrammar_tokenizer_info(self._tokenizer, self._ids.end_id)
+        guided = guided_decoding_config(self._tl, self.api, self.options, info)
+        config = executor_config(self._tl, self.api, self.options, self.layout, guided)
         tl = self._tl
         self._executor = await asyncio.to_thread(tl.Executor, self.layout.engine_dir, tl.ModelType.DECODER_ONLY, config)
         if not self._executor.can_enqueue_requests():
@@ -319,6 +337,11 @@ class TrtllmEngine(EngineLifecycle):
             kwargs["bad_words"] = [list(w) for w in req.bad_words_ids]
         if req.logit_bias:
             kwargs["embedding_bias"] = embedding_bias(req.logit_bias, self.layout.vocab_size)
+        if req.guide is not None:
+            if req.guide.kind not in self.info.guided_decoding:
+                raise InvalidArgument(f"The trtllm engine does not support {req.guide.kind}.", field=req.guide.field)
+            guide_type = getattr(tl.GuidedDecodingParams.GuideType, EXECUTOR_GUIDE_TYPES[req.guide.kind])
+            kwargs["guided_decoding_params"] = tl.GuidedDecodingParams(guide_type, guide_text(req.guide))
         executor_request = tl.Request(**kwargs)
         local_stops = local_stop_tokens(req, ids.extra_eos) if req.min_new_tokens > 0 else frozenset()
         seqs = [

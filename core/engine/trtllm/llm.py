@@ -23,6 +23,11 @@ Differences from `--engine trtllm`, each because the LLM API has no way to do it
   * where the release cannot select the C++ sampler, the TorchSampler's gaps are refused
     (penalties, min_p, client seeds) and sampling requests report no seed (see
     `options.llm_kwargs`).
+
+Guided decoding: the LLM is built with `guided_decoding_backend` (--trt-guided-decoding-backend,
+xgrammar by default) and a guided request's `SamplingParams(guided_decoding=
+GuidedDecodingParams(...))` carries the same guide the executor engine sends
+(mapping.llm_guided_kwargs).
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ from core.engine.trtllm.defaults import resolve_trtllm_sampling
 from core.engine.trtllm.mapping import (
     classify_error,
     embedding_bias,
+    guided_kinds,
     llm_finish,
+    llm_guided_kwargs,
     llm_logprobs_wanted,
     llm_sampling_kwargs,
     local_stop_tokens,
@@ -156,7 +163,20 @@ class TrtllmLlmEngine(EngineLifecycle):
             max_top_logprobs=0,
             supports_prompt_logprobs=False,
             reproducible_seeds=self.sampler != "torch",
+            guided_decoding=self._guide_kinds(),
         )
+
+    def _guide_kinds(self) -> frozenset[str]:
+        """All the executor's guide types where the release has GuidedDecodingParams and the LLM
+        takes a guided decoding backend (EBNF_GRAMMAR and the rest: `sampling_params.py`)."""
+        api = self._api
+        if (
+            self.options.guided_decoding_backend == "none"
+            or api.guided_decoding_params is None
+            or "guided_decoding_backend" not in api.llm_args
+        ):
+            return frozenset()
+        return guided_kinds(("JSON_SCHEMA", "REGEX", "EBNF_GRAMMAR"))
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -289,6 +309,12 @@ class TrtllmLlmEngine(EngineLifecycle):
         )
         if req.logit_bias:
             kwargs["embedding_bias"] = embedding_bias(req.logit_bias, self._model_vocab)
+        if req.guide is not None:
+            if req.guide.kind not in self.info.guided_decoding:
+                raise InvalidArgument(
+                    f"The trtllm-llm engine does not support {req.guide.kind}.", field=req.guide.field
+                )
+            kwargs["guided_decoding"] = self._api.guided_decoding_params(**llm_guided_kwargs(req.guide))
         try:
             params = self._api.sampling_params(**kwargs)
         except (ValueError, TypeError) as e:  # TypeError: a field this release's dataclass lacks

@@ -21,7 +21,8 @@ from core.errors import (
     NotReady,
     Overloaded,
 )
-from core.types import EngineRequest, ResolvedSampling
+from core.guided import ebnf_choice
+from core.types import EngineRequest, Guide, ResolvedSampling
 
 if TYPE_CHECKING:
     import torch
@@ -270,3 +271,62 @@ def logprob_values(entries: Sequence[Any], tokens: Sequence[int]) -> list[float 
             entry = getattr(entry, "logprob", entry)
         out.append(float(entry) if entry is not None else None)
     return out
+
+
+# ------------------------------------------------------------------------------ guided decoding
+
+#: Our guide kinds -> the executor's GuidedDecodingParams.GuideType each is sent as. json_object
+#: goes as the schema {"type": "object"} (the runtime's own JSON type compiles XGrammar's
+#: builtin JSON grammar, which also takes arrays: `CompileBuiltinJSONGrammar` in
+#: `batch_manager/guidedDecoder.cpp`); a choice list as an EBNF alternation. Lark grammars have
+#: no guide type.
+EXECUTOR_GUIDE_TYPES = {
+    "json_object": "JSON_SCHEMA",
+    "json_schema": "JSON_SCHEMA",
+    "regex": "REGEX",
+    "ebnf_grammar": "EBNF_GRAMMAR",
+    "choice": "EBNF_GRAMMAR",
+}
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+def guided_kinds(guide_types: Iterable[str]) -> frozenset[str]:
+    """Our guide kinds a release's GuideType names can carry."""
+    names = set(guide_types)
+    return frozenset(kind for kind, name in EXECUTOR_GUIDE_TYPES.items() if name in names)
+
+
+def guide_text(guide: Guide) -> str:
+    """The guide text sent with the guide's type (EXECUTOR_GUIDE_TYPES)."""
+    if guide.kind == "json_object":
+        return JSON_OBJECT_SCHEMA
+    if guide.kind == "choice":
+        return ebnf_choice(guide.choices)
+    return guide.spec
+
+
+def llm_guided_kwargs(guide: Guide) -> dict[str, str]:
+    """`tensorrt_llm.llmapi.GuidedDecodingParams` keywords (`sampling_params.py`: json,
+    regex, grammar, json_object, structural_tag; one at a time), which the LLM API turns into the
+    executor's guide types (`_get_guided_decoding_params`: json -> JSON_SCHEMA, regex -> REGEX,
+    grammar -> EBNF_GRAMMAR), so both engines send the same guide."""
+    name = EXECUTOR_GUIDE_TYPES[guide.kind]
+    key = {"JSON_SCHEMA": "json", "REGEX": "regex", "EBNF_GRAMMAR": "grammar"}[name]
+    return {key: guide_text(guide)}
+
+
+def xgrammar_tokenizer_info(tokenizer: Tokenizer, end_id: int) -> dict[str, Any]:
+    """The GuidedDecodingConfig fields that describe the tokenizer to XGrammar: the vocabulary
+    as token strings in id order, the Hugging Face tokenizer's JSON (fast tokenizers; None
+    otherwise, XGrammar then reads the vocabulary raw) and the stop token ids (the model's EOS
+    ids, end_id first). Upstream builds the same in `tensorrt_llm/llmapi/tokenizer.py`
+    `_xgrammar_tokenizer_info` (with the tokenizer's EOS alone) and
+    `examples/generate_xgrammar_tokenizer_info.py` for Triton's C++ backend."""
+    hf = tokenizer.hf
+    vocab = hf.get_vocab()
+    backend = getattr(hf, "backend_tokenizer", None)
+    return {
+        "encoded_vocab": [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])],
+        "tokenizer_str": backend.to_str() if backend is not None else None,
+        "stop_token_ids": [end_id, *sorted(tokenizer.eos_token_ids - {end_id})],
+    }

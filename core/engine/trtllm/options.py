@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization", "static_batch"]
 Sampler = Literal["trtllm", "torch"]
+GuidedBackend = Literal["xgrammar", "llguidance", "none"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class TrtllmOptions:
         await_timeout_ms: timeout of each await_responses call of the awaiter thread.
         tensor_parallel_size, pipeline_parallel_size: parallelism of the LLM API engine.
         max_n: largest n / best_of per request.
+        guided_decoding_backend: the runtime's grammar backend for guided decoding ("none": off).
     """
 
     max_batch_size: int = 32
@@ -54,6 +56,7 @@ class TrtllmOptions:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_n: int = 16
+    guided_decoding_backend: GuidedBackend = "xgrammar"
 
     @classmethod
     def from_config(cls, config: CoreConfig) -> TrtllmOptions:
@@ -70,6 +73,10 @@ class TrtllmOptions:
         policy = policies.get(config.trt_scheduler_policy)
         if policy is None:
             raise ValueError(f"unknown --trt-scheduler-policy {config.trt_scheduler_policy!r}")
+        backends: dict[str, GuidedBackend] = {"xgrammar": "xgrammar", "llguidance": "llguidance", "none": "none"}
+        backend = backends.get(config.trt_guided_decoding_backend)
+        if backend is None:
+            raise ValueError(f"unknown --trt-guided-decoding-backend {config.trt_guided_decoding_backend!r}")
         return cls(
             max_batch_size=config.max_batch_size,
             max_queue_size=config.max_queue_size,
@@ -84,16 +91,41 @@ class TrtllmOptions:
             tensor_parallel_size=config.trt_tensor_parallel_size,
             pipeline_parallel_size=config.trt_pipeline_parallel_size,
             max_n=config.max_n,
+            guided_decoding_backend=backend,
         )
 
 
-def executor_config(tl: Bindings, api: BindingApi, opts: TrtllmOptions, layout: EngineLayout) -> Any:
+def guided_decoding_config(tl: Bindings, api: BindingApi, opts: TrtllmOptions, tokenizer_info: dict[str, Any]) -> Any:
+    """The executor's `GuidedDecodingConfig` (XGrammar, described by `tokenizer_info`:
+    mapping.xgrammar_tokenizer_info), or None when guided decoding is off or the release has
+    none (before 0.16).
+
+    Raises:
+        RuntimeError: --trt-guided-decoding-backend llguidance, which the C++ runtime refuses
+            ("LLGuidance is not supported for guided decoding in C++ runtime.",
+            `batch_manager/guidedDecoder.cpp`).
+    """
+    if opts.guided_decoding_backend == "none" or not api.guide_types:
+        return None
+    if opts.guided_decoding_backend == "llguidance":
+        raise RuntimeError(
+            "--trt-guided-decoding-backend llguidance works with --engine trtllm-llm only; the C++ executor's "
+            "guided decoding has the xgrammar backend"
+        )
+    backend = tl.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR
+    return tl.GuidedDecodingConfig(backend, **tokenizer_info)
+
+
+def executor_config(
+    tl: Bindings, api: BindingApi, opts: TrtllmOptions, layout: EngineLayout, guided: Any = None
+) -> Any:
     """The executor's `ExecutorConfig`.
 
     Optional fields go through the constructor, where every release that has them takes them
     (0.11 takes max_batch_size there but has no property for it); a release without one gets
     the engine's value, and without max_queue_size the engine bounds its own queue. Block reuse
-    is turned off with a warning when the engine lacks paged context FMHA.
+    is turned off with a warning when the engine lacks paged context FMHA. `guided` is the
+    `guided_decoding_config` (`guided_decoding_config()`; None: left out).
 
     Raises:
         RuntimeError: chunked context asked of an engine without paged context FMHA, or a
@@ -119,7 +151,7 @@ def executor_config(tl: Bindings, api: BindingApi, opts: TrtllmOptions, layout: 
         "max_num_tokens": opts.max_num_tokens,
         "max_queue_size": opts.max_queue_size or None,
     }
-    optional: dict[str, int] = {}
+    optional: dict[str, Any] = {} if guided is None else {"guided_decoding_config": guided}
     for name, value in wanted.items():
         if value is None:
             continue
@@ -155,7 +187,9 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     ignores penalties and min_p and seeds one generator for every request in the releases up to
     the ones that carry PRs #16485/#16590/#17172 (July-August 2026), and the 1.0 sampling docs
     (`docs/source/1.0/features/sampling.md`) name `enable_trtllm_sampler` as the way to get them.
-    Executor-only flags that were changed are logged as ignored.
+    Executor-only flags that were changed are logged as ignored. Guided decoding goes on with
+    `guided_decoding_backend` (`llmapi/llm_args.py`: "xgrammar" or "llguidance", the latter
+    on the PyTorch backend only) where the release takes it, with the LLM's tokenizer loaded.
     """
     ignored = [flag for flag, name, default in EXECUTOR_ONLY if getattr(opts, name) != default]
     if ignored:
@@ -173,6 +207,12 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     }
     if opts.max_num_tokens:
         kwargs["max_num_tokens"] = opts.max_num_tokens
+    if opts.guided_decoding_backend != "none" and "guided_decoding_backend" in api.llm_args:
+        kwargs["guided_decoding_backend"] = opts.guided_decoding_backend
+        # The grammar backend is described by the LLM's own tokenizer (`llmapi/llm.py`:
+        # GuidedDecodingConfig(**_xgrammar_tokenizer_info(self.tokenizer))), which
+        # skip_tokenizer_init leaves unloaded; token ids in and detokenize=False still hold.
+        kwargs["skip_tokenizer_init"] = False
     sampler: Sampler = "torch"
     if "sampler_type" in api.llm_args:
         kwargs["sampler_type"] = "TRTLLMSampler"

@@ -7,10 +7,13 @@ types are checked here, plus the ranges that are OpenAI's own and narrower than 
 (temperature <= 2, at most 4 stop strings: DESIGN.md principle 3 leaves every general range to
 the core). Integers must also fit the proto field they travel in (int32 or int64).
 
-Fields OpenAI defines but the core cannot honour (tools, function calling, structured output,
-audio) are refused with the field named, as are fields OpenAI does not define; OpenAI itself
-answers an unrecognised argument with 400. Fields without a generation effect (`user`,
-`metadata`, `store`, ...) are accepted and ignored.
+Structured output (`response_format`) and tools (`tools`, `tool_choice`,
+`parallel_tool_calls`, assistant `tool_calls` and `tool` messages) have their shapes checked
+here (gateways.common.guided, gateways.common.chat.tools map them). Fields OpenAI defines but
+the core cannot honour (the legacy `functions`/`function_call`, audio, ...) are refused with the
+field named, as are fields OpenAI does not define; OpenAI itself answers an unrecognised
+argument with 400. Fields without a generation effect (`user`, `metadata`, `store`, ...) are
+accepted and ignored.
 
 `parse_chat_request(body)` is the entry point; it raises GatewayError (INVALID_ARGUMENT) with
 `param` set to the offending field in OpenAI's spelling (e.g. "messages[0].content[1].type").
@@ -24,6 +27,7 @@ from typing import Annotated, Any, Literal
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gateways.common.guided import NAME_PATTERN, ResponseFormat
 from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path
 from gateways.common.status import GatewayError
 
@@ -33,23 +37,20 @@ MAX_STOP = 4  # OpenAI's limit on `stop` strings.
 MAX_TEMPERATURE = 2.0  # OpenAI's upper bound; the core only requires >= 0.
 
 _TOKEN_ID = re.compile(r"-?[0-9]+")
-# Discriminator values of content parts, which pydantic puts in error locations after the index.
+# Discriminator values of content parts and response formats, which pydantic puts in error
+# locations after the index or the field.
 _PART_TYPES = ("text", "image_url")
+_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 # Fields OpenAI defines that have no effect on generation here; accepted and ignored (`user`
 # too, but it is type-checked as a field of the seed's table).
-IGNORED_FIELDS = frozenset(
-    {"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls"}
-)
+IGNORED_FIELDS = frozenset({"metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
 
 # Fields OpenAI defines that need features the core does not have, with the reason given to
 # the client. A neutral value (null, empty, "none", text-only) is accepted.
 UNSUPPORTED_FIELDS = {
-    "tools": "tool calling is not supported",
-    "tool_choice": "tool calling is not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
-    "response_format": "structured output (response_format other than text) is not supported",
+    "functions": "the legacy function calling is not supported; use tools",
+    "function_call": "the legacy function calling is not supported; use tool_choice",
     "audio": "audio output is not supported",
     "modalities": "only the text modality is supported",
     "prediction": "predicted outputs are not supported",
@@ -63,12 +64,10 @@ def _neutral(name: str, value: Any) -> bool:
     """Whether an unsupported field's value asks for nothing (so it can be accepted)."""
     if value is None:
         return True
-    if name in ("tools", "functions"):
+    if name == "functions":
         return bool(value == [])
-    if name in ("tool_choice", "function_call"):
+    if name == "function_call":
         return bool(value == "none")
-    if name == "response_format":
-        return isinstance(value, dict) and value.get("type") == "text" and len(value) == 1
     if name == "modalities":
         return bool(value == ["text"])
     return False
@@ -104,24 +103,71 @@ class ImagePart(_Wire):
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
-class Message(_Wire):
-    """One conversation message (seed "Message"): role and content (string or parts).
+class CalledFunction(_Wire):
+    """`function` of a tool call: the name and the arguments as JSON text."""
 
-    An assistant message echoed back from a previous response may carry OpenAI's response-only
-    fields; they are accepted when empty (null, [], "") and refused otherwise.
+    name: str
+    arguments: str
+
+
+class ToolCallWire(_Wire):
+    """A tool call an assistant message made: `{"id", "type": "function", "function"}`."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class Message(_Wire):
+    """One conversation message (seed "Message"): role and content (string or parts); an
+    assistant message may carry the `tool_calls` it made, and a "tool" message answers one
+    (`tool_call_id`).
+
+    An assistant message echoed back from a previous response may carry OpenAI's other
+    response-only fields; they are accepted when empty (null, [], "") and refused otherwise.
     """
 
     # "developer" is OpenAI's newer name for the system role; it is sent as "system", the role
     # chat templates know.
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     refusal: str | None = None
     annotations: list[Any] | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCallWire] | None = None
     function_call: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
     tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Wire):
+    """A tool's function: name, description, parameters (a JSON Schema object), strict (the
+    output follows the schema whenever it is constrained here, so it is accepted as given)."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Wire):
+    """`{"type": "function", "function": {...}}`."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Wire):
+    """`{"name": ...}` of a named tool choice."""
+
+    name: str
+
+
+class NamedToolChoice(_Wire):
+    """`{"type": "function", "function": {"name": ...}}`: call this function."""
+
+    type: Literal["function"]
+    function: FunctionName
 
 
 class StreamOptions(_Wire):
@@ -160,6 +206,10 @@ class ChatCompletionRequest(_Wire):
     top_p: float | None = None
     user: str | None = None
     ignore_eos: bool | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -222,23 +272,53 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         raise GatewayError.invalid(
             "The parameter 'stream_options' is only allowed when 'stream' is true.", param="stream_options"
         )
+    _check_tools(req)
     return req
 
 
 def _check_message(m: Message, i: int) -> None:
-    """Refuse response-only fields that carry something (tool calls, audio)."""
-    for name in ("tool_calls", "function_call", "audio", "tool_call_id"):
+    """Refuse response-only fields that carry something (legacy function calls, audio)."""
+    for name in ("function_call", "audio"):
         if getattr(m, name):
             raise GatewayError(
                 _INVALID,
-                f"Tool calling and audio are not supported by this server; messages[{i}].{name} must be empty.",
+                f"The legacy function_call and audio are not supported by this server; messages[{i}].{name} "
+                "must be empty.",
                 param=f"messages[{i}].{name}",
                 reason="UNSUPPORTED_PARAMETER",
             )
 
 
+def _check_tools(req: ChatCompletionRequest) -> None:
+    """tool_choice needs tools and names one of them; a forced call and a response_format
+    cannot both constrain the output."""
+    choice = req.tool_choice
+    if choice is None or choice == "none":
+        return
+    if not req.tools:
+        raise GatewayError.invalid(
+            "Invalid value for 'tool_choice': tool_choice is only allowed when 'tools' are specified.",
+            param="tool_choice",
+        )
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in {t.function.name for t in req.tools}:
+        raise GatewayError.invalid(
+            f"Invalid value for 'tool_choice': no tool named '{choice.function.name}' is in 'tools'.",
+            param="tool_choice",
+        )
+    forced = choice == "required" or isinstance(choice, NamedToolChoice)
+    if forced and req.response_format is not None and req.response_format.type != "text":
+        raise GatewayError.invalid(
+            "A response_format cannot be combined with a tool_choice that forces a call: both would constrain the "
+            "output.",
+            param="response_format",
+        )
+
+
 def _param(loc: tuple[int | str, ...]) -> str:
-    """A pydantic error location in OpenAI's spelling: "messages[0].content[1].type"."""
+    """A pydantic error location in OpenAI's spelling: "messages[0].content[1].type",
+    "response_format.json_schema.name" (the response format's type tag left out)."""
+    if len(loc) > 1 and loc[0] == "response_format" and loc[1] in _FORMAT_TYPES:
+        loc = (loc[0], *loc[2:])
     return field_path(loc, tags=_PART_TYPES)
 
 

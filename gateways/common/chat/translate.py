@@ -22,6 +22,7 @@ Where we follow OpenAI rather than the seed's examples (`shared/seeds/lmi-chat-c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +30,10 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message
+from gateways.common.chat import tools
+from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message, NamedToolChoice
 from gateways.common.fields import Field, FieldTable, by_rule, same_names
+from gateways.common.guided import response_format_guide
 from gateways.common.streaming import finish_word, incomplete_stream
 
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -59,7 +62,8 @@ def _token_id_keys(bias: dict[str, float]) -> dict[int, float]:
 
 #: The request fields (seed "Request Schema") and the GenerateRequest paths they set. `by_rule`
 #: rows are set by `to_generate_request` itself or only name a path in errors: do_sample
-#: follows temperature, n also stands for best_of, any input path is `messages`.
+#: follows temperature, n also stands for best_of, any input path is `messages`, a guide comes
+#: from the tools (a forced call) or else from response_format.
 #: `max_completion_tokens` wins over `max_tokens` (the later row).
 FIELDS = FieldTable(
     (
@@ -74,6 +78,8 @@ FIELDS = FieldTable(
         Field("max_completion_tokens", "stopping.max_new_tokens"),
         Field("stop", "stopping.stop", _stop_list),
         *same_names("", "output", ("logprobs", "top_logprobs")),
+        *by_rule("tools", "tools", "guided_decoding.json_schema"),
+        *by_rule("response_format", "guided_decoding.json_object", "guided_decoding.json_schema"),
     )
 )
 
@@ -87,7 +93,10 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
     `max_tokens`) -> `stopping.max_new_tokens`; both unset leaves it unset (the core's default
     applies). `stop` (a string or a list) -> `stopping.stop`. `logit_bias` keys (decimal
     strings, checked by the schema) become int token ids. `user` has no generation effect and
-    is not sent. A "developer" message is sent with the "system" role.
+    is not sent. A "developer" message is sent with the "system" role. `response_format` and a
+    tool_choice that forces a call set `guided_decoding` (gateways.common.guided,
+    gateways.common.chat.tools); `tools` go to the chat template unless tool_choice is "none"
+    (the model is not to call them then).
 
     Args:
         req: a request checked by `schema.parse_chat_request`.
@@ -101,7 +110,37 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
         output=pb.OutputOptions(),
     )
     FIELDS.apply(dict(req), out)
+    mode = tool_mode(req)
+    if mode is not None:
+        out.messages.tools.extend(
+            pb.Tool(
+                name=t.function.name,
+                description=t.function.description or "",
+                parameters=json.dumps(t.function.parameters) if t.function.parameters is not None else "",
+            )
+            for t in req.tools or ()
+        )
+    guide = response_format_guide(req.response_format)
+    if mode is not None and mode != "auto":
+        functions = [tools.FunctionSpec(t.function.name, t.function.parameters) for t in req.tools or ()]
+        guide = tools.tool_guide(mode, functions, name=_named(req), parallel=req.parallel_tool_calls is not False)
+    if guide is not None:
+        out.guided_decoding.CopyFrom(guide)
     return out
+
+
+def tool_mode(req: ChatCompletionRequest) -> tools.Mode | None:
+    """How tool calls are asked for: None without tools or with tool_choice "none"; "auto" when
+    tool_choice is unset (OpenAI's default with tools) or "auto"."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    if isinstance(req.tool_choice, NamedToolChoice):
+        return "named"
+    return "required" if req.tool_choice == "required" else "auto"
+
+
+def _named(req: ChatCompletionRequest) -> str | None:
+    return req.tool_choice.function.name if isinstance(req.tool_choice, NamedToolChoice) else None
 
 
 def _message(m: Message) -> pb.ChatMessage:
@@ -117,6 +156,10 @@ def _message(m: Message) -> pb.ChatMessage:
                 msg.content.append(pb.ContentPart(text=part.text))
     if m.name is not None:
         msg.name = m.name
+    for call in m.tool_calls or ():
+        msg.tool_calls.add(id=call.id, name=call.function.name, arguments=call.function.arguments)
+    if m.tool_call_id is not None:
+        msg.tool_call_id = m.tool_call_id
     return msg
 
 
@@ -144,6 +187,8 @@ class StreamState:
         include_usage: whether chunks carry `usage` (null until the usage chunk).
         role_sent: choice indexes whose first delta (carrying the role) was sent.
         usage: the final message's usage, once it arrived.
+        tool_calls: reads tool calls out of the text (gateways.common.chat.tools), when the
+            request has tools and tool_choice is not "none".
     """
 
     completion_id: str
@@ -154,6 +199,7 @@ class StreamState:
     include_usage: bool = False
     role_sent: set[int] = field(default_factory=set)
     usage: pb.Usage | None = None
+    tool_calls: tools.ToolCalls | None = None
 
 
 def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
@@ -199,7 +245,8 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
     finish_reason. Its first chunk's delta carries `"role": "assistant"`; the chunk that
     finishes it carries `finish_reason` (with the last text, when there is some). Lifecycle-only
     messages give no chunk. The final message's usage is kept in `state.usage` for
-    `usage_chunk`.
+    `usage_chunk`. With tools, `state.tool_calls` rewrites the chunks (content and
+    `delta.tool_calls` apart, finish_reason "tool_calls").
 
     Raises:
         GatewayError: a finish reason without a word in `state.finish_words`.
@@ -225,6 +272,8 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
             "finish_reason": reason,
         }
         chunks.append(_chunk(state, [choice]))
+    if state.tool_calls is not None:
+        return state.tool_calls.rewrite_chunks(chunks)
     return chunks
 
 
@@ -284,7 +333,7 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
         }
         for i in sorted(text)
     ]
-    return {
+    completion = {
         "id": state.completion_id,
         "object": COMPLETION_OBJECT,
         "created": state.created,
@@ -292,6 +341,9 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
         "choices": choices,
         "usage": usage_dict(state.usage),
     }
+    if state.tool_calls is not None:
+        return state.tool_calls.rewrite_completion(completion)
+    return completion
 
 
 def state_for(
@@ -302,7 +354,11 @@ def state_for(
     model: str,
     finish_words: Mapping[int, str] = FINISH_REASONS,
 ) -> StreamState:
-    """A StreamState for a checked request (logprobs and include_usage taken from it)."""
+    """A StreamState for a checked request (logprobs, include_usage and tool calls taken from it)."""
+    mode = tool_mode(req)
+    ended = frozenset(
+        finish_words[r] for r in (pb.FINISH_REASON_EOS, pb.FINISH_REASON_STOP_SEQUENCE) if r in finish_words
+    )
     return StreamState(
         completion_id=completion_id,
         created=created,
@@ -310,4 +366,5 @@ def state_for(
         finish_words=finish_words,
         logprobs=bool(req.logprobs),
         include_usage=bool(req.stream) and req.include_usage,
+        tool_calls=tools.ToolCalls(mode, completion_id, _named(req), ended) if mode is not None else None,
     )

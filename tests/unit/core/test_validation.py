@@ -7,17 +7,21 @@ import dataclasses
 import pytest
 
 from core.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
+from core.guided import MAX_CHOICES, MAX_GUIDE_CHARS, check_compiles
 from core.sampling import resolve_generic
 from core.types import (
     ChatMessage,
     ContentPart,
     EngineInfo,
     GenerationRequest,
+    Guide,
     OutputOptions,
     SamplingOptions,
     StoppingOptions,
+    Tool,
+    ToolCall,
 )
-from core.validation import Limits, resolve_max_new_tokens, validate_engine_support, validate_request
+from core.validation import MAX_TOOLS, Limits, resolve_max_new_tokens, validate_engine_support, validate_request
 
 INFO = EngineInfo(engine="hf", max_context_length=100, vocab_size=50, max_num_beams=1, max_n=8)
 LIMITS = Limits(served_model="tiny", engine=INFO, max_new_tokens=100, max_stop_sequences=4, max_n=8)
@@ -196,3 +200,95 @@ def test_beam_search_message_names_the_engine():
     with pytest.raises(InvalidArgument) as e:
         validate_engine_support(resolve_generic(S(num_beams=4), random_seed=1), req(sampling=S(num_beams=4)), INFO)
     assert "hf engine" in e.value.message and "num_beams=4" in e.value.message
+
+
+# ----------------------------------------------------------------------------- guides and tools
+
+GUIDED = dataclasses.replace(INFO, guided_decoding=frozenset({"json_object", "json_schema", "regex", "choice"}))
+MSGS = (ChatMessage("user", (ContentPart(text="hi"),)),)
+
+
+@pytest.mark.parametrize(
+    ("request_", "field", "words"),
+    [
+        (req(guide=Guide("")), "guided_decoding", "sets no guide"),
+        (req(guide=Guide("lark_grammar", 'start: "a"')), "guided_decoding.lark_grammar", "supports: json_object"),
+        (req(guide=Guide("json_schema", "{nope")), "guided_decoding.json_schema", "not valid JSON"),
+        (req(guide=Guide("json_schema", "[1]")), "guided_decoding.json_schema", "must be a JSON object"),
+        (req(guide=Guide("regex", " ")), "guided_decoding.regex", "must not be empty"),
+        (req(guide=Guide("regex", "a" * (MAX_GUIDE_CHARS + 1))), "guided_decoding.regex", "at most"),
+        (req(guide=Guide("choice")), "guided_decoding.choice", "at least one"),
+        (req(guide=Guide("choice", choices=("a", ""))), "guided_decoding.choice", "empty strings"),
+        (req(guide=Guide("choice", choices=("a",) * (MAX_CHOICES + 1))), "guided_decoding.choice", "at most"),
+    ],
+)
+def test_guides_are_checked_against_the_engine(request_, field, words):
+    resolved = resolve_generic(request_.sampling, random_seed=1)
+    with pytest.raises(InvalidArgument, match=words) as info:
+        validate_engine_support(resolved, request_, GUIDED)
+    assert info.value.field == field
+
+
+def test_an_engine_without_guided_decoding_refuses_every_guide():
+    r = req(guide=Guide("json_object"))
+    with pytest.raises(InvalidArgument, match="supports: none") as info:
+        validate_engine_support(resolve_generic(r.sampling, random_seed=1), r, INFO)
+    assert info.value.field == "guided_decoding.json_object"
+
+
+@pytest.mark.parametrize(
+    ("stopping", "field"),
+    [(T(ignore_eos=True), "stopping.ignore_eos"), (T(min_new_tokens=2), "stopping.min_new_tokens")],
+)
+def test_guides_cannot_be_kept_from_ending(stopping, field):
+    with pytest.raises(InvalidArgument, match="guided_decoding") as info:
+        validate_request(req(guide=Guide("regex", "a"), stopping=stopping), LIMITS)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("guide", "words"),
+    [
+        (Guide("json_schema", '{"type": "objectx"}'), "Invalid type"),
+        (Guide("regex", "[a-"), "unclosed character class"),
+        (Guide("lark_grammar", "start: nowhere"), "unknown name"),
+        (Guide("ebnf_grammar", "root ::= ("), "GBNF"),
+    ],
+)
+def test_guides_that_do_not_compile(guide, words):
+    with pytest.raises(InvalidArgument, match=words) as info:
+        check_compiles(guide)
+    assert info.value.field == guide.field
+
+
+def test_every_kind_compiles():
+    for guide in [
+        Guide("json_object"),
+        Guide("json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}}'),
+        Guide("regex", "[0-9]+"),
+        Guide("ebnf_grammar", 'root ::= "a" [0-9]'),
+        Guide("lark_grammar", 'start: "a" | "b"'),
+        Guide("choice", choices=("x", 'y "z"')),
+    ]:
+        check_compiles(guide)
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (req(text=None, messages=MSGS, tools=(Tool("a b"),)), "tools[0].name"),
+        (req(text=None, messages=MSGS, tools=(Tool("f"), Tool("f"))), "tools[1].name"),
+        (req(text=None, messages=MSGS, tools=(Tool("f", parameters="{"),)), "tools[0].parameters"),
+        (req(text=None, messages=MSGS, tools=(Tool("f", parameters="[]"),)), "tools[0].parameters"),
+        (req(text=None, messages=MSGS, tools=tuple(Tool(f"f{i}") for i in range(MAX_TOOLS + 1))), "tools"),
+        (req(text=None, messages=(ChatMessage("tool", (ContentPart(text="x"),)),)), "messages[0].tool_call_id"),
+        (
+            req(text=None, messages=(ChatMessage("user", tool_calls=(ToolCall("1", "f", "{}"),)),)),
+            "messages[0].tool_calls",
+        ),
+    ],
+)
+def test_tools_and_tool_messages(request_, field):
+    with pytest.raises(InvalidArgument) as info:
+        validate_request(request_, LIMITS)
+    assert info.value.field == field

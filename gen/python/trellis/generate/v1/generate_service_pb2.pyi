@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "token_ids", "messages", "sampling", "stopping", "output", "session_id")
+    __slots__ = ("request_id", "model", "text", "token_ids", "messages", "sampling", "stopping", "output", "session_id", "guided_decoding")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class GenerateRequest(_message.Message):
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    GUIDED_DECODING_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -28,7 +29,8 @@ class GenerateRequest(_message.Message):
     stopping: _generate_pb2.StoppingParams
     output: _generate_pb2.OutputOptions
     session_id: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ...) -> None: ...
+    guided_decoding: _generate_pb2.GuidedDecoding
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., guided_decoding: _Optional[_Union[_generate_pb2.GuidedDecoding, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued")
@@ -101,7 +103,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_version", "engine", "max_context_length", "max_new_tokens", "default_max_new_tokens", "vocab_size", "has_chat_template", "accepts_images", "max_num_beams", "max_top_logprobs", "max_stop_sequences", "greedy_defaults", "sampling_defaults", "unsupported_sampling_fields", "max_n")
+    __slots__ = ("model_name", "model_version", "engine", "max_context_length", "max_new_tokens", "default_max_new_tokens", "vocab_size", "has_chat_template", "accepts_images", "max_num_beams", "max_top_logprobs", "max_stop_sequences", "greedy_defaults", "sampling_defaults", "unsupported_sampling_fields", "max_n", "guided_decoding")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +120,7 @@ class GetModelInfoResponse(_message.Message):
     SAMPLING_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
     UNSUPPORTED_SAMPLING_FIELDS_FIELD_NUMBER: _ClassVar[int]
     MAX_N_FIELD_NUMBER: _ClassVar[int]
+    GUIDED_DECODING_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_version: str
     engine: str
@@ -134,7 +137,8 @@ class GetModelInfoResponse(_message.Message):
     sampling_defaults: _generate_pb2.SamplingParams
     unsupported_sampling_fields: _containers.RepeatedScalarFieldContainer[str]
     max_n: int
-    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., engine: _Optional[str] = ..., max_context_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., accepts_images: _Optional[bool] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., greedy_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., sampling_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., unsupported_sampling_fields: _Optional[_Iterable[str]] = ..., max_n: _Optional[int] = ...) -> None: ...
+    guided_decoding: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., engine: _Optional[str] = ..., max_context_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., accepts_images: _Optional[bool] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., greedy_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., sampling_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., unsupported_sampling_fields: _Optional[_Iterable[str]] = ..., max_n: _Optional[int] = ..., guided_decoding: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "messages")

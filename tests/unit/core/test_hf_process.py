@@ -1,0 +1,129 @@
+"""The HF engine in a process of its own (core.engine.hf_process): the same tokens as the engine
+on a thread, admission refusals decided in the core process, cancellation, shutdown, a load
+failure and an engine process that dies under running requests."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from core.engine import hf, hf_process
+from core.errors import EngineDead, InvalidArgument, NotReady, Overloaded
+from core.tokenizer import Tokenizer
+from core.types import EngineOutput, FinishReason, PromptTokenInfo, RequestState, SequenceStep
+from tests.conftest import core_config
+from tests.integration.core_helpers import wait_for, wait_idle
+from tests.unit.core.test_hf_engine import last_output, req, until_tokens
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir) -> Tokenizer:
+    return Tokenizer.load(tiny_model_dir)
+
+
+async def started(model_dir, tokenizer, **overrides) -> hf_process.HfProcessEngine:
+    engine = hf_process.build(core_config(model_dir, **overrides), tokenizer)
+    assert isinstance(engine, hf_process.HfProcessEngine)
+    await engine.start()
+    return engine
+
+
+@pytest.fixture
+async def engine(tiny_model_dir, tokenizer):
+    e = await started(tiny_model_dir, tokenizer)
+    yield e
+    await e.shutdown()
+
+
+def test_no_engine_process_builds_the_engine_on_a_thread(tiny_model_dir, tokenizer):
+    assert isinstance(hf_process.build(core_config(tiny_model_dir, engine_process=False), tokenizer), hf.HfEngine)
+
+
+def test_outputs_cross_the_pipe_unchanged():
+    out = EngineOutput(
+        "r",
+        state=RequestState.SCHEDULED,
+        sequences=[SequenceStep(1, [5, 6], [-0.5, -1.0], [[(5, -0.5)], [(6, -1.0)]], FinishReason.EOS, 6)],
+        prompt_logprobs=[PromptTokenInfo(1, None, None), PromptTokenInfo(5, -2.0, [(5, -2.0)])],
+        finished=True,
+        cached_tokens=3,
+        error=None,
+        time=12.5,
+    )
+    assert hf_process.unpack(hf_process.pack(out)) == out
+
+
+async def test_same_tokens_as_the_engine_on_a_thread(engine, tiny_model_dir, tokenizer):
+    local = hf.build(core_config(tiny_model_dir), tokenizer)
+    await local.start()
+    try:
+        prompts = [[1, 5, 9], [1, 7], [1, 3, 3, 8, 2]]
+        ours = [[out async for out in engine.generate(req(f"p{i}", p, 12))] for i, p in enumerate(prompts)]
+        theirs = [[out async for out in local.generate(req(f"p{i}", p, 12))] for i, p in enumerate(prompts)]
+    finally:
+        await local.shutdown()
+
+    def tokens(outs: list[EngineOutput]) -> list[int]:
+        return [t for out in outs for s in out.sequences for t in s.token_ids]
+
+    assert [tokens(o) for o in ours] == [tokens(o) for o in theirs]
+    assert all(o[-1].finished and o[-1].sequences[-1].finish_reason is FinishReason.LENGTH for o in ours)
+    await wait_idle(engine)
+
+
+async def test_a_running_request_id_is_refused_and_a_closed_stream_aborts(engine):
+    gen = engine.generate(req("dup", [1, 5], max_new_tokens=900))
+    await until_tokens(gen)
+    with pytest.raises(InvalidArgument, match="already running") as info:
+        engine.generate(req("dup", [1, 5]))
+    assert info.value.field == "request_id"
+    with pytest.raises(InvalidArgument) as wide:
+        engine.generate(req("wide", [1, 5], n=99))
+    assert wide.value.field == "sampling.n"
+    await gen.aclose()
+    await wait_idle(engine)
+    out = await last_output(engine.generate(req("dup", [1, 5])))
+    assert out.finished and out.error is None
+
+
+async def test_a_full_queue_is_refused_and_shutdown_ends_what_is_left(tiny_model_dir, tokenizer):
+    engine = await started(tiny_model_dir, tokenizer, max_batch_size=1, max_queue_size=1)
+    try:
+        running = engine.generate(req("running", [1, 5], max_new_tokens=900))
+        await until_tokens(running)
+        waiting = engine.generate(req("waiting", [1, 5]))
+        with pytest.raises(Overloaded):
+            engine.generate(req("refused", [1, 5]))
+        assert engine.stats().queued == 1
+    finally:
+        await engine.shutdown()
+    for gen in (running, waiting):
+        out = await last_output(gen)
+        assert isinstance(out.error, NotReady)
+    assert not engine.alive
+    with pytest.raises(NotReady):
+        engine.generate(req("late", [1, 5]))
+
+
+async def test_an_engine_process_that_dies_fails_its_requests(engine):
+    deaths: list[Exception] = []
+    engine.set_on_dead(deaths.append)
+    gen = engine.generate(req("victim", [1, 5], max_new_tokens=900))
+    await until_tokens(gen)
+    engine._process.kill()
+    out = await last_output(gen)
+    assert isinstance(out.error, EngineDead) and "exit code -9" in str(out.error)
+    await wait_for(lambda: deaths)
+    assert len(deaths) == 1 and not engine.alive
+    with pytest.raises(EngineDead):
+        engine.generate(req("after", [1, 5]))
+
+
+async def test_a_model_the_engine_process_cannot_load_fails_start(tiny_model_dir, tokenizer, tmp_path):
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_model_dir, broken, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    engine = hf_process.build(core_config(broken), tokenizer)
+    with pytest.raises(RuntimeError, match="could not load"):
+        await engine.start()
+    assert not engine.alive
