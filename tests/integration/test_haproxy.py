@@ -33,6 +33,7 @@ defaults
     timeout connect 2s
     timeout client 30s
     timeout server 30s
+    timeout check 3s
     retries 2
     option redispatch
 frontend trellis
@@ -77,7 +78,7 @@ async def test_a_gateway_stopped_under_load_loses_no_request(mock_core, tmp_path
             ports.append(port)
         front = free_port()
         servers = "\n".join(
-            f"    server g{i} 127.0.0.1:{p} check inter 100ms fall 1 rise 2" for i, p in enumerate(ports)
+            f"    server g{i} 127.0.0.1:{p} check inter 100ms fall 3 rise 1" for i, p in enumerate(ports)
         )
         (tmp_path / "haproxy.cfg").write_text(CONFIG.format(port=front, servers=servers))
         haproxy = await asyncio.create_subprocess_exec(
