@@ -72,6 +72,8 @@ class CoreConfig:
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
     max_message_bytes: int = 16 * 1024 * 1024
+    max_connection_age_seconds: float = 300.0
+    max_connection_age_grace_seconds: float = 3600.0
     log_level: str = "INFO"
     # Prometheus metrics (core.metrics): None serves none.
     metrics_port: int | None = None
@@ -199,6 +201,20 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="idle time after which a session expires",
     )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument(
+        "--max-connection-age-seconds",
+        type=float,
+        default=d.max_connection_age_seconds,
+        help="age after which a client connection is asked to go away (GOAWAY), so balancing clients "
+        "reconnect and spread over new replicas (0: never)",
+    )
+    p.add_argument(
+        "--max-connection-age-grace-seconds",
+        type=float,
+        default=d.max_connection_age_grace_seconds,
+        help="how long the streams of an aged connection may still run before it is closed; longer than "
+        "the longest stream (a gateway's --core-stream-max-age plus its longest request)",
+    )
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--metrics-port",

@@ -74,6 +74,22 @@ class CoreServer:
             self.metrics.stop()
 
 
+def server_options(config: CoreConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: message size limits, and the connection age after
+    which clients get GOAWAY (grpc.max_connection_age_ms, with grpc.max_connection_age_grace_ms
+    for the streams still open), so clients re-resolve and balance over replicas added since."""
+    options = [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+    ]
+    if config.max_connection_age_seconds > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.max_connection_age_grace_seconds * 1000)),
+        ]
+    return options
+
+
 async def start_core(
     config: CoreConfig, engine: Engine | None = None, tokenizer: Tokenizer | None = None
 ) -> CoreServer:
@@ -122,10 +138,7 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     interceptors = [ApiKeyInterceptor(ApiKeys(config.api_key))] if config.api_key else []
     server = grpc.aio.server(
         interceptors=interceptors,
-        options=[
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-        ],
+        options=server_options(config),
     )
     add_generate_service(servicer, server)
     health = health_aio.HealthServicer()

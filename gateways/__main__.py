@@ -18,6 +18,7 @@ from typing import cast
 import logclip
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
+from gateways.common.drain import drain
 from gateways.common.tls import server_ssl_context
 
 GATEWAYS = ("lmi", "openai", "triton", "ws")
@@ -61,7 +62,7 @@ async def _serve(config: GatewayConfig, module: Gateway) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await drain(app, runner, config.drain_seconds)
     return 0
 
 

@@ -35,6 +35,7 @@ from envflags.apikeys import ApiKeys
 from gateways.common.auth import HEALTH_PATHS, auth_middleware
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
+from gateways.common.drain import SHUTDOWN_TIMEOUT_S
 from gateways.common.framing import loads
 from gateways.common.metrics import add_metrics, metrics_middleware
 from gateways.common.status import GatewayError
@@ -215,7 +216,7 @@ async def start_app(
     Handler cancellation is on: a client that disconnects cancels its handler task at once, and
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
