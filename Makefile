@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint gateway-check proto proto-check bench bench-overhead bench-guided venv model clean
+.PHONY: run test lint gateway-check proto proto-check bench bench-overhead bench-guided venv model clean system-deps
 
 venv: $(STAMP)
 
@@ -55,7 +55,13 @@ gateway-check:
 run: $(STAMP) $(GEN) model
 	$(PY) scripts/run_stack.py --model $(MODEL)
 
-test: proto-check lint
+# System packages the tests use: haproxy (tests/integration/test_haproxy.py), from Debian.
+system-deps:
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy; }
+
+test: proto-check lint system-deps
 	$(PY) -m pytest -q
 
 bench: $(STAMP) $(GEN) model

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.engine.registry import ENGINES
-from envflags import EnvArgumentParser
+from envflags import EnvArgumentParser, ListAction, comma_list
 
 ENV_PREFIX = "TRELLIS_CORE_"
 
@@ -72,7 +72,19 @@ class CoreConfig:
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
     max_message_bytes: int = 16 * 1024 * 1024
+    max_connection_age_seconds: float = 300.0
+    max_connection_age_grace_seconds: float = 3600.0
     log_level: str = "INFO"
+    # Prometheus metrics (core.metrics): None serves none.
+    metrics_port: int | None = None
+    metrics_require_key: bool = False
+    # API keys (core.auth): none accepts every call.
+    api_key: tuple[str, ...] = ()
+    # TLS (core.tls): no certificate serves plaintext.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
     guide_cache_size: int = 256
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
@@ -98,8 +110,10 @@ class CoreConfig:
         return self.model_name or Path(self.model.rstrip("/")).name
 
     def redacted(self) -> dict[str, object]:
-        """The configuration as a dict for the start-up log (nothing here is secret)."""
-        return dataclasses.asdict(self)
+        """The configuration as a dict for the start-up log, API keys replaced by their count."""
+        out = dataclasses.asdict(self)
+        out["api_key"] = f"<{len(self.api_key)} keys>"
+        return out
 
 
 def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
@@ -187,7 +201,54 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="idle time after which a session expires",
     )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument(
+        "--max-connection-age-seconds",
+        type=float,
+        default=d.max_connection_age_seconds,
+        help="age after which a client connection is asked to go away (GOAWAY), so balancing clients "
+        "reconnect and spread over new replicas (0: never)",
+    )
+    p.add_argument(
+        "--max-connection-age-grace-seconds",
+        type=float,
+        default=d.max_connection_age_grace_seconds,
+        help="how long the streams of an aged connection may still run before it is closed; longer than "
+        "the longest stream (a gateway's --core-stream-max-age plus its longest request)",
+    )
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (--host's address; 0: pick a free port; "
+        "unset: no metrics server)",
+    )
+    p.add_argument(
+        "--metrics-require-key",
+        action=argparse.BooleanOptionalAction,
+        default=d.metrics_require_key,
+        help="the metrics port needs one of the --api-key keys too (default: open)",
+    )
+    p.add_argument(
+        "--api-key",
+        action=ListAction,
+        type=comma_list,
+        default=[],
+        help="accept only calls with the metadata 'authorization: Bearer KEY' (repeatable, or comma-separated; "
+        "grpc.health.v1 stays open)",
+    )
+    p.add_argument("--ssl-certfile", default=d.ssl_certfile, help="serve gRPC over TLS with this PEM certificate chain")
+    p.add_argument("--ssl-keyfile", default=d.ssl_keyfile, help="the TLS certificate's PEM private key")
+    p.add_argument(
+        "--ssl-ca-certs", default=d.ssl_ca_certs, help="PEM CA certificates that sign accepted client certificates"
+    )
+    p.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=d.ssl_cert_reqs,
+        choices=[0, 1, 2],
+        help="client certificates: 0 none, 1 optional, 2 required (mTLS); as Python's ssl.CERT_*",
+    )
     p.add_argument(
         "--guide-cache-size",
         type=int,
@@ -295,5 +356,6 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         SystemExit: on a usage error (argparse prints the message).
     """
     environ = os.environ if environ is None else environ
-    ns = build_parser(environ).parse_args(argv)
-    return CoreConfig(**vars(ns))
+    ns = vars(build_parser(environ).parse_args(argv))
+    ns["api_key"] = tuple(ns["api_key"])
+    return CoreConfig(**ns)

@@ -28,8 +28,9 @@ from typing import Protocol
 
 from core.detokenize import ByteDetokenizer, Detokenizer, IncrementalDetokenizer
 from core.engine.base import Engine, OutputStream
-from core.errors import CoreError, EngineFailure, InvalidArgument, SessionBusy
+from core.errors import CoreError, EngineFailure, InvalidArgument, Overloaded, SessionBusy
 from core.guided import check_compiles
+from core.metrics import RequestMetrics
 from core.sessions import SessionStore
 from core.stops import StopMatcher
 from core.tokenizer import Tokenizer
@@ -120,6 +121,9 @@ class RequestPipeline:
         sessions: the continue-generation store.
         limits: configured and engine limits.
         default_max_new_tokens: used when a request leaves max_new_tokens unset.
+
+    Attributes:
+        metrics: what the Jobs count for Prometheus (core.metrics).
     """
 
     def __init__(
@@ -135,6 +139,7 @@ class RequestPipeline:
         self.sessions = sessions
         self.limits = limits
         self.default_max_new_tokens = default_max_new_tokens
+        self.metrics = RequestMetrics()
 
     # ------------------------------------------------------------------ prepare
 
@@ -376,6 +381,7 @@ class Job:
         self.want_tokens = prep.request.output.tokens is not False
         self.want_logprobs = prep.request.output.logprobs
         self.done = False
+        self.last_token_time = 0.0  # of the last step that gave tokens; 0.0: none yet
         self._stream: OutputStream | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -384,9 +390,11 @@ class Job:
         prep = self.prep
         try:
             self._stream = self.p.engine.generate(prep.engine_request)
-        except BaseException:
+        except BaseException as e:
             self.done = True
             self.p.discard(prep)
+            if isinstance(e, Overloaded):
+                self.p.metrics.rejected += 1
             raise
         if prep.deadline is not None:
             loop = asyncio.get_running_loop()
@@ -399,6 +407,7 @@ class Job:
             return
         self.done = True
         self._stop(failed=False)
+        self._count(FinishReason.CANCELLED.value)
 
     def _expire(self) -> None:
         """The time limit is spent while waiting (queued, or a slow step)."""
@@ -425,13 +434,27 @@ class Job:
             return
         self.done = True
         self._stop(failed=False)
+        self._count((self.returned[0].finished or FinishReason.CANCELLED).value)
         self.consumer.deliver(self, deltas)
         self.consumer.finish(self, None)
 
     def _end(self, error: CoreError) -> None:
         self.done = True
         self._stop(failed=True)
+        self._count(FinishReason.ERROR.value)
         self.consumer.finish(self, error)
+
+    def _count(self, reason: str) -> None:
+        """Count the ended request for Prometheus (core.metrics), once."""
+        req = self.prep.engine_request
+        scheduled = self.times.get(RequestState.SCHEDULED)
+        self.p.metrics.ended(
+            reason,
+            len(req.prompt_ids),
+            sum(s.generated for s in self.seqs),
+            None if scheduled is None else scheduled - req.arrival_time,
+            time.monotonic() - req.arrival_time,
+        )
 
     def _stop(self, *, failed: bool) -> None:
         """Release the engine request (aborted unless it finished), the timer and the session."""
@@ -501,6 +524,12 @@ class Job:
                     seq_deltas.append(self._finish(seq, FinishReason.TIME_LIMIT, SequenceDelta(seq.index)))
         if generated:
             deltas += self._states_up_to(RequestState.GENERATING, now)
+            metrics = self.p.metrics
+            if self.last_token_time:
+                metrics.itl.observe(now - self.last_token_time)
+            else:
+                metrics.ttft.observe(now - self.prep.engine_request.arrival_time)
+            self.last_token_time = now
         elif not seq_deltas:
             return deltas
         done = not self.unfinished

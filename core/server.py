@@ -19,15 +19,19 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from core.auth import ApiKeyInterceptor
 from core.config import CoreConfig
 from core.engine.base import Engine
 from core.engine.registry import create_engine, tokenizer_path
+from core.metrics import CoreCollector, MetricsServer, core_registry, serve_metrics
 from core.pipeline import RequestPipeline
 from core.service import GenerateServicer
 from core.sessions import SessionStore
+from core.tls import server_credentials
 from core.tokenizer import Tokenizer
 from core.validation import Limits, prompt_chars_bound
 from core.wire import add_generate_service
+from envflags.apikeys import ApiKeys
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ class CoreServer:
     engine: Engine
     servicer: GenerateServicer
     health: health_aio.HealthServicer
+    metrics: MetricsServer | None = None
 
     @property
     def address(self) -> str:
@@ -65,6 +70,24 @@ class CoreServer:
             await asyncio.wait_for(self.servicer.wait_idle(), grace)
         await self.server.stop(0)
         await self.engine.shutdown()
+        if self.metrics is not None:
+            self.metrics.stop()
+
+
+def server_options(config: CoreConfig) -> list[tuple[str, int]]:
+    """The gRPC server's channel arguments: message size limits, and the connection age after
+    which clients get GOAWAY (grpc.max_connection_age_ms, with grpc.max_connection_age_grace_ms
+    for the streams still open), so clients re-resolve and balance over replicas added since."""
+    options = [
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+    ]
+    if config.max_connection_age_seconds > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(config.max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.max_connection_age_grace_seconds * 1000)),
+        ]
+    return options
 
 
 async def start_core(
@@ -79,7 +102,10 @@ async def start_core(
 
     Raises:
         RuntimeError / OSError: the model, tokenizer or engine dependencies cannot be loaded, or
-            the address cannot be listened on (the engine is shut down again in every case).
+            the address cannot be listened on, or a TLS file cannot be read (the engine is shut
+            down again in every case).
+        ValueError: inconsistent TLS flags (core.tls.server_credentials), or
+            --metrics-require-key without --api-key.
     """
     tokenizer = tokenizer or Tokenizer.load(tokenizer_path(config))
     engine = engine or create_engine(config, tokenizer)
@@ -107,11 +133,12 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
     pipeline = RequestPipeline(engine, tokenizer, sessions, limits, config.default_max_new_tokens)
     servicer = GenerateServicer(pipeline, config)
+    if config.metrics_require_key and not config.api_key:
+        raise ValueError("--metrics-require-key needs --api-key")
+    interceptors = [ApiKeyInterceptor(ApiKeys(config.api_key))] if config.api_key else []
     server = grpc.aio.server(
-        options=[
-            ("grpc.max_send_message_length", config.max_message_bytes),
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-        ]
+        interceptors=interceptors,
+        options=server_options(config),
     )
     add_generate_service(servicer, server)
     health = health_aio.HealthServicer()
@@ -119,8 +146,10 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
     )
+    credentials = server_credentials(config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs, config.ssl_cert_reqs)
     try:
-        port = server.add_insecure_port(f"{config.host}:{config.port}")
+        address = f"{config.host}:{config.port}"
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as e:  # grpc's way of saying the address is taken or not ours
         raise OSError(f"cannot listen on {config.host}:{config.port} (in use, or not an address of this host)") from e
     await server.start()
@@ -137,4 +166,14 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
             task.add_done_callback(pending.discard)
 
     engine.set_on_dead(on_dead)
-    return CoreServer(config, server, port, engine, servicer, health)
+    metrics = None
+    if config.metrics_port is not None:
+        collector = CoreCollector(pipeline.metrics, engine, sessions, config.max_batch_size, config.served_model_name)
+        try:
+            keys = ApiKeys(config.api_key) if config.metrics_require_key else None
+            metrics = serve_metrics(core_registry(collector), config.host, config.metrics_port, keys)
+        except OSError as e:
+            await server.stop(None)
+            raise OSError(f"cannot serve metrics on {config.host}:{config.metrics_port}: {e}") from e
+        log.info("Prometheus metrics on http://%s:%d/metrics", config.host, metrics.port)
+    return CoreServer(config, server, port, engine, servicer, health, metrics)

@@ -10,6 +10,10 @@ Booleans (`parse_bool`): 1/true/yes/on and 0/false/no/off, in any case and with 
 blanks. An empty (or blank) value means "not set": the setting keeps its default, exactly as if
 the variable were absent. A rendered template that leaves a value out (`TRELLIS_CORE_X=`) then
 never flips a setting that is on by default. Any other word is an error naming the variable.
+
+Lists (`comma_list` with `ListAction`, e.g. API keys): a repeatable flag whose every value may
+hold several comma-separated items; its variable holds the same comma-separated list, and the
+command line, when it gives the flag, replaces the variable's list.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import argparse
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["FALSE_WORDS", "TRUE_WORDS", "EnvArgumentParser", "parse_bool"]
+__all__ = ["FALSE_WORDS", "TRUE_WORDS", "EnvArgumentParser", "ListAction", "comma_list", "parse_bool"]
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -41,6 +45,27 @@ def parse_bool(raw: str) -> bool | None:
     if value in FALSE_WORDS:
         return False
     raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
+
+
+def comma_list(raw: str) -> list[str]:
+    """`"a, b,,c"` -> `["a", "b", "c"]`: comma-separated items, blanks stripped, empty ones dropped."""
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+class ListAction(argparse.Action):
+    """A repeatable option (`type=comma_list`) whose values accumulate into one list; the first
+    value on the command line replaces the default (the environment's list)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest, None)
+        items = list(values) if isinstance(values, list) else [values]
+        setattr(namespace, self.dest, items if current is self.default or current is None else [*current, *items])
 
 
 class EnvArgumentParser(argparse.ArgumentParser):

@@ -18,6 +18,8 @@ from typing import cast
 import logclip
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
+from gateways.common.drain import drain
+from gateways.common.tls import server_ssl_context
 
 GATEWAYS = ("lmi", "openai", "triton", "ws")
 log = logging.getLogger("gateways")
@@ -38,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     logclip.configure(config.log_level)
     log.info(
         "effective configuration: %s",
-        json.dumps({**config.__dict__, "options": dict(config.options)}, sort_keys=True, default=str),
+        json.dumps(config.redacted(), sort_keys=True, default=str),
     )
     return asyncio.run(_serve(config, module))
 
@@ -46,19 +48,21 @@ def main(argv: list[str] | None = None) -> int:
 async def _serve(config: GatewayConfig, module: Gateway) -> int:
     try:
         app = module.make_app(config)
-        runner, port = await start_app(app, config.host, config.port)
+        context = server_ssl_context(config)
+        runner, port = await start_app(app, config.host, config.port, context)
     except (ValueError, OSError) as e:
         log.error("trellis-gateway %s cannot start: %s", config.name, e)
         return 2
     gc.collect()  # see core.__main__.freeze_heap: short collections while serving
     gc.freeze()
-    print(f"trellis-gateway {config.name} on http://{config.host}:{port} -> core {config.core}", flush=True)
+    scheme = "https" if context else "http"
+    print(f"trellis-gateway {config.name} on {scheme}://{config.host}:{port} -> core {config.core}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await runner.cleanup()
+    await drain(app, runner, config.drain_seconds)
     return 0
 
 

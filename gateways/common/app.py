@@ -15,13 +15,15 @@ Every app built so has: the gateway's settings on its AppKey, the core client
 schema's own shape: those the handlers render themselves (they know the request), and those that
 happen around them, rendered by the schema's `render_http_error`: an unknown path (404), a wrong
 method (405), a body over --max-body-bytes (413), an unexpected failure before the response
-started (500).
+started (500). And Prometheus metrics: `GET /metrics` and the middleware that counts every
+request (gateways.common.metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -29,9 +31,13 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
 from envflags import EnvArgumentParser
+from envflags.apikeys import ApiKeys
+from gateways.common.auth import HEALTH_PATHS, auth_middleware
 from gateways.common.config import GatewayConfig
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
+from gateways.common.drain import SHUTDOWN_TIMEOUT_S
 from gateways.common.framing import loads
+from gateways.common.metrics import add_metrics, metrics_middleware
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
@@ -72,13 +78,26 @@ def make_gateway_app(
     add_routes: Callable[[web.Application], None],
 ) -> web.Application:
     """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
-    error middleware with the schema's `render_error`, and the routes from `add_routes`."""
-    app = web.Application(client_max_size=config.max_body_bytes, middlewares=[error_middleware(render_error)])
+    error middleware with the schema's `render_error`, API keys (gateways.common.auth),
+    Prometheus metrics (`GET /metrics`, gateways.common.metrics) and the routes from
+    `add_routes`.
+
+    Raises:
+        ValueError: --metrics-require-key without --api-key.
+    """
+    middlewares = [metrics_middleware, error_middleware(render_error)]
+    if config.metrics_require_key and not config.api_key:
+        raise ValueError("--metrics-require-key needs --api-key")
+    if config.api_key:
+        open_paths = HEALTH_PATHS if config.metrics_require_key else HEALTH_PATHS | {"/metrics"}
+        middlewares.insert(1, auth_middleware(ApiKeys(config.api_key), render_error, open_paths=open_paths))
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
     app[settings_key] = settings
     app.cleanup_ctx.append(core_client_ctx)
     app.on_response_prepare.append(_mark_started)
     app.on_response_prepare.append(_retry_after)
+    add_metrics(app)
     add_routes(app)
     return app
 
@@ -188,15 +207,18 @@ async def _retry_after(request: web.Request, response: web.StreamResponse) -> No
         response.headers[hdrs.RETRY_AFTER] = str(request.app[CONFIG_KEY].retry_after_seconds)
 
 
-async def start_app(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving `app` on host:port (0 picks a free port); returns the runner and the port.
+async def start_app(
+    app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Start serving `app` on host:port (0 picks a free port), over HTTPS with `ssl_context`;
+    returns the runner and the port.
 
     Handler cancellation is on: a client that disconnects cancels its handler task at once, and
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     server = site._server  # aiohttp exposes no public accessor for the bound port
     assert isinstance(server, asyncio.Server)

@@ -9,12 +9,14 @@ name.
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from envflags import EnvArgumentParser
+from envflags import EnvArgumentParser, ListAction, comma_list
+from gateways.common.targets import parse_core_target
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -40,6 +42,25 @@ class GatewayConfig:
         max_json_depth: deepest nesting of arrays and objects in a request body or frame.
         retry_after_seconds: the Retry-After of 429 and 503 responses.
         log_level: logging level name.
+        api_key: keys HTTP clients must send (`Authorization: Bearer`); empty: no check.
+        core_api_key: the key sent to the core (`authorization` metadata); empty: none.
+        metrics_require_key: `GET /metrics` needs a key too.
+        ssl_certfile, ssl_keyfile, ssl_ca_certs, ssl_cert_reqs: HTTPS to clients
+            (gateways.common.tls.server_ssl_context).
+        core_tls, core_ssl_ca_certs, core_ssl_certfile, core_ssl_keyfile: TLS to the core
+            (gateways.common.tls.channel_credentials).
+        drain_seconds: on SIGTERM, how long health reports not serving, while requests are
+            still served, before the listener closes and in-flight requests finish.
+        core_streams: MultiplexGenerate streams the gateway keeps open over its cores (0: two
+            per listed address and at least 4 when the target may hold several cores, else 1).
+        core_stream_max_age: seconds a stream takes new requests before a fresh one replaces it
+            (so new and returning cores get streams; 0: never).
+        core_retries: times a request refused before its first message (UNAVAILABLE,
+            RESOURCE_EXHAUSTED) is sent again, to another core when there is one.
+        core_reconnect_backoff_ms: first delay before reconnecting to a core that went away
+            (grpc.initial_reconnect_backoff_ms; also grpc.min_reconnect_backoff_ms).
+        core_max_reconnect_backoff_ms: longest delay between reconnection attempts
+            (grpc.max_reconnect_backoff_ms): a core that comes back is served within about that.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -55,7 +76,32 @@ class GatewayConfig:
     max_json_depth: int = 32
     retry_after_seconds: int = 1
     log_level: str = "INFO"
+    api_key: tuple[str, ...] = ()
+    core_api_key: str = ""
+    metrics_require_key: bool = False
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
+    core_tls: bool = False
+    core_ssl_ca_certs: str | None = None
+    core_ssl_certfile: str | None = None
+    core_ssl_keyfile: str | None = None
+    drain_seconds: float = 5.0
+    core_streams: int = 0
+    core_stream_max_age: float = 30.0
+    core_retries: int = 2
+    core_reconnect_backoff_ms: int = 100
+    core_max_reconnect_backoff_ms: int = 500
     options: Mapping[str, Any] = field(default_factory=dict)
+
+    def redacted(self) -> dict[str, Any]:
+        """The configuration for the start-up log, keys replaced by their count."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["api_key"] = f"<{len(self.api_key)} keys>"
+        out["core_api_key"] = "<set>" if self.core_api_key else ""
+        out["options"] = dict(self.options)
+        return out
 
 
 def settings_from(cls: type[S], options: Mapping[str, Any]) -> S:
@@ -80,7 +126,64 @@ _COMMON = {
     "max_json_depth",
     "retry_after_seconds",
     "log_level",
+    "api_key",
+    "core_api_key",
+    "metrics_require_key",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_ca_certs",
+    "ssl_cert_reqs",
+    "core_tls",
+    "core_ssl_ca_certs",
+    "core_ssl_certfile",
+    "core_ssl_keyfile",
+    "drain_seconds",
 }
+_COMMON |= {f.name for f in fields(GatewayConfig) if f.name.startswith("core_")}
+
+
+def _first_key(raw: str) -> str:
+    """The first key of a comma-separated list (the core's variable may hold several)."""
+    keys = comma_list(raw)
+    return keys[0] if keys else ""
+
+
+def add_core_arguments(p: EnvArgumentParser, d: GatewayConfig) -> None:
+    """The flags of the gateway's connection to its cores (balancing, retries, reconnection)."""
+    p.add_argument(
+        "--core-streams",
+        type=int,
+        default=d.core_streams,
+        help="MultiplexGenerate streams spread over the cores (0: two per listed address, at least 4 for "
+        "several cores; 1 for one core)",
+    )
+    p.add_argument(
+        "--core-stream-max-age",
+        type=float,
+        default=d.core_stream_max_age,
+        help="seconds a stream takes new requests before a fresh one replaces it, so new or returning "
+        "cores get traffic (0: never)",
+    )
+    p.add_argument(
+        "--core-retries",
+        type=int,
+        default=d.core_retries,
+        help="times a request refused before its first message (UNAVAILABLE, RESOURCE_EXHAUSTED) is resent, "
+        "to another core when there is one",
+    )
+    p.add_argument(
+        "--core-reconnect-backoff-ms",
+        type=int,
+        default=d.core_reconnect_backoff_ms,
+        help="first delay before reconnecting to a core that went away (grpc.initial_reconnect_backoff_ms)",
+    )
+    p.add_argument(
+        "--core-max-reconnect-backoff-ms",
+        type=int,
+        default=d.core_max_reconnect_backoff_ms,
+        help="longest delay between reconnection attempts (grpc.max_reconnect_backoff_ms): a core that comes "
+        "back is served within about this",
+    )
 
 
 def load(
@@ -103,7 +206,12 @@ def load(
         environ=environ,
     )
     d = GatewayConfig(name=name)
-    p.add_argument("--core", default=d.core, help="core gRPC address host:port")
+    p.add_argument(
+        "--core",
+        default=d.core,
+        help="core gRPC address host:port, a comma-separated list of IP:port, or a gRPC target such as "
+        "dns:///cores:50051 (every address it resolves to is a core)",
+    )
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for all interfaces)")
     p.add_argument("--port", type=int, default=default_port, help="port to listen on (0: pick a free one)")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout, help="seconds per request (0: none)")
@@ -120,7 +228,65 @@ def load(
         "--retry-after-seconds", type=int, default=d.retry_after_seconds, help="Retry-After of 429 and 503 answers"
     )
     p.add_argument("--log-level", default=d.log_level, choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--api-key",
+        action=ListAction,
+        type=comma_list,
+        default=[],
+        help="accept only requests with 'Authorization: Bearer KEY' (repeatable, or comma-separated; health "
+        "routes stay open)",
+    )
+    p.add_argument(
+        "--core-api-key",
+        type=_first_key,
+        default="",
+        env_aliases=("TRELLIS_CORE_API_KEY",),
+        help="API key sent to the core (its --api-key)",
+    )
+    p.add_argument(
+        "--metrics-require-key",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="GET /metrics needs an API key too (default: open)",
+    )
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS (and WSS) with this PEM certificate chain")
+    p.add_argument("--ssl-keyfile", default=None, help="the HTTPS certificate's PEM private key")
+    p.add_argument("--ssl-ca-certs", default=None, help="PEM CA certificates that sign accepted client certificates")
+    p.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="client certificates: 0 none, 1 optional, 2 required; as Python's ssl.CERT_*",
+    )
+    p.add_argument(
+        "--core-tls",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="connect to the core over TLS, verified with the system's CAs (implied by --core-ssl-ca-certs)",
+    )
+    p.add_argument("--core-ssl-ca-certs", default=None, help="connect to the core over TLS, verified with this CA")
+    p.add_argument("--core-ssl-certfile", default=None, help="client certificate for a core that requires one (mTLS)")
+    p.add_argument("--core-ssl-keyfile", default=None, help="the client certificate's PEM private key")
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=d.drain_seconds,
+        help="on SIGTERM, seconds health reports not serving (requests still served) before the listener "
+        "closes and in-flight requests finish",
+    )
+    add_core_arguments(p, d)
     add_arguments(p)
     ns = vars(p.parse_args(argv))
+    ns["api_key"] = tuple(ns["api_key"])
+    try:
+        parse_core_target(ns["core"])
+    except ValueError as e:
+        p.error(str(e))
+    for name in ("drain_seconds", "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
+        if ns[name] < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {ns[name]}")
+    if ns["core_max_reconnect_backoff_ms"] < max(1, ns["core_reconnect_backoff_ms"]):
+        p.error("--core-max-reconnect-backoff-ms must be >= --core-reconnect-backoff-ms and > 0")
     common = {k: ns.pop(k) for k in list(ns) if k in _COMMON}
     return GatewayConfig(name=name, options=ns, **common)

@@ -1,20 +1,31 @@
-"""The gateway's connection to the core: one grpc.aio channel, Generate requests multiplexed on
-a MultiplexGenerate stream, cached model info, health.
+"""The gateway's connection to its cores: grpc.aio channels balanced by grpcio, Generate
+requests multiplexed on a pool of MultiplexGenerate streams, cached model info, health.
 
 `CoreClient.generate(request)` starts a request and returns its `CoreCall`: the core's
-GenerateResponse messages as they arrive, then the request's end (OK, or a GatewayError). All
-requests share one MultiplexGenerate stream on the channel: the core sends one message per
-engine step with the news of every request, and a reader task hands each request's messages to
-its CoreCall in one pass, which passes them on synchronously to a listener (the relay that
-writes the HTTP response, the WebSocket connection) or wakes the one coroutine waiting on it.
-A broken stream (the core went away) ends every request open on it with the stream's status;
-the next request opens a new stream. A core without MultiplexGenerate (UNIMPLEMENTED) is served
-with one Generate call per request instead, the requests waiting on the refused stream
-included.
+GenerateResponse messages as they arrive, then the request's end (OK, or a GatewayError). Many
+requests share one MultiplexGenerate stream: the core sends one message per engine step with the
+news of every request on it, and a reader task hands each request's messages to its CoreCall in
+one pass, which passes them on synchronously to a listener (the relay that writes the HTTP
+response, the WebSocket connection) or wakes the one coroutine waiting on it. A core without
+MultiplexGenerate (UNIMPLEMENTED) is served with one Generate call per request instead, the
+requests waiting on the refused stream included.
 
-Which stream a request goes on is this module's business alone (`_stream_for`, with the
-request's hash key, e.g. a WebSocket session id), so that routing over several cores can be
-added here without touching the gateways.
+Many cores (`--core` a list or a dns:/// target; gateways.common.targets): a stream is one
+HTTP/2 stream, pinned to the core its channel's balancer picked when it opened, so the client
+keeps a pool of `--core-streams` streams on a round_robin channel with health checking, and
+sends each request on the stream with the fewest open requests (a slower core holds more, so it
+gets fewer). A stream takes new requests for `--core-stream-max-age` seconds, then is retired
+(half-closed once its requests ended) and a fresh one opened, so a core that joins or returns
+gets streams without a gateway restart. A request with a hash key (a WebSocket session id) goes
+on the session channel instead (ring_hash on a request header, gRFC A76): one stream per hash
+bucket, the bucket in the stream's metadata, so every request of a session reaches the core
+that holds it, or the next one on the ring when that core is gone (a fresh start there).
+
+A request that ends with UNAVAILABLE or RESOURCE_EXHAUSTED before its first message (refused
+by a draining or full core, or on a stream that broke before it started) is sent again, up to
+`--core-retries` times, on another stream (another core); one that had started ends with the
+stream's status, which each schema renders in-band. With a single core nothing is resent: there
+is no other core, and a broken stream fails every request on it as before.
 
 Lives on the aiohttp app (`CORE_CLIENT_KEY`) for the app's lifetime (`core_client_ctx`).
 """
@@ -24,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, cast
 
@@ -36,6 +49,15 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from gateways.common.config import GatewayConfig
 from gateways.common.status import DEADLINE_PASSED, GatewayError
+from gateways.common.targets import (
+    HASH_HEADER,
+    CoreTarget,
+    balanced_service_config,
+    enable_request_hash_header,
+    parse_core_target,
+    session_service_config,
+)
+from gateways.common.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +74,32 @@ class CoreCall:
         request: the request as sent.
         ended: the request ended (after its messages), failed or was cancelled.
         error: why it ended, when not OK.
+        started: a message of it arrived.
+        attempts: times it was sent (a refused request is resent to another core).
+        hash_key: what keeps it on its session's core, if anything.
     """
 
-    __slots__ = ("_cancel", "_listener", "_messages", "_queue_timer", "_timer", "_waiter", "ended", "error", "request")
+    __slots__ = (
+        "_cancel",
+        "_listener",
+        "_messages",
+        "_queue_timer",
+        "_timer",
+        "_waiter",
+        "attempts",
+        "ended",
+        "error",
+        "hash_key",
+        "request",
+        "started",
+    )
 
     def __init__(self, request: spb.GenerateRequest, cancel: Callable[[], None]):
         self.request = request
         self.ended = False
+        self.started = False  # a message arrived: the request can no longer be resent
+        self.attempts = 1
+        self.hash_key: str | None = None
         self.error: GatewayError | None = None
         self._messages: list[spb.GenerateResponse] = []
         self._cancel = cancel
@@ -119,12 +160,15 @@ class CoreCall:
         """Transport side: more messages, and maybe the end."""
         if self.ended:
             return
-        if self._queue_timer is not None:
-            messages = list(messages)
-            if any(m.state >= pb.GENERATE_STATE_SCHEDULED or m.outputs for m in messages):
+        messages = list(messages)
+        if messages:
+            if self._queue_timer is not None and any(
+                m.state >= pb.GENERATE_STATE_SCHEDULED or m.outputs for m in messages
+            ):
                 self._queue_timer.cancel()
                 self._queue_timer = None
-        self._messages.extend(messages)
+            self._messages.extend(messages)
+            self.started = True
         if ended:
             self._finish(error)
         if self._listener is not None:
@@ -144,13 +188,21 @@ class CoreCall:
 
 
 class _Multiplexed:
-    """One MultiplexGenerate stream and the requests open on it (see the module docstring)."""
+    """One MultiplexGenerate stream and the requests open on it (see the module docstring).
 
-    def __init__(self, client: CoreClient):
+    Args:
+        client: the owner.
+        stub: the stub of the channel the stream opens on.
+        metadata: the stream's metadata (the session channel's hash header).
+    """
+
+    def __init__(self, client: CoreClient, stub: Any, metadata: tuple[tuple[str, str], ...] = ()):
         self.client = client
-        self.call = cast(Any, client.stub.MultiplexGenerate())
+        self.call = cast(Any, stub.MultiplexGenerate(metadata=(*client.metadata, *metadata) or None))
         self.open: dict[int, CoreCall] = {}
         self.broken = False
+        self.retired = False  # takes no new request; half-closed once `open` is empty
+        self.expires = float("inf")  # monotonic time after which it takes no new request
         self._ids = itertools.count(1)
         self._starts: list[spb.MultiplexStart] = []
         self._cancels: list[int] = []
@@ -158,15 +210,20 @@ class _Multiplexed:
         self._reader = asyncio.create_task(self._read())
         self._writer = asyncio.create_task(self._write())
 
-    def start(self, request: spb.GenerateRequest) -> CoreCall:
+    def start(self, call: CoreCall) -> None:
+        """Send `call`'s request on this stream."""
         rid = next(self._ids)
-        call = CoreCall(request, lambda: self._cancel(rid))
+        call._cancel = lambda: self._cancel(rid)
         self.open[rid] = call
         start = spb.MultiplexStart(id=rid)
-        start.request.CopyFrom(request)
+        start.request.CopyFrom(call.request)
         self._starts.append(start)
         self._wake()
-        return call
+
+    def retire(self) -> None:
+        """Take no new request; end the stream once the open ones ended."""
+        self.retired = True
+        self._wake()
 
     def _cancel(self, rid: int) -> None:
         if self.open.pop(rid, None) is not None and not self.broken:
@@ -178,10 +235,14 @@ class _Multiplexed:
             self._waiter.set_result(None)
 
     async def _write(self) -> None:
-        """Send what waits to be started or cancelled, as one message each time."""
+        """Send what waits to be started or cancelled, as one message each time; half-close a
+        retired stream once nothing is open."""
         try:
             while True:
                 if not (self._starts or self._cancels):
+                    if self.retired and not self.open:
+                        await self.call.done_writing()
+                        return
                     self._waiter = asyncio.get_running_loop().create_future()
                     await self._waiter
                     continue
@@ -192,6 +253,12 @@ class _Multiplexed:
             raise
         except Exception as e:  # the stream failed: the reader reports it to the requests
             log.debug("multiplexed stream write failed: %s", e)
+
+    def _end(self, call: CoreCall, error: GatewayError | None) -> None:
+        """A request's end: resent elsewhere when it was refused before it started."""
+        if error is not None and self.client._retry(call, error, self):
+            return
+        call._news((), True, error)
 
     async def _read(self) -> None:
         """Hand every event to its request; at the stream's end, end the requests left."""
@@ -214,11 +281,16 @@ class _Multiplexed:
                         st = ev.status
                         if st.code:
                             err = GatewayError.from_status(st.code, st.message, st.details)
+                            if not ev.responses and not call.started:
+                                self._end(call, err)
+                                continue
                     try:
                         call._news(ev.responses, ended, err)
                     except Exception:
                         log.exception("request %s: rendering failed", call.request.request_id)
                         call.cancel()
+                if self.retired and not open_calls:
+                    self._wake()
         except grpc.RpcError as e:
             unimplemented = e.code() is grpc.StatusCode.UNIMPLEMENTED
             error = GatewayError.from_rpc_error(e)
@@ -233,51 +305,117 @@ class _Multiplexed:
             for call in calls:
                 if unimplemented:
                     self.client._fallback(call)
-                else:
+                elif call.started:
                     call._news((), True, error)
+                else:
+                    self._end(call, error)
+
+
+#: Status codes of a refusal that another core may not give (before the request's first message).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+#: Seconds a stream opened before its channel was READY takes new requests (see CoreClient._open).
+PROVISIONAL_AGE = 1.0
+
+#: Hash buckets of the session channel: one stream per bucket in use, placed by ring_hash.
+SESSION_BUCKETS = 64
 
 
 class CoreClient:
-    """Calls into the core's GenerateService.
+    """Calls into the cores' GenerateService.
 
     Args:
-        address: host:port of the core.
+        target: `--core` (gateways.common.targets.parse_core_target), or a parsed CoreTarget.
         max_message_bytes: gRPC message size limit.
         timeout: per-request deadline in seconds (None: no deadline); a request past it ends
             with DEADLINE_EXCEEDED and is cancelled at the core.
         queue_timeout: seconds a request may wait in the core's queue before it is scheduled
             (None: no limit); past it, it ends with DEADLINE_EXCEEDED (reason QUEUE_TIMEOUT) and
             is cancelled at the core.
+        api_key: sent as `authorization: Bearer <key>` metadata on every call (the core's
+            --api-key); empty: none.
+        credentials: TLS channel credentials (gateways.common.tls.channel_credentials); None: a
+            plaintext channel.
+        streams: MultiplexGenerate streams in the pool (0: auto, see GatewayConfig.core_streams).
+        stream_max_age: seconds a stream takes new requests (0: forever).
+        retries: times a refused request is resent (used with several cores only).
+        reconnect_backoff_ms, max_reconnect_backoff_ms: gRPC's reconnection backoff bounds.
+
+    Raises:
+        ValueError: a `target` that does not parse.
     """
 
     def __init__(
         self,
-        address: str,
+        target: str | CoreTarget,
         *,
         max_message_bytes: int = 16 * 1024 * 1024,
         timeout: float | None = None,
+        streams: int = 0,
+        stream_max_age: float = 30.0,
+        retries: int = 2,
+        reconnect_backoff_ms: int = 100,
+        max_reconnect_backoff_ms: int = 500,
         queue_timeout: float | None = None,
+        api_key: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
     ):
-        self.address = address
+        self.target = parse_core_target(target) if isinstance(target, str) else target
+        self.address = self.target.uri
         self.timeout = timeout
         self.queue_timeout = queue_timeout
-        self._channel = grpc.aio.insecure_channel(
-            address,
-            options=[
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.max_receive_message_length", max_message_bytes),
-            ],
-        )
+        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        self._credentials = credentials
+        several = self.target.several
+        self.retries = retries if several else 0
+        self.stream_max_age = stream_max_age
+        size = streams or (max(4, 2 * self.target.addresses) if several else 1)
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            # A core that comes back is reconnected to within max_reconnect_backoff_ms, whatever
+            # the length of the outage (grpc's defaults: 1 s growing to 120 s).
+            ("grpc.initial_reconnect_backoff_ms", max(1, reconnect_backoff_ms)),
+            ("grpc.min_reconnect_backoff_ms", max(1, reconnect_backoff_ms)),
+            ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms),
+            # Balancing comes from this config only, never from DNS TXT records.
+            ("grpc.service_config_disable_resolution", 1),
+        ]
+        self._channel = self._make_channel([*options, ("grpc.service_config", balanced_service_config())])
         self.stub = spb_grpc.GenerateServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._session_channel: grpc.aio.Channel | None = None
+        if several:
+            enable_request_hash_header()
+            self._session_channel = self._make_channel([*options, ("grpc.service_config", session_service_config())])
+            self._session_stub = spb_grpc.GenerateServiceStub(self._session_channel)
         self._model_info: spb.GetModelInfoResponse | None = None
-        self._stream: _Multiplexed | None = None
+        self._pool: list[_Multiplexed | None] = [None] * size
+        self._sessions: dict[int, _Multiplexed] = {}
+        self._turn = itertools.count()
         self._multiplex = True  # False once the core answered UNIMPLEMENTED
+        self._closing = False
+        self._draining = False
         self._unary: set[asyncio.Task[None]] = set()
 
+    def _make_channel(self, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
+        """A channel to the target, over TLS when the client has credentials."""
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(self.target.uri, options=options)
+        return grpc.aio.secure_channel(self.target.uri, self._credentials, options=options)
+
+    def connect(self) -> None:
+        """Start connecting to every core now (the channels are idle until then)."""
+        self._channel.get_state(try_to_connect=True)
+        if self._session_channel is not None:
+            self._session_channel.get_state(try_to_connect=True)
+
     async def close(self) -> None:
-        """Close the channel (open requests end with UNAVAILABLE)."""
+        """Close the channels (open requests end with UNAVAILABLE)."""
+        self._closing = True
         await self._channel.close()
+        if self._session_channel is not None:
+            await self._session_channel.close()
         for task in list(self._unary):
             task.cancel()
 
@@ -298,7 +436,9 @@ class CoreClient:
             sent.output.tokens = False
             request = sent
         if self._multiplex:
-            call = self._stream_for(hash_key).start(request)
+            call = CoreCall(request, lambda: None)
+            call.hash_key = hash_key
+            self._stream_for(hash_key).start(call)
         else:
             call = self._start_unary(request)
         if self.timeout:
@@ -307,15 +447,86 @@ class CoreClient:
             call._set_queue_deadline(self.queue_timeout)
         return call
 
-    def _stream_for(self, hash_key: str | None) -> _Multiplexed:
-        """The stream a request goes on (one per client: there is one core)."""
-        if self._stream is None or self._stream.broken:
-            self._stream = _Multiplexed(self)
-        return self._stream
+    def _stream_for(self, hash_key: str | None, avoid: _Multiplexed | None = None) -> _Multiplexed:
+        """The stream a request goes on: its session bucket's (with a hash key and several
+        cores), else the pool's stream with the fewest open requests, other than `avoid`;
+        an expired stream is retired and a broken one replaced on the way."""
+        now = time.monotonic()
+        if hash_key is not None and self._session_channel is not None:
+            bucket = zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
+            stream = self._sessions.get(bucket)
+            if stream is None or stream.broken or now > stream.expires:
+                if stream is not None:
+                    stream.retire()
+                stream = self._sessions[bucket] = self._open(
+                    self._session_stub, self._session_channel, ((HASH_HEADER, str(bucket)),)
+                )
+            return stream
+        pool = self._pool
+        offset = next(self._turn)
+        best = -1
+        for k in range(len(pool)):
+            i = (offset + k) % len(pool)
+            stream = pool[i]
+            if stream is not None and (stream.broken or now > stream.expires):
+                stream.retire()
+                stream = pool[i] = None
+            if stream is None:
+                best = i
+                break
+            if stream is avoid:
+                continue
+            if best < 0 or len(stream.open) < len(cast(_Multiplexed, pool[best]).open):
+                best = i
+        if best < 0:  # a pool of one, to be avoided: open another stream
+            best = offset % len(pool)
+            cast(_Multiplexed, pool[best]).retire()
+            pool[best] = None
+        stream = pool[best]
+        if stream is None:
+            stream = pool[best] = self._open(self.stub, self._channel)
+        return stream
+
+    def _open(self, stub: Any, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...] = ()) -> _Multiplexed:
+        """A new stream, with its expiry: --core-stream-max-age, or at most PROVISIONAL_AGE when
+        the channel is not READY yet. A stream opened while the channel connects goes to the
+        first core that answers (the balancer's picker holds only the cores connected when it
+        is picked), so with several cores it is replaced soon, once all of them had time."""
+        stream = _Multiplexed(self, stub, metadata)
+        age = self.stream_max_age or float("inf")
+        if self.target.several and channel.get_state() is not grpc.ChannelConnectivity.READY:
+            age = min(age, PROVISIONAL_AGE)
+        stream.expires = time.monotonic() + age
+        return stream
+
+    def _retry(self, call: CoreCall, error: GatewayError, failed: _Multiplexed) -> bool:
+        """Resend `call` (refused with `error` before its first message on stream `failed`) on
+        another stream, when retries are left; False when it must end with `error`."""
+        if self._closing or error.code not in RETRYABLE or call.attempts > self.retries or call.ended:
+            return False
+        call.attempts += 1
+        log.info(
+            "request %s refused (%s: %s); resending it (attempt %d)",
+            call.request.request_id,
+            error.code.name,
+            error.message,
+            call.attempts,
+        )
+        # A session's stream that broke reopens where the ring now points; a refusal by a live
+        # core (full, draining) goes to the pool, whose least-loaded stream is on another core.
+        if failed.broken and failed in self._sessions.values():
+            self._stream_for(call.hash_key).start(call)
+        else:
+            self._stream_for(None, avoid=failed).start(call)
+        return True
 
     def _closed(self, stream: _Multiplexed) -> None:
-        if self._stream is stream:
-            self._stream = None
+        for i, s in enumerate(self._pool):
+            if s is stream:
+                self._pool[i] = None
+        for bucket, s in list(self._sessions.items()):
+            if s is stream:
+                del self._sessions[bucket]
 
     def _fallback(self, call: CoreCall) -> None:
         """Serve a request refused by a core without MultiplexGenerate with a Generate call."""
@@ -330,7 +541,7 @@ class CoreClient:
         return call
 
     def _relay_unary(self, call: CoreCall) -> None:
-        grpc_call = self.stub.Generate(call.request)
+        grpc_call = self.stub.Generate(call.request, metadata=self.metadata)
         call._cancel = lambda: grpc_call.cancel() and None
 
         async def relay() -> None:
@@ -355,14 +566,21 @@ class CoreClient:
         """
         if self._model_info is None:
             try:
-                info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10)
+                info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10, metadata=self.metadata)
                 self._model_info = cast(spb.GetModelInfoResponse, info)
             except grpc.RpcError as e:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info
 
+    def drain(self) -> None:
+        """The gateway stops (gateways.common.drain): `serving()` is False from now on."""
+        self._draining = True
+
     async def serving(self) -> bool:
-        """Whether the core answers grpc.health.v1 Check with SERVING (within 2 s)."""
+        """Whether the gateway takes requests: not draining, and a core answers grpc.health.v1
+        Check with SERVING (within 2 s)."""
+        if self._draining:
+            return False
         try:
             # types-grpcio-health-checking declares HealthStub without its methods.
             resp = await self._health.Check(  # type: ignore[attr-defined]
@@ -385,7 +603,15 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         max_message_bytes=config.max_message_bytes,
         timeout=config.request_timeout or None,
         queue_timeout=config.queue_timeout or None,
+        api_key=config.core_api_key,
+        credentials=channel_credentials(config),
+        streams=config.core_streams,
+        stream_max_age=config.core_stream_max_age,
+        retries=config.core_retries,
+        reconnect_backoff_ms=config.core_reconnect_backoff_ms,
+        max_reconnect_backoff_ms=config.core_max_reconnect_backoff_ms,
     )
+    client.connect()
     app[CORE_CLIENT_KEY] = client
     yield
     await client.close()

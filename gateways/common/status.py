@@ -110,6 +110,9 @@ class GatewayError(Exception):
             # Not the core's own error but grpc's (the connection broke, the server stopped):
             # its wording ("Stream removed", "Cancelling all calls") means nothing to a client.
             message, reason = transport_error(code, message)
+        if code is grpc.StatusCode.UNAUTHENTICATED:  # the gateway's own key, not the client's
+            code = grpc.StatusCode.INTERNAL
+            message = "The model server refused this gateway's API key (--core-api-key)."
         return cls(code, message or code.name, param=param, reason=reason)
 
 

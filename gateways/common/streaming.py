@@ -32,6 +32,7 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.core_client import CoreCall
+from gateways.common.metrics import TIMER_KEY, client_gone
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
@@ -379,6 +380,7 @@ class ResponseWriter:
         self._writer = request.writer
         # aiohttp chooses chunked transfer encoding while preparing (HTTP/1.1, no length).
         self._chunked = isinstance(self._writer, StreamWriter) and self._writer.chunked
+        self._timer = request.get(TIMER_KEY)  # told of the first write (the client's TTFT), then None
         self.waiting: list[bytes] = []
 
     def write(self, data: bytes) -> None:
@@ -407,6 +409,9 @@ class ResponseWriter:
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
         WRITES.writes += 1
+        if self._timer is not None:
+            self._timer.wrote()
+            self._timer = None
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
 
 
@@ -470,6 +475,7 @@ async def relay(
         await resp.write_eof()
     except ConnectionResetError:
         log.info("request %s: the client went away", request_id)
+        client_gone(request)
     finally:
         stream.cancel()
     return resp

@@ -45,8 +45,8 @@ MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
 _SHAPE_ERRORS = {MALFORMED_PAYLOAD: 424, MODEL_NOT_FOUND: 404}
 # Statuses a dynamic-batch error keeps instead of 424.
 _DYNAMIC_KEPT = {413, 404, 503}
-# HTTP errors of the router: no handler ran.
-_ROUTING = {404, 405}
+# HTTP errors of the router and of API-key checks: no handler ran.
+_ROUTING = {401, 404, 405}
 _ROLLING_ERROR_DETAILS = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
 
 

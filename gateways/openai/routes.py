@@ -1,5 +1,5 @@
-"""aiohttp handlers of the OpenAI gateway: `POST /v1/chat/completions`, `GET /v1/models`,
-`GET /v1/models/{model}`, `GET /health`.
+"""aiohttp handlers of the OpenAI gateway: `POST /v1/chat/completions`, `POST /v1/completions`,
+`GET /v1/models`, `GET /v1/models/{model}`, `GET /health`.
 
 The chat completions path is gateways.common.chat.route.handle_chat, with OpenAI's framing
 (SSE, then `data: [DONE]`) and finish reasons.
@@ -15,12 +15,14 @@ from gateways.common.chat import errors
 from gateways.common.chat.route import handle_chat
 from gateways.common.status import GatewayError
 from gateways.openai import translate
+from gateways.openai.completion_route import handle_completion
 from gateways.openai.config import SETTINGS_KEY
 
 
 def add_routes(app: web.Application) -> None:
     """Register the gateway's routes on `app`."""
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/health", health)
@@ -33,6 +35,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except GatewayError as err:
         return errors.render_before_stream(err)
     return await handle_chat(request, body)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/completions` (OpenAI's legacy completions; gateways.openai.completion_route)."""
+    try:
+        body = await read_json(request)
+    except GatewayError as err:
+        return errors.render_before_stream(err)
+    return await handle_completion(request, body)
 
 
 async def list_models(request: web.Request) -> web.Response:

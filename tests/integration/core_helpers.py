@@ -6,7 +6,7 @@ import asyncio
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -87,20 +87,32 @@ async def start_core_process(*args: str) -> tuple[asyncio.subprocess.Process, st
 
     Returns the process (stdout piped) and the address it serves on; the caller stops it.
     """
+    env = {**os.environ, "TRELLIS_CORE_HOST": "127.0.0.1"}
+    return await start_module("core", args, r"serving .* on (127\.0\.0\.1:\d+)", env)
+
+
+async def start_module(
+    module: str, args: Sequence[str], pattern: str, env: Mapping[str, str] | None = None
+) -> tuple[asyncio.subprocess.Process, str]:
+    """Start `python -m module *args` and wait for an output line matching `pattern`.
+
+    Returns the process (stdout piped, stderr into it) and the pattern's first group; the
+    caller stops it. Fails with everything the process printed if it exits first.
+    """
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "core",
+        module,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "TRELLIS_CORE_HOST": "127.0.0.1"},
+        env=dict(env) if env is not None else None,
     )
     lines = []
     while True:
         line = (await proc.stdout.readline()).decode()
         lines.append(line)
         assert line, "".join(lines)
-        m = re.search(r"serving .* on (127\.0\.0\.1:\d+)", line)
+        m = re.search(pattern, line)
         if m:
             return proc, m.group(1)

@@ -232,7 +232,7 @@ async def test_unreadable_bodies(base_url, data, status):
 
 async def test_unknown_path_and_method(base_url):
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{base_url}/v1/completions", json={"prompt": "x"}) as r:
+        async with s.post(f"{base_url}/v1/embeddings", json={"input": "x"}) as r:
             assert r.status == 404
             assert (await r.json())["error"]["type"] == "invalid_request_error"
         async with s.get(f"{base_url}/v1/chat/completions") as r:

@@ -73,27 +73,44 @@ def _neutral(name: str, value: Any) -> bool:
     return False
 
 
-class _Wire(BaseModel):
+def check_stop_count(cls: type, value: str | list[str] | None) -> str | list[str] | None:
+    """pydantic validator of `stop`: at most MAX_STOP strings (OpenAI's limit)."""
+    if isinstance(value, list) and len(value) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop sequences are allowed, got {len(value)}")
+    return value
+
+
+def check_logit_bias(cls: type, value: dict[str, float] | None) -> dict[str, float] | None:
+    """pydantic validator of `logit_bias`: keys are token ids (int32 as decimal strings)."""
+    for key in value or {}:
+        if not _TOKEN_ID.fullmatch(key):
+            raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
+        if not INT32_MIN <= int(key) <= INT32_MAX:
+            raise ValueError(f"token id {key} is out of range")
+    return value
+
+
+class Wire(BaseModel):
     """Strict JSON types (no "1" for 1, no 1 for true) and no unknown fields."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class TextPart(_Wire):
+class TextPart(Wire):
     """`{"type": "text", "text": "..."}`."""
 
     type: Literal["text"]
     text: str
 
 
-class ImageUrl(_Wire):
+class ImageUrl(Wire):
     """`{"url": "https://... | data:image/...;base64,...", "detail": "auto|low|high"}`."""
 
     url: str
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ImagePart(_Wire):
+class ImagePart(Wire):
     """`{"type": "image_url", "image_url": {...}}` (the seed's "Vision/Image Support")."""
 
     type: Literal["image_url"]
@@ -103,14 +120,14 @@ class ImagePart(_Wire):
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
-class CalledFunction(_Wire):
+class CalledFunction(Wire):
     """`function` of a tool call: the name and the arguments as JSON text."""
 
     name: str
     arguments: str
 
 
-class ToolCallWire(_Wire):
+class ToolCallWire(Wire):
     """A tool call an assistant message made: `{"id", "type": "function", "function"}`."""
 
     id: str
@@ -118,7 +135,7 @@ class ToolCallWire(_Wire):
     function: CalledFunction
 
 
-class Message(_Wire):
+class Message(Wire):
     """One conversation message (seed "Message"): role and content (string or parts); an
     assistant message may carry the `tool_calls` it made, and a "tool" message answers one
     (`tool_call_id`).
@@ -140,7 +157,7 @@ class Message(_Wire):
     tool_call_id: str | None = None
 
 
-class FunctionDefinition(_Wire):
+class FunctionDefinition(Wire):
     """A tool's function: name, description, parameters (a JSON Schema object), strict (the
     output follows the schema whenever it is constrained here, so it is accepted as given)."""
 
@@ -150,27 +167,27 @@ class FunctionDefinition(_Wire):
     strict: bool | None = None
 
 
-class ToolDefinition(_Wire):
+class ToolDefinition(Wire):
     """`{"type": "function", "function": {...}}`."""
 
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Wire):
+class FunctionName(Wire):
     """`{"name": ...}` of a named tool choice."""
 
     name: str
 
 
-class NamedToolChoice(_Wire):
+class NamedToolChoice(Wire):
     """`{"type": "function", "function": {"name": ...}}`: call this function."""
 
     type: Literal["function"]
     function: FunctionName
 
 
-class StreamOptions(_Wire):
+class StreamOptions(Wire):
     """`stream_options`: `include_usage` adds a final chunk with usage and empty choices.
 
     `include_obfuscation` is accepted and has no effect (this server pads nothing).
@@ -180,7 +197,7 @@ class StreamOptions(_Wire):
     include_obfuscation: bool | None = None
 
 
-class ChatCompletionRequest(_Wire):
+class ChatCompletionRequest(Wire):
     """A chat completion request body (seed "Request Schema").
 
     Unset fields are None: the core's (engine's) defaults then apply, except that sampling is
@@ -211,22 +228,9 @@ class ChatCompletionRequest(_Wire):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
-    @field_validator("logit_bias")
-    @classmethod
-    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key in value or {}:
-            if not _TOKEN_ID.fullmatch(key):
-                raise ValueError(f"keys must be token ids (integers as strings), got {key!r}")
-            if not INT32_MIN <= int(key) <= INT32_MAX:
-                raise ValueError(f"token id {key} is out of range")
-        return value
+    _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_count(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(value, list) and len(value) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed, got {len(value)}")
-        return value
+    _stop = field_validator("stop")(check_stop_count)
 
     @property
     def include_usage(self) -> bool:
@@ -265,7 +269,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     try:
         req = ChatCompletionRequest.model_validate(checked)
     except ValidationError as e:
-        raise _to_gateway_error(e) from None
+        raise to_gateway_error(e) from None
     for i, m in enumerate(req.messages):
         _check_message(m, i)
     if req.stream_options is not None and not req.stream:
@@ -322,7 +326,7 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return field_path(loc, tags=_PART_TYPES)
 
 
-def _to_gateway_error(e: ValidationError) -> GatewayError:
+def to_gateway_error(e: ValidationError) -> GatewayError:
     """The most specific pydantic error as a GatewayError (unions report one error per member;
     the deepest location is the one that explains the problem)."""
     errors = e.errors(include_url=False)

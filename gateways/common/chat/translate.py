@@ -52,11 +52,13 @@ FINISH_REASONS: dict[int, str] = {
 }
 
 
-def _stop_list(stop: str | list[str]) -> list[str]:
+def stop_list(stop: str | list[str]) -> list[str]:
+    """`stop` as a list (OpenAI takes one string or a list)."""
     return [stop] if isinstance(stop, str) else stop
 
 
-def _token_id_keys(bias: dict[str, float]) -> dict[int, float]:
+def token_id_keys(bias: dict[str, float]) -> dict[int, float]:
+    """`logit_bias` with int token ids (its keys are decimal strings, checked by the schema)."""
     return {int(key): value for key, value in bias.items()}
 
 
@@ -72,11 +74,11 @@ FIELDS = FieldTable(
         *same_names("", "sampling", ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n")),
         *by_rule("temperature", "sampling.do_sample"),
         *by_rule("n", "sampling.best_of"),
-        Field("logit_bias", "sampling.logit_bias", _token_id_keys),
+        Field("logit_bias", "sampling.logit_bias", token_id_keys),
         *same_names("", "stopping", ("ignore_eos",)),
         Field("max_tokens", "stopping.max_new_tokens"),
         Field("max_completion_tokens", "stopping.max_new_tokens"),
-        Field("stop", "stopping.stop", _stop_list),
+        Field("stop", "stopping.stop", stop_list),
         *same_names("", "output", ("logprobs", "top_logprobs")),
         *by_rule("tools", "tools", "guided_decoding.json_schema"),
         *by_rule("response_format", "guided_decoding.json_object", "guided_decoding.json_schema"),

@@ -67,3 +67,13 @@ def test_mock_engine_flags_out_of_range_are_usage_errors(argv, env, message, cap
         load(["--model", "/m", *argv], env)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_server_ages_connections_out_with_a_grace_unless_told_not_to():
+    from core.server import server_options
+
+    options = dict(server_options(load(["--model", "m", "--max-connection-age-seconds", "60"], {})))
+    assert options["grpc.max_connection_age_ms"] == 60_000
+    assert options["grpc.max_connection_age_grace_ms"] == 3_600_000
+    off = dict(server_options(load(["--model", "m"], {"TRELLIS_CORE_MAX_CONNECTION_AGE_SECONDS": "0"})))
+    assert "grpc.max_connection_age_ms" not in off and "grpc.max_connection_age_grace_ms" not in off

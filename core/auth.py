@@ -1,0 +1,72 @@
+"""API keys on the core's gRPC server: a grpc.aio server interceptor.
+
+With `--api-key` set (one or more keys), every call must carry the metadata
+`authorization: Bearer <key>` with one of them, or it ends with UNAUTHENTICATED before the
+servicer runs. grpc.health.v1 stays open, so load balancers and Kubernetes probes need no key.
+Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from envflags.apikeys import ApiKeys
+
+_Req = TypeVar("_Req")
+_Resp = TypeVar("_Resp")
+
+#: Method prefixes served without a key.
+OPEN_METHODS = ("/grpc.health.v1.Health/",)
+
+MESSAGES = {
+    "missing": "Missing API key: send the metadata 'authorization: Bearer <key>'.",
+    "wrong": "Invalid API key.",
+}
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses calls without an accepted key with UNAUTHENTICATED (see the module docstring)."""
+
+    def __init__(self, keys: ApiKeys):
+        self.keys = keys
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
+        """The method's handler, or one that ends the call with UNAUTHENTICATED."""
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_METHODS):
+            return handler
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        value = metadata.get("authorization")
+        why = self.keys.check(value if isinstance(value, str) else None)
+        if why is None:
+            return handler
+        return _refusal(handler, MESSAGES[why])
+
+
+def _refusal(handler: grpc.RpcMethodHandler[_Req, _Resp], message: str) -> grpc.RpcMethodHandler[_Req, _Resp]:
+    """A handler of the same kind as `handler` that aborts with UNAUTHENTICATED."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    kind: Callable[..., grpc.RpcMethodHandler[Any, Any]]
+    if handler.request_streaming and handler.response_streaming:
+        kind = grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        kind = grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        kind = grpc.unary_stream_rpc_method_handler
+    else:
+        kind = grpc.unary_unary_rpc_method_handler
+    return kind(
+        refuse,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )

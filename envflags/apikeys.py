@@ -1,0 +1,41 @@
+"""API keys as both islands check them: the core its gRPC callers (core.auth), a gateway its
+HTTP clients (gateways.common.auth).
+
+The keys are kept as SHA-256 digests; a presented key is hashed and compared with every digest
+using `hmac.compare_digest`, with no early exit, so neither a key's content nor which key
+matched shows in the time taken. Standard library only, like the rest of envflags, so both
+islands can import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from typing import Literal
+
+#: Why a presented key was refused: none was sent (or not as "Bearer <key>"), or it is unknown.
+Refusal = Literal["missing", "wrong"]
+
+
+class ApiKeys:
+    """The accepted keys, kept as SHA-256 digests.
+
+    Args:
+        keys: the accepted keys.
+    """
+
+    def __init__(self, keys: Iterable[str]):
+        self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    def check(self, authorization: str | None) -> Refusal | None:
+        """None when `authorization` ("Bearer <key>", the scheme in any case, RFC 6750) carries
+        an accepted key; else "missing" or "wrong"."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "missing"
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        ok = False
+        for known in self._digests:  # every key, always
+            ok |= hmac.compare_digest(known, digest)
+        return None if ok else "wrong"

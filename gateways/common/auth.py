@@ -1,0 +1,50 @@
+"""API keys on a gateway's HTTP routes: `Authorization: Bearer <key>`.
+
+With `--api-key` set (one or more keys, also `TRELLIS_GATEWAY_API_KEY`, comma-separated), every
+request must carry one of them, or it is answered 401 in the schema's own error shape (the
+error renderer the gateway gives `make_gateway_app`: OpenAI's error object, LMI's
+`{"error", "code"}`, Triton's `{"error"}`, the WebSocket gateway's `[{"error"}]`), with
+`WWW-Authenticate: Bearer` (RFC 6750). A WebSocket upgrade without a key is refused with 401
+before the upgrade. Health routes stay open (`HEALTH_PATHS`), and so does `GET /metrics` unless
+`--metrics-require-key`.
+
+Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time), as the core
+checks its gRPC callers (core.auth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from envflags.apikeys import ApiKeys
+
+#: Routes that never need a key: every gateway's health checks.
+HEALTH_PATHS = frozenset({"/health", "/ping", "/v2/health/live", "/v2/health/ready"})
+
+MESSAGES = {
+    "missing": "Missing API key: send the header 'Authorization: Bearer <key>'.",
+    "wrong": "Invalid API key.",
+}
+
+
+def auth_middleware(
+    keys: ApiKeys, render: Callable[[web.Request, int, str], web.Response], *, open_paths: frozenset[str]
+) -> Middleware:
+    """A middleware that answers requests without an accepted key with `render(request, 401,
+    message)` plus `WWW-Authenticate: Bearer`; paths in `open_paths` pass without one."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in open_paths:
+            return await handler(request)
+        why = keys.check(request.headers.get("Authorization"))
+        if why is None:
+            return await handler(request)
+        response = render(request, 401, MESSAGES[why])
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+    return middleware

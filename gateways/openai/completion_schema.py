@@ -1,0 +1,136 @@
+"""Wire model of OpenAI's legacy completions request, `POST /v1/completions`.
+
+The field table is the openai SDK's `CompletionCreateParams` (openai-python 3.x,
+`src/openai/types/completion_create_params.py`), checked with the chat route's rules
+(gateways.common.chat.schema): strict JSON types, OpenAI's own narrower ranges (temperature <=
+2, at most 4 stop strings), unknown fields refused with the field named, general ranges left to
+the core. `prompt` is a string, a list of strings, a list of token ids or a list of token-id
+lists; each prompt is one request to the core.
+
+Refused with the field named: `suffix` (insertion needs a fill-in-the-middle model), and `echo`
+together with `logprobs` (the prompt's logprobs are not rendered). `echo` alone is supported.
+
+`parse_completion_request(body)` is the entry point; it raises GatewayError
+(INVALID_ARGUMENT) with `param` set to the offending field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import grpc
+from pydantic import Field, ValidationError, field_validator
+
+from gateways.common.chat.schema import (
+    IGNORED_FIELDS,
+    MAX_TEMPERATURE,
+    StreamOptions,
+    Wire,
+    check_logit_bias,
+    check_stop_count,
+    to_gateway_error,
+)
+from gateways.common.schema import Int32, Int64
+from gateways.common.status import GatewayError
+
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+#: OpenAI's default `max_tokens` for completions (the chat route leaves it to the core).
+DEFAULT_MAX_TOKENS = 16
+
+#: A prompt: text, token ids, or a batch of either.
+Prompt = str | list[str] | list[Int32] | list[list[Int32]]
+
+
+class CompletionRequest(Wire):
+    """A completions request body (openai SDK `CompletionCreateParams`).
+
+    Unset fields are None (the core's engine defaults apply), except `max_tokens`
+    (DEFAULT_MAX_TOKENS, OpenAI's) and sampling, which is on unless temperature is 0.
+    `logprobs` is the number of alternatives per token (0: the chosen token's logprob only).
+    """
+
+    prompt: Prompt
+    model: str | None = None
+    best_of: Int32 | None = None
+    echo: bool | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    max_tokens: Int32 | None = None
+    n: Int32 | None = None
+    seed: Int64 | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    suffix: str | None = None
+    temperature: Annotated[float, Field(le=MAX_TEMPERATURE, ge=0.0)] | None = None
+    top_p: float | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+
+    _logit_bias = field_validator("logit_bias")(check_logit_bias)
+
+    _stop = field_validator("stop")(check_stop_count)
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, one per core request, in order (choice index = prompt * n + index)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [[x for x in p if isinstance(x, int)]]
+        return [x for x in p if isinstance(x, str | list)]
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    """Check a parsed JSON body and return it as a CompletionRequest.
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT, `param` naming the field, `reason` UNKNOWN_PARAMETER,
+            UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
+    """
+    if not isinstance(body, dict):
+        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
+    known = CompletionRequest.model_fields
+    checked = {}
+    for name, value in body.items():
+        if name in known:
+            checked[name] = value
+        elif name not in IGNORED_FIELDS:
+            raise GatewayError(
+                _INVALID, f"Unrecognized request argument supplied: {name}", param=name, reason="UNKNOWN_PARAMETER"
+            )
+    if "prompt" not in checked:
+        raise GatewayError.invalid("Missing required parameter: 'prompt'.", param="prompt")
+    try:
+        req = CompletionRequest.model_validate(checked)
+    except ValidationError as e:
+        raise to_gateway_error(e) from None
+    if isinstance(req.prompt, list) and (not req.prompt or any(x == [] for x in req.prompt)):
+        raise GatewayError.invalid("The prompt must not be an empty list.", param="prompt")
+    if req.suffix:
+        raise _unsupported("suffix", "inserting text before a suffix is not supported")
+    if req.echo and req.logprobs is not None:
+        raise _unsupported("echo", "echo together with logprobs is not supported")
+    if req.stream_options is not None and not req.stream:
+        raise GatewayError.invalid(
+            "The parameter 'stream_options' is only allowed when 'stream' is true.", param="stream_options"
+        )
+    return req
+
+
+def _unsupported(name: str, why: str) -> GatewayError:
+    return GatewayError(
+        _INVALID,
+        f"The parameter '{name}' is not supported by this server: {why}.",
+        param=name,
+        reason="UNSUPPORTED_PARAMETER",
+    )

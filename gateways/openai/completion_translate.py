@@ -1,0 +1,228 @@
+"""OpenAI legacy completions <-> the core's Generate contract, as pure functions.
+
+Request: `to_generate_requests` maps a checked CompletionRequest to one GenerateRequest per
+prompt through the field table `FIELDS`. Response: `to_chunks` turns one prompt's Generate
+message into `text_completion` chunks (streaming), `to_completion` turns the complete streams of
+every prompt into one `text_completion` object, `usage_chunk` is the `include_usage` chunk.
+
+Shapes are the openai SDK's (openai-python 3.x `src/openai/types/completion.py`,
+`completion_choice.py`, `completion_usage.py`): `{id, object: "text_completion", created,
+model, choices: [{index, text, logprobs, finish_reason}], usage}`; streamed chunks have the same
+shape (finish_reason null until a choice ends, `usage` null on every chunk but the usage chunk
+when `stream_options.include_usage` is set). Choice `index` is `prompt * n + sequence`, as
+OpenAI and vLLM number the choices of a prompt list. `logprobs` is `{tokens, token_logprobs,
+top_logprobs, text_offset}`: the token texts, their logprobs, per token a map of the top
+alternatives' texts to logprobs, and each token's character offset in the choice's text.
+Finish reasons are the chat route's (`chat.translate.FINISH_REASONS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.chat.translate import FINISH_REASONS, logprobs_content, stop_list, token_id_keys, usage_dict
+from gateways.common.fields import Field, FieldTable, by_rule, same_names, true_or_unset
+from gateways.common.streaming import finish_word
+from gateways.openai.completion_schema import DEFAULT_MAX_TOKENS, CompletionRequest
+
+OBJECT = "text_completion"
+
+
+#: The request fields and the GenerateRequest paths they set. `by_rule` rows are set by
+#: `to_generate_requests` itself: the prompt (text or token ids), do_sample (follows
+#: temperature), output.logprobs (set when `logprobs` is given).
+FIELDS = FieldTable(
+    (
+        *by_rule("prompt", "text", "token_ids"),
+        Field("model", "model"),
+        *same_names(
+            "", "sampling", ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n", "best_of")
+        ),
+        *by_rule("temperature", "sampling.do_sample"),
+        Field("logit_bias", "sampling.logit_bias", token_id_keys),
+        *same_names("", "stopping", ("ignore_eos",)),
+        Field("max_tokens", "stopping.max_new_tokens"),
+        Field("stop", "stopping.stop", stop_list),
+        *by_rule("logprobs", "output.logprobs"),
+        Field("logprobs", "output.top_logprobs"),
+        Field("echo", "output.echo", true_or_unset),
+    )
+)
+
+
+def to_generate_requests(req: CompletionRequest, *, completion_id: str) -> list[spb.GenerateRequest]:
+    """One GenerateRequest per prompt (request ids `<completion_id>-<prompt index>`).
+
+    Rules: `do_sample` is true unless temperature is 0 (OpenAI samples by default);
+    `max_tokens` unset is OpenAI's 16; `logprobs: k` asks for logprobs with k alternatives;
+    `echo` asks for the prompt's text (`prompt_text`).
+    """
+    base = spb.GenerateRequest(
+        sampling=pb.SamplingParams(do_sample=req.temperature != 0),
+        stopping=pb.StoppingParams(max_new_tokens=DEFAULT_MAX_TOKENS),
+        output=pb.OutputOptions(logprobs=req.logprobs is not None),
+    )
+    FIELDS.apply(dict(req), base)
+    out = []
+    for i, prompt in enumerate(req.prompts):
+        one = spb.GenerateRequest()
+        one.CopyFrom(base)
+        one.request_id = f"{completion_id}-{i}"
+        if isinstance(prompt, str):
+            one.text = prompt
+        else:
+            one.token_ids.ids.extend(prompt)
+        out.append(one)
+    return out
+
+
+def client_names(req: CompletionRequest | None) -> dict[str, str]:
+    """OpenAI's parameter name for each GenerateRequest path the core may name in an error."""
+    given = [name for name, value in req if value is not None] if req is not None else []
+    return FIELDS.names(given)
+
+
+@dataclass
+class CompletionState:
+    """What a response needs across the messages of its Generate streams.
+
+    Attributes:
+        completion_id, created, model: the same on every chunk.
+        n: choices per prompt (choice index = prompt * n + sequence index).
+        logprobs: whether the client asked for logprobs.
+        include_usage: whether chunks carry `usage`.
+        echo: prompt index -> its text while it waits to lead each of its choices' text.
+        started: choice indexes whose first chunk was sent.
+        offsets: choice index -> characters of its text so far (logprobs' text_offset).
+        usage: prompt index -> its final usage, once it arrived.
+    """
+
+    completion_id: str
+    created: int
+    model: str
+    n: int = 1
+    logprobs: bool = False
+    include_usage: bool = False
+    echo: dict[int, str] = field(default_factory=dict)
+    started: set[int] = field(default_factory=set)
+    offsets: dict[int, int] = field(default_factory=dict)
+    usage: dict[int, pb.Usage] = field(default_factory=dict)
+
+
+def _logprobs(out: pb.SequenceOutput, offset: int) -> dict[str, Any]:
+    """The completions `logprobs` object of one SequenceOutput's tokens, offsets from `offset`."""
+    entries = logprobs_content(out)
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{a["token"]: a["logprob"] for a in e["top_logprobs"]} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _choices(
+    prompt: int, msg: spb.GenerateResponse, state: CompletionState, *, final_only: bool
+) -> list[dict[str, Any]]:
+    """The choices one message gives (those with text, tokens or their end)."""
+    if msg.HasField("usage"):
+        state.usage[prompt] = msg.usage
+    if msg.HasField("prompt_text"):
+        state.echo[prompt] = msg.prompt_text
+    choices = []
+    for out in msg.outputs:
+        index = prompt * state.n + out.index
+        reason = finish_word(out.finish_reason, FINISH_REASONS)
+        text = out.text
+        if index not in state.started:
+            state.started.add(index)
+            text = state.echo.get(prompt, "") + text
+            state.offsets[index] = len(text) - len(out.text)
+        offset = state.offsets[index]
+        logprobs = _logprobs(out, offset) if state.logprobs else None
+        state.offsets[index] = offset + len(out.text)
+        if not text and not (logprobs and logprobs["tokens"]) and reason is None and not final_only:
+            continue
+        choices.append({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason})
+    return choices
+
+
+def to_chunks(prompt: int, msg: spb.GenerateResponse, state: CompletionState) -> list[dict[str, Any]]:
+    """The `text_completion` chunks for one message of prompt `prompt`'s stream (one chunk per
+    choice with news; none for lifecycle-only messages).
+
+    Raises:
+        GatewayError: a finish reason without an OpenAI word.
+    """
+    return [_chunk(state, [choice]) for choice in _choices(prompt, msg, state, final_only=False)]
+
+
+def usage_chunk(state: CompletionState, prompts: int) -> dict[str, Any]:
+    """The last chunk when `stream_options.include_usage` is set: empty choices, usage summed
+    over the prompts.
+
+    Raises:
+        GatewayError: a prompt's final message was not seen.
+    """
+    chunk = _chunk(state, [])
+    chunk["usage"] = _usage(state, prompts)
+    return chunk
+
+
+def _usage(state: CompletionState, prompts: int) -> dict[str, int]:
+    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    for i in range(prompts):
+        for key, value in usage_dict(state.usage.get(i)).items():
+            total[key] += value
+    return total
+
+
+def _chunk(state: CompletionState, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": state.completion_id,
+        "object": OBJECT,
+        "created": state.created,
+        "model": state.model,
+        "choices": choices,
+    }
+    if state.include_usage:
+        chunk["usage"] = None
+    return chunk
+
+
+def to_completion(streams: Sequence[Iterable[spb.GenerateResponse]], state: CompletionState) -> dict[str, Any]:
+    """The `text_completion` object for the complete streams of every prompt, in prompt order.
+
+    Raises:
+        GatewayError: a finish reason without an OpenAI word, or a stream without its final
+            message.
+    """
+    merged: dict[int, dict[str, Any]] = {}
+    for prompt, messages in enumerate(streams):
+        for msg in messages:
+            for choice in _choices(prompt, msg, state, final_only=True):
+                into = merged.get(choice["index"])
+                if into is None:
+                    merged[choice["index"]] = choice
+                    continue
+                into["text"] += choice["text"]
+                into["finish_reason"] = choice["finish_reason"] or into["finish_reason"]
+                if into["logprobs"] is not None:
+                    for key, values in choice["logprobs"].items():
+                        into["logprobs"][key] += values
+    return {
+        "id": state.completion_id,
+        "object": OBJECT,
+        "created": state.created,
+        "model": state.model,
+        "choices": [merged[i] for i in sorted(merged)],
+        "usage": _usage(state, len(streams)),
+    }

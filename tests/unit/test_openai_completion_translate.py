@@ -1,0 +1,103 @@
+"""Pure parts of `/v1/completions` (gateways/openai/completion_translate.py): request mapping,
+choice numbering across prompts, echo, logprobs offsets, usage sums, and the errors of an
+incomplete stream."""
+
+from __future__ import annotations
+
+import pytest
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.status import GatewayError
+from gateways.openai import completion_translate as t
+from gateways.openai.completion_schema import parse_completion_request
+
+
+def state(**kw) -> t.CompletionState:
+    return t.CompletionState(completion_id="cmpl-1", created=7, model="m", **kw)
+
+
+def msg(*outputs: pb.SequenceOutput, usage: tuple[int, int] | None = None, prompt_text: str | None = None):
+    m = spb.GenerateResponse(outputs=outputs)
+    if usage:
+        m.usage.prompt_tokens, m.usage.completion_tokens = usage
+    if prompt_text is not None:
+        m.prompt_text = prompt_text
+    return m
+
+
+def out(index: int, text: str, finish: int = 0, tokens: list[tuple[str, float]] = ()) -> pb.SequenceOutput:
+    o = pb.SequenceOutput(index=index, text=text, finish_reason=finish)
+    for tok_text, lp in tokens:
+        o.tokens.add(text=tok_text, logprob=lp, bytes=tok_text.encode())
+    return o
+
+
+def test_requests_per_prompt_with_openai_defaults():
+    req = parse_completion_request(
+        {"prompt": [[4], [5, 6]], "logprobs": 3, "echo": False, "stop": "x", "temperature": 0, "best_of": 2}
+    )
+    first, second = t.to_generate_requests(req, completion_id="cmpl-9")
+    assert (first.request_id, list(first.token_ids.ids), list(second.token_ids.ids)) == ("cmpl-9-0", [4], [5, 6])
+    assert first.stopping.max_new_tokens == 16 and list(first.stopping.stop) == ["x"]
+    assert first.output.logprobs and first.output.top_logprobs == 3 and not first.output.HasField("echo")
+    assert first.sampling.do_sample is False and first.sampling.best_of == 2
+
+
+def test_client_names():
+    req = parse_completion_request({"prompt": "a", "max_tokens": 3})
+    names = t.client_names(req)
+    assert names["stopping.max_new_tokens"] == "max_tokens" and names["output.top_logprobs"] == "logprobs"
+    assert t.client_names(None)["sampling.top_p"] == "top_p"
+
+
+def test_chunks_number_choices_by_prompt_and_echo_leads():
+    s = state(n=2)
+    assert t.to_chunks(1, msg(prompt_text="Hi"), s) == []  # lifecycle only
+    chunks = t.to_chunks(1, msg(out(1, " there"), out(0, "")), s)
+    assert [c["choices"][0]["index"] for c in chunks] == [3, 2]
+    assert chunks[0]["choices"][0]["text"] == "Hi there" and chunks[1]["choices"][0]["text"] == "Hi"
+    last = t.to_chunks(1, msg(out(1, "!", pb.FINISH_REASON_EOS)), s)
+    assert last[0]["choices"][0] == {"index": 3, "text": "!", "logprobs": None, "finish_reason": "stop"}
+    assert last[0]["object"] == "text_completion" and "usage" not in last[0]
+
+
+def test_logprobs_offsets_follow_the_text_and_echo():
+    s = state(logprobs=True)
+    t.to_chunks(0, msg(prompt_text="ab"), s)
+    first = t.to_chunks(0, msg(out(0, "cd", tokens=[("c", -1.0), ("d", -2.0)])), s)[0]["choices"][0]
+    assert first["text"] == "abcd" and first["logprobs"]["text_offset"] == [2, 3]
+    nxt = t.to_chunks(0, msg(out(0, "e", tokens=[("e", -0.5)])), s)[0]["choices"][0]
+    assert nxt["logprobs"] == {"tokens": ["e"], "token_logprobs": [-0.5], "top_logprobs": [{}], "text_offset": [4]}
+
+
+def test_completion_merges_streams_and_sums_usage():
+    s = state()
+    streams = [
+        [msg(out(0, "x")), msg(out(0, "y", pb.FINISH_REASON_LENGTH), usage=(3, 2))],
+        [msg(out(0, "z", pb.FINISH_REASON_STOP_SEQUENCE), usage=(4, 1))],
+    ]
+    done = t.to_completion(streams, s)
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in done["choices"]] == [
+        (0, "xy", "length"),
+        (1, "z", "stop"),
+    ]
+    assert done["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+
+
+def test_a_stream_without_its_final_message_is_an_error():
+    with pytest.raises(GatewayError) as info:
+        t.to_completion([[msg(out(0, "x"))]], state())
+    assert info.value.reason == "INCOMPLETE_STREAM"
+    s = state(include_usage=True)
+    with pytest.raises(GatewayError):
+        t.usage_chunk(s, 1)
+    t.to_chunks(0, msg(out(0, "x", pb.FINISH_REASON_LENGTH), usage=(1, 1)), s)
+    assert t.usage_chunk(s, 1) == {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 7,
+        "model": "m",
+        "choices": [],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
