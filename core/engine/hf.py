@@ -194,7 +194,9 @@ class HfEngine(EngineLifecycle):
         self._running_requests = 0
         # Worker-only batch state: one slot per running sequence (see core.engine.hf_cache).
         self._slots: list[_Row | None] = [None] * max_batch_size
-        self._live_slots: list[int] = []  # occupied slots, in join order
+        # Occupied slots in slot order (kept sorted by _recompose: a decode step's logits come
+        # in slot order, and are used as they are when every slot below the extent is live).
+        self._live_slots: list[int] = []
         self._rows_live: list[_Row] = []  # rows of _live_slots
         self._live_idx: torch.Tensor | None = None
         self._extent = 0  # 1 + highest occupied slot: rows [0, extent) run each step
@@ -566,7 +568,7 @@ class HfEngine(EngineLifecycle):
         cache.length = end + 1
         self._pos[idx] += 1
         logits = out.logits[:, -1, :]
-        if len(live) != extent:
+        if len(live) != extent:  # live is sorted: equal lengths mean rows 0..extent-1, in order
             logits = logits[idx]
         history = self._history
         seen_counts = None if history is None else (history[0][idx], history[1][idx])
@@ -710,7 +712,7 @@ class HfEngine(EngineLifecycle):
 
     def _recompose(self) -> None:
         """Rebuild per-row tensors after sequences joined or left the batch."""
-        live = self._live_slots
+        self._live_slots = live = sorted(self._live_slots)
         self._rows_live = [row for s in live if (row := self._slots[s]) is not None]
         self._extent = max(live) + 1 if live else 0
         if not live:

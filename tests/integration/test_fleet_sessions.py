@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 import pytest_asyncio
 from websockets.asyncio.client import connect
 
@@ -34,11 +33,6 @@ async def cores(tiny_model_dir):
         await server.stop(0)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="after merging the HF engine process (main), a continuation now and then starts fresh on a loaded "
-    "machine: under investigation",
-)
 async def test_continued_chains_equal_one_long_run_over_three_cores(cores, start_gateway):
     url = await start_gateway("ws", env_file="", core=",".join(c.address for c in cores))
     prompts = [f"{PROMPT} {i}" for i in range(CHAINS)]
