@@ -15,10 +15,12 @@ Exit status 0 when every check passed; the first failure is printed and exits 1.
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -86,11 +88,16 @@ def start(bin_dir: Path, name: str, cwd: Path) -> tuple[subprocess.Popen[str], i
         text=True,
     )
     assert proc.stdout is not None
+    # Lines are read on a thread, so a gateway that prints something else and then hangs is
+    # reported after START_TIMEOUT_S instead of blocking the check forever.
+    lines_q: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines_q.put(line) for line in proc.stdout or ()], daemon=True).start()
     deadline = time.monotonic() + START_TIMEOUT_S
     lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines_q.get(timeout=left)
+        except queue.Empty:
             break
         lines.append(line)
         if line.startswith(f"trellis-gateway {name} on http://"):

@@ -283,9 +283,9 @@ def load(
         parse_core_target(ns["core"])
     except ValueError as e:
         p.error(str(e))
-    for name in ("drain_seconds", "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
-        if ns[name] < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {ns[name]}")
+    for dest in ("drain_seconds", "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
+        if ns[dest] < 0:
+            p.error(f"--{dest.replace('_', '-')} must be >= 0, got {ns[dest]}")
     if ns["core_max_reconnect_backoff_ms"] < max(1, ns["core_reconnect_backoff_ms"]):
         p.error("--core-max-reconnect-backoff-ms must be >= --core-reconnect-backoff-ms and > 0")
     common = {k: ns.pop(k) for k in list(ns) if k in _COMMON}

@@ -77,6 +77,7 @@ async def test_grpcio_accepts_both_service_configs():
 def test_core_flags_parse_with_defaults_and_environment():
     config = load("lmi", 8080, lambda p: None, ["--core", "127.0.0.1:1,127.0.0.1:2", "--core-streams", "6"], {})
     assert config.core_streams == 6 and config.core_retries == 2 and config.core_max_reconnect_backoff_ms == 500
+    assert config.name == "lmi"  # the flag checks do not touch the gateway's name
     config = load("lmi", 8080, lambda p: None, [], {"TRELLIS_GATEWAY_CORE_STREAM_MAX_AGE": "2.5"})
     assert config.core_stream_max_age == 2.5 and "core_stream_max_age" not in config.options
 
