@@ -225,22 +225,11 @@ def convert_command(
     in the old layout, `--use_weight_only --weight_only_precision` in the new one) and has no
     pipeline parallelism. quantize.py (ModelOpt) takes the common flags and `--qformat`.
     """
+    # The flags every converter but gemma's takes (quantize.py included).
+    common = [python, str(script), "--model_dir", str(model), "--output_dir", str(output), "--dtype", dtype]
+    common += ["--tp_size", str(tp), "--pp_size", str(pp)]
     if quantization in MODELOPT:
-        return [
-            python,
-            str(script),
-            "--model_dir",
-            str(model),
-            "--output_dir",
-            str(output),
-            "--dtype",
-            dtype,
-            "--tp_size",
-            str(tp),
-            "--pp_size",
-            str(pp),
-            *MODELOPT[quantization],
-        ]
+        return [*common, *MODELOPT[quantization]]
     precision = {"int8_wo": "int8", "int4_wo": "int4"}.get(quantization)
     if family == "gemma":
         cmd = [
@@ -264,20 +253,7 @@ def convert_command(
                 else ["--use_weight_only", "--weight_only_precision", precision]
             )
     else:
-        cmd = [
-            python,
-            str(script),
-            "--model_dir",
-            str(model),
-            "--output_dir",
-            str(output),
-            "--dtype",
-            dtype,
-            "--tp_size",
-            str(tp),
-            "--pp_size",
-            str(pp),
-        ]
+        cmd = common
         if precision:
             cmd += ["--use_weight_only", "--weight_only_precision", precision]
     if quantization == "int8_kv":
