@@ -49,6 +49,7 @@ import math
 import random
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,6 +81,9 @@ MAX_TOP_LOGPROBS = 20
 # Cap on the rank of a sampled token in the synthetic distribution (P(rank >= 64) < 0.6^64).
 _MAX_RANK = 64
 _LOGPROB_SALT = 0x5EED_10C9_2B0B
+# Tokens drawn ahead per sequence at a time: the draws of a step are a list look-up, and a
+# request cancelled early wastes few.
+_DRAW_AHEAD = 64
 
 
 def build(config: CoreConfig, tokenizer: Tokenizer) -> MockEngine:
@@ -118,12 +122,20 @@ def context_length_of(model_dir: str | Path) -> int:
 
 @dataclass(eq=False, slots=True)
 class _Row:
-    """One sequence of a running request."""
+    """One sequence of a running request.
+
+    `tokens` holds its draws, emitted ones and the next ones drawn ahead (`_draw`), and ends at
+    the sequence's last token once that is known (`end` > 0 then, with its finish).
+    """
 
     index: int
     rng: random.Random
     lp_rng: random.Random | None
+    tokens: list[int] = field(default_factory=list)
     generated: int = 0
+    end: int = 0
+    reason: FinishReason | None = None
+    stop_token_id: int | None = None
     finished: bool = False
 
 
@@ -135,6 +147,7 @@ class _Req:
     outputs: OutputStream
     sampled: bool
     stops_on_eos: bool
+    limit: int = 0
     rows: list[_Row] = field(default_factory=list)
     unfinished: int = 0
     prefilled: bool = False
@@ -352,11 +365,19 @@ class MockEngine(EngineLifecycle):
             self._running_rows = sum(len(r.rows) for r in kept)
 
     def _emit_step(self, now: float) -> None:
-        """One token for every unfinished sequence in the batch; finished requests leave it."""
+        """One token for every unfinished sequence in the batch; finished requests leave it.
+
+        Per sequence this is a look-up in its drawn-ahead tokens (`_draw` refills them every
+        _DRAW_AHEAD tokens) and the SequenceStep and EngineOutput the engine contract asks for."""
         done = False
+        next_token = self._next_token
         for r in self._running:
-            steps = [self._next_token(r, row) for row in r.rows if not row.finished]
-            out = EngineOutput(r.req.request_id, sequences=steps, finished=r.unfinished == 0, time=now)
+            rows = r.rows
+            if len(rows) == 1:
+                steps = [next_token(r, rows[0])]
+            else:
+                steps = [next_token(r, row) for row in rows if not row.finished]
+            out = EngineOutput(r.req.request_id, None, steps, None, r.unfinished == 0, 0, None, now)
             if not r.prefilled:
                 r.prefilled = True
                 out.state = RequestState.PREFILLED
@@ -378,6 +399,7 @@ class MockEngine(EngineLifecycle):
         while pending and self._running_rows + pending[0].req.num_sequences <= self._max_batch:
             r = pending.popleft()
             r.rows = _rows(r.req, with_logprobs=r.req.logprobs)
+            r.limit = max(1, min(r.req.max_new_tokens, self._ctx - len(r.req.prompt_ids)))
             r.unfinished = len(r.rows)
             self._running.append(r)
             self._running_rows += len(r.rows)
@@ -396,39 +418,79 @@ class MockEngine(EngineLifecycle):
     # ---------------------------------------------------------------- tokens
 
     def _next_token(self, r: _Req, row: _Row) -> SequenceStep:
-        """Draw one token of `row` and decide whether it ends the sequence."""
-        req = r.req
-        rng = row.rng
-        n = row.generated + 1
+        """The next token of `row` as a SequenceStep (with its finish on the last one)."""
+        n = row.generated
+        if n == len(row.tokens):
+            self._draw(r, row)
+        token = row.tokens[n]
+        n += 1
         row.generated = n
-        # Both draws happen at every token, so the stream of a sequence does not depend on its
-        # stopping options.
-        eos_drawn = self._eos_p > 0.0 and rng.random() < self._eos_p
-        vocab, nvocab = self._vocab, self._nvocab
-        token = vocab[int(rng.random() * nvocab)]
-        stop_ids = req.stop_token_ids
-        below_min = n <= req.min_new_tokens
-        if below_min and token in stop_ids:  # suppressed, as a model bans them below min_new_tokens
-            token = _redraw(rng, vocab, stop_ids)
-        reason: FinishReason | None = None
-        stop_id: int | None = None
-        if eos_drawn and r.stops_on_eos and not below_min and self._eos_id is not None:
-            token = self._eos_id
-            reason = FinishReason.EOS
-        elif not below_min and token in stop_ids:
-            reason = FinishReason.STOP_SEQUENCE
-            stop_id = token
-        elif n >= req.max_new_tokens or len(req.prompt_ids) + n >= self._ctx:
-            reason = FinishReason.LENGTH
-        step = SequenceStep(row.index, [token], finish_reason=reason, stop_token_id=stop_id)
-        if row.lp_rng is not None:
-            lp, top = self._synthetic_logprob(row.lp_rng, token, req.top_logprobs, sampled=r.sampled)
-            step.logprobs = [lp]
-            step.top_logprobs = [top]
-        if reason is not None:
+        if n != row.end:
+            step = SequenceStep(row.index, [token])
+        else:
+            step = SequenceStep(row.index, [token], None, None, row.reason, row.stop_token_id)
             row.finished = True
             r.unfinished -= 1
+        if row.lp_rng is not None:
+            lp, top = self._synthetic_logprob(row.lp_rng, token, r.req.top_logprobs, sampled=r.sampled)
+            step.logprobs = [lp]
+            step.top_logprobs = [top]
         return step
+
+    def _draw(self, r: _Req, row: _Row) -> None:
+        """Draw the next _DRAW_AHEAD tokens of `row` (fewer when its length bound comes first),
+        and find where the sequence ends among them.
+
+        Each token takes two draws from the row's generator, in this order: EOS (when
+        eos_probability > 0, whatever the request's stopping options, so that they never shift
+        the stream) and the token, uniform over the ordinary tokens. A stop token drawn below
+        min_new_tokens is drawn again (as a model bans it there), which takes further draws.
+        The sequence ends on the first EOS draw that counts (stops_on_eos, above
+        min_new_tokens: the token becomes EOS), else the first stop token above
+        min_new_tokens, else at its length bound (max_new_tokens or the context length)."""
+        req = r.req
+        rand = row.rng.random
+        vocab, nvocab, eos_p = self._vocab, self._nvocab, self._eos_p
+        stop_ids, min_new = req.stop_token_ids, req.min_new_tokens
+        base = len(row.tokens)
+        k = min(_DRAW_AHEAD, r.limit - base)
+        eos_at: int | None = None  # offset in this draw of the first EOS that counts
+        if stop_ids and base < min_new:  # redraws possible: one token at a time
+            tokens = []
+            for j in range(k):
+                eos_drawn = eos_p > 0.0 and rand() < eos_p
+                token = vocab[int(rand() * nvocab)]
+                below_min = base + j + 1 <= min_new
+                if below_min and token in stop_ids:
+                    token = _redraw(rand, vocab, stop_ids)
+                tokens.append(token)
+                if eos_drawn and r.stops_on_eos and not below_min:
+                    eos_at = j
+                    break
+        elif eos_p > 0.0:
+            draws = [rand() for _ in range(2 * k)]
+            tokens = [vocab[int(u * nvocab)] for u in draws[1::2]]
+            if r.stops_on_eos:
+                first = max(0, min_new - base)  # offsets whose token is above min_new_tokens
+                eos_at = next((j for j in range(first, k) if draws[2 * j] < eos_p), None)
+        else:
+            tokens = [vocab[int(rand() * nvocab)] for _ in range(k)]
+        stop_at: int | None = None
+        if stop_ids:
+            first = max(0, min_new - base)
+            stop_at = next((j for j in range(first, len(tokens)) if tokens[j] in stop_ids), None)
+        if eos_at is not None and (stop_at is None or eos_at <= stop_at) and self._eos_id is not None:
+            tokens[eos_at:] = [self._eos_id]
+            row.reason = FinishReason.EOS
+        elif stop_at is not None:
+            del tokens[stop_at + 1 :]
+            row.reason = FinishReason.STOP_SEQUENCE
+            row.stop_token_id = tokens[stop_at]
+        elif base + k == r.limit:
+            row.reason = FinishReason.LENGTH
+        row.tokens += tokens
+        if row.reason is not None:
+            row.end = len(row.tokens)
 
     def _synthetic_logprob(
         self, rng: random.Random, token: int, k: int, *, sampled: bool
@@ -488,10 +550,10 @@ def _key(digest: bytes, salt: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(digest + salt, digest_size=16).digest(), "little")
 
 
-def _redraw(rng: random.Random, vocab: list[int], banned: frozenset[int]) -> int:
+def _redraw(rand: Callable[[], float], vocab: list[int], banned: frozenset[int]) -> int:
     """A token outside `banned` (a few draws, then the first allowed one in vocabulary order)."""
     for _ in range(32):
-        token = vocab[int(rng.random() * len(vocab))]
+        token = vocab[int(rand() * len(vocab))]
         if token not in banned:
             return token
     return next((t for t in vocab if t not in banned), vocab[0])

@@ -17,8 +17,9 @@ SSE, Triton SSE, WebSocket). Each run warms up at full concurrency, then measure
     (system busy time minus ours); a window where other work used more than --busy-cores is
     measured again (--retries times at most) and the quietest one is kept.
 The load generator shares the machine's cores; its own CPU is reported next to the servers'.
-A final figure gives the floor: the mock engine alone with a bare consumer (no pipeline, no
-gRPC), in µs of CPU per token, and the part spent in the engine's own steps (MockEngine.step_cpu_s).
+A final figure gives the floor: the mock engine alone with a bare consumer (a handler attached
+as the pipeline attaches, counting tokens: no pipeline, no gRPC), in µs of CPU per token, and the
+part spent in the engine's own steps (MockEngine.step_cpu_s).
 
 Results go into bench-results/summary.json under "overhead" (other sections are kept).
 
@@ -33,6 +34,7 @@ import argparse
 import asyncio
 import collections
 import datetime
+import itertools
 import json
 import os
 import re
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import PROMPTS, Client, GrpcClient, LmiClient, Meter, MuxClient, OpenAIClient, TritonClient, WsClient
@@ -315,32 +318,39 @@ def engine_floor(model: str, streams: int, step_ms: float, tokens: int, seconds:
 
 
 async def _engine_floor(model: str, streams: int, step_ms: float, tokens: int, seconds: float) -> dict[str, Any]:
+    """`streams` closed-loop requests on a MockEngine whose outputs go to a handler that only
+    counts tokens, attached the way the request pipeline attaches (OutputStream.attach: no task
+    or queue per request); each final output starts the stream's next request at once."""
     sys.path.insert(0, str(ROOT))
     from core.engine.mock import MockEngine
     from core.sampling import resolve_generic
     from core.tokenizer import Tokenizer
-    from core.types import EngineRequest, SamplingOptions
+    from core.types import EngineOutput, EngineRequest, SamplingOptions
 
     tokenizer = Tokenizer.load(model)
     engine = MockEngine(tokenizer, step_ms=step_ms, max_batch_size=streams, max_queue_size=2 * streams)
     await engine.start()
     sampling = resolve_generic(SamplingOptions(), random_seed=0)
-    counted = [0.0]
+    prompts = [tokenizer.encode(PROMPTS[w % len(PROMPTS)]) for w in range(streams)]
+    counted = [0]
     on = [False]
     stop = False
+    started = itertools.count()
 
-    async def worker(w: int) -> None:
-        i = 0
-        prompt = tokenizer.encode(PROMPTS[w % len(PROMPTS)])
-        while not stop:
-            req = EngineRequest(f"{w}-{i}", prompt, sampling, tokens, ignore_eos=True)
-            async for out in engine.generate(req):
-                if on[0]:
-                    for s in out.sequences:
-                        counted[0] += len(s.token_ids)
-            i += 1
+    def start(w: int) -> None:
+        req = EngineRequest(f"{w}-{next(started)}", prompts[w], sampling, tokens, ignore_eos=True)
 
-    tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
+        def on_output(out: EngineOutput) -> None:
+            if on[0]:
+                for s in out.sequences:
+                    counted[0] += len(s.token_ids)
+            if (out.finished or out.error is not None) and not stop:
+                start(w)
+
+        engine.generate(req).attach(on_output)
+
+    for w in range(streams):
+        start(w)
     await asyncio.sleep(1.0)
     c0, t0, s0 = time.process_time(), time.perf_counter(), engine.step_cpu_s
     on[0] = True
@@ -348,7 +358,6 @@ async def _engine_floor(model: str, streams: int, step_ms: float, tokens: int, s
     on[0] = False
     c1, t1, s1 = time.process_time(), time.perf_counter(), engine.step_cpu_s
     stop = True
-    await asyncio.gather(*tasks)
     await engine.shutdown()
     return {
         "streams": streams,
@@ -530,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     streams = [int(x) for x in args.streams.split(",") if x]
     if args.engine_floor:
-        result = asyncio.run(_engine_floor(args.model, streams[0], args.step_ms, args.tokens, args.window_s))
+        # On uvloop, as the core runs.
+        result = uvloop.run(_engine_floor(args.model, streams[0], args.step_ms, args.tokens, args.window_s))
         print(json.dumps(result))
         return 0
     if args.profile:
