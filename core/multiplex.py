@@ -24,7 +24,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from core import convert
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
 from core.pipeline import Job, RequestPipeline
-from core.types import GenerationRequest, ResponseDelta
+from core.types import GenerationRequest, ResponseDelta, SequenceDelta
 from core.wire import Malformed
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,11 @@ class CallOutput:
     def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
         """Queue the job's next deltas (Consumer protocol)."""
         self.pending += deltas
+        self._wake()
+
+    def deliver_text(self, job: Job, text: str) -> None:
+        """Queue the next text of the job's only sequence (Consumer protocol)."""
+        self.pending.append(ResponseDelta(sequences=[SequenceDelta(0, text)]))
         self._wake()
 
     def finish(self, job: Job, error: CoreError | None) -> None:
@@ -225,6 +230,13 @@ class MultiplexSession:
         request_id = job.request_id
         for delta in deltas:
             convert.fill_response(responses.add(), delta, request_id)
+
+    def deliver_text(self, job: Job, text: str) -> None:
+        """Render the next text of the job's only sequence into the message being filled (the
+        GenerateResponse `convert.fill_response` makes of such a delta)."""
+        response = self._event(job.tag).responses.add()
+        response.request_id = job.request_id
+        response.outputs.add().text = text
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """Add the job's terminal status (OK, or its error)."""

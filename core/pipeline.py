@@ -336,6 +336,10 @@ class Consumer(Protocol):
     def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
         """The next ResponseDeltas of `job`, in order (the last has `final` set when it ends)."""
 
+    def deliver_text(self, job: Job, text: str) -> None:
+        """The next text of `job`'s only sequence: what `deliver` would say with one delta
+        holding only that (`ResponseDelta(sequences=[SequenceDelta(0, text)])`)."""
+
     def finish(self, job: Job, error: CoreError | None) -> None:
         """`job` ended: None after its final delta, else the error that ends it (before or
         after deltas; the deltas delivered before it stand)."""
@@ -380,6 +384,9 @@ class Job:
         self.unfinished = req.num_sequences
         self.want_tokens = prep.request.output.tokens is not False
         self.want_logprobs = prep.request.output.logprobs
+        # One sequence streamed as text alone, with no stop strings to hold text back for and
+        # no time limit: its decode steps take `_on_decode_step`.
+        self._plain = req.num_sequences == 1 and not self.want_tokens and not prep.stops and prep.deadline is None
         self.done = False
         self.last_token_time = 0.0  # of the last step that gave tokens; 0.0: none yet
         self._stream: OutputStream | None = None
@@ -420,6 +427,16 @@ class Job:
         try:
             if out.error is not None:
                 raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
+            if (
+                self._plain
+                and out.state is None
+                and not out.finished
+                and len(out.sequences) == 1
+                and out.sequences[0].finish_reason is None
+                and self.sent_states == len(_STATE_ORDER)
+            ):
+                self._on_decode_step(out, out.sequences[0])
+                return
             deltas = self._on_output(out)
         except CoreError as e:
             self._end(e)
@@ -495,6 +512,27 @@ class Job:
                     d.prompt_text = self.p._decode_fn(self.prep)(self.prep.engine_request.prompt_ids)
             deltas.append(d)
         return deltas
+
+    def _on_decode_step(self, out: EngineOutput, step: SequenceStep) -> None:
+        """`_on_output` for the bulk of a plain stream's outputs (see `_plain`): a decode step
+        that neither enters a state nor ends the sequence. Its text goes to the consumer as
+        it is (`Consumer.deliver_text`), without building deltas."""
+        seq = self.seqs[0]
+        ids = step.token_ids
+        if out.cached_tokens > self.cached_tokens:
+            self.cached_tokens = out.cached_tokens
+        if step.logprobs is not None:
+            seq.cumulative_logprob += sum(lp for lp in step.logprobs if lp is not None)
+        if not ids:
+            return
+        seq.token_ids += ids
+        seq.generated += len(ids)
+        now = out.time or time.monotonic()
+        self.p.metrics.itl.observe(now - self.last_token_time)
+        self.last_token_time = now
+        text = seq.detok.push(ids)
+        if text:  # else a character is incomplete: nothing to send yet
+            self.consumer.deliver_text(self, text)
 
     def _on_output(self, out: EngineOutput) -> list[ResponseDelta]:
         now = out.time or time.monotonic()
