@@ -88,21 +88,45 @@ class ByteDetokenizer:
     Args:
         token_bytes: maps a token id to its raw bytes.
         skip: ids left out of the text (the special tokens, under skip_special_tokens).
+        texts: the text of each token whose bytes are whole UTF-8 on their own, filled as such
+            tokens are seen; one dict may serve every detokenizer of a tokenizer, so a token
+            that follows whole characters costs one look-up.
     """
 
-    def __init__(self, token_bytes: Callable[[int], bytes], skip: Collection[int] = ()):
+    def __init__(
+        self, token_bytes: Callable[[int], bytes], skip: Collection[int] = (), texts: dict[int, str] | None = None
+    ):
         self._bytes = token_bytes
         self._skip = skip
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._texts: dict[int, str] = {} if texts is None else texts
+        self._held = b""  # the bytes of an incomplete character
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Add tokens; return the newly complete text ("" while a character is incomplete)."""
         skip, to_bytes = self._skip, self._bytes
         if len(token_ids) == 1:
             tok = token_ids[0]
-            return "" if tok in skip else self._decoder.decode(to_bytes(tok))
-        return self._decoder.decode(b"".join(to_bytes(t) for t in token_ids if t not in skip))
+            if tok in skip:
+                return ""
+            if not self._held:
+                text = self._texts.get(tok)
+                if text is not None:
+                    return text
+                data = to_bytes(tok)
+                text, used = codecs.utf_8_decode(data, "replace", False)
+                if used == len(data):
+                    self._texts[tok] = text
+                else:
+                    self._held = data[used:]
+                return text
+            data = self._held + to_bytes(tok)
+        else:
+            data = self._held + b"".join(to_bytes(t) for t in token_ids if t not in skip)
+        text, used = codecs.utf_8_decode(data, "replace", False)
+        self._held = data[used:]
+        return text
 
     def flush(self) -> str:
         """Return an incomplete trailing character as U+FFFD ("" when there is none)."""
-        return self._decoder.decode(b"", final=True)
+        held, self._held = self._held, b""
+        return codecs.utf_8_decode(held, "replace", True)[0]

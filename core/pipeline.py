@@ -140,6 +140,7 @@ class RequestPipeline:
         self.limits = limits
         self.default_max_new_tokens = default_max_new_tokens
         self.metrics = RequestMetrics()
+        self._token_texts: dict[int, str] = {}  # shared by the ByteDetokenizers
 
     # ------------------------------------------------------------------ prepare
 
@@ -310,7 +311,7 @@ class RequestPipeline:
         and no space goes between special tokens, else the windowed one."""
         tok = self.tokenizer
         if tok.byte_exact and (prep.skip_special or not prep.spaces_between):
-            return ByteDetokenizer(tok.token_bytes, tok.special_ids if prep.skip_special else ())
+            return ByteDetokenizer(tok.token_bytes, tok.special_ids if prep.skip_special else (), self._token_texts)
         return IncrementalDetokenizer(self._decode_fn(prep), prep.engine_request.prompt_ids)
 
     def token_info(self, token_id: int, logprob: float | None, top: Sequence[tuple[int, float]] | None) -> TokenInfo:
@@ -389,6 +390,7 @@ class Job:
         self._plain = req.num_sequences == 1 and not self.want_tokens and not prep.stops and prep.deadline is None
         self.done = False
         self.last_token_time = 0.0  # of the last step that gave tokens; 0.0: none yet
+        self._itl = pipeline.metrics.itl
         self._stream: OutputStream | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -528,7 +530,7 @@ class Job:
         seq.token_ids += ids
         seq.generated += len(ids)
         now = out.time or time.monotonic()
-        self.p.metrics.itl.observe(now - self.last_token_time)
+        self._itl.observe(now - self.last_token_time)
         self.last_token_time = now
         text = seq.detok.push(ids)
         if text:  # else a character is incomplete: nothing to send yet
