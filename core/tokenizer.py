@@ -68,6 +68,12 @@ class Tokenizer:
         self._rust = (
             backend if backend is not None and not getattr(hf_tokenizer, "clean_up_tokenization_spaces", True) else None
         )
+        # transformers' fast tokenizers encode one text by setting the Rust tokenizer to no
+        # truncation, no padding and their split_special_tokens, then calling its encode_batch
+        # (TokenizersBackend._encode_plus, transformers 5.23): with the Rust tokenizer in that
+        # state already, calling its encode directly gives the same ids for half the time.
+        # Classes that change that path encode through transformers.
+        self._rust_encoder = backend if backend is not None and _plain_fast_encode(hf_tokenizer) else None
         self._bytes_cache: dict[int, bytes] = {}
         self._text_cache: dict[int, str] = {}
         self.byte_exact = self._rust is not None and _decoder_kinds(hf_tokenizer) == ["ByteLevel"]
@@ -104,6 +110,14 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special tokens (such as BOS) are added unless told otherwise."""
+        backend = self._rust_encoder
+        if (
+            backend is not None
+            and backend.truncation is None
+            and backend.padding is None
+            and backend.encode_special_tokens == self.hf.split_special_tokens
+        ):
+            return cast("list[int]", backend.encode(text, add_special_tokens=add_special_tokens).ids)
         return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def render_chat(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> tuple[str, list[int]]:
@@ -197,6 +211,23 @@ class Tokenizer:
         if "▁" in piece:  # SentencePiece marks a leading space with U+2581
             return piece.replace("▁", " ").encode("utf-8")
         return self._decode([token_id], False).encode("utf-8")
+
+
+def _plain_fast_encode(hf_tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether `hf_tokenizer` encodes text with transformers' own fast-tokenizer path
+    (TokenizersBackend._encode_plus under PreTrainedTokenizerBase.__call__), unchanged."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return False
+    cls = type(hf_tokenizer)
+    return (
+        isinstance(hf_tokenizer, TokenizersBackend)
+        and cls._encode_plus is TokenizersBackend._encode_plus
+        and cls.__call__ is PreTrainedTokenizerBase.__call__
+        and not hasattr(hf_tokenizer, "_switch_to_input_mode")
+    )
 
 
 def _template_message(m: ChatMessage) -> dict[str, object]:

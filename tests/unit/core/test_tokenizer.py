@@ -50,3 +50,33 @@ def test_chat_without_template_is_refused(sp_tokenizer):
     with pytest.raises(InvalidArgument) as e:
         sp_tokenizer.render_chat([ChatMessage("user", (ContentPart(text="x"),))])
     assert e.value.field == "messages"
+
+
+ENCODE_TEXTS = ["def __init__(self, config):", "café 😀 中文  x", "", "  \n\t lead", "a<|eos|>b <|eos|>", "x" * 300]
+
+
+@pytest.mark.parametrize("name", ["bpe_tokenizer", "sp_tokenizer"])
+def test_encode_gives_the_ids_of_transformers_own_call(request, name):
+    """The Rust tokenizer is called directly when that is what transformers would do; the ids
+    are the same as the transformers call's, with and without special tokens, also once the
+    Rust tokenizer was set to truncate or split special tokens (then transformers encodes)."""
+    tok = request.getfixturevalue(name)
+
+    def expected(text: str, add: bool) -> list[int]:
+        return list(tok.hf(text, add_special_tokens=add)["input_ids"])
+
+    for text in ENCODE_TEXTS:
+        for add in (True, False):
+            assert tok.encode(text, add_special_tokens=add) == expected(text, add)
+    backend = tok.hf.backend_tokenizer
+    backend.enable_truncation(max_length=3)
+    try:
+        assert tok.encode(ENCODE_TEXTS[-1]) == expected(ENCODE_TEXTS[-1], True)
+        assert len(tok.encode(ENCODE_TEXTS[-1])) > 3
+    finally:
+        backend.no_truncation()
+    tok.hf.split_special_tokens = True
+    try:
+        assert tok.encode(ENCODE_TEXTS[4]) == expected(ENCODE_TEXTS[4], True)
+    finally:
+        tok.hf.split_special_tokens = False
