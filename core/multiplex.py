@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from trellis.generate.v1 import generate_service_pb2 as spb
@@ -118,6 +118,8 @@ class MultiplexSession:
         self._filling: spb.MultiplexGenerateResponse | None = None
         self._filling_events = 0
         self._last: spb.MultiplexEvent | None = None
+        self._last_id = 0  # the id of `_last` (read back from protobuf, it costs more)
+        self._add_event: Callable[[], spb.MultiplexEvent]  # `_filling.events.add`, set with it
         self._closed = False  # the client half-closed, or its stream broke
         self._end_when_idle = False  # drain() was called
         self._malformed: CoreError | None = None  # the client sent a message that did not parse
@@ -256,17 +258,18 @@ class MultiplexSession:
         """The event of request `rid` at the end of the message being filled (a new one unless
         the last event is this request's), and a wake-up for the writer."""
         last = self._last
-        if last is not None and last.id == rid:
+        if last is not None and self._last_id == rid:
             return last
         msg = self._filling
         if msg is None or self._filling_events >= MAX_EVENTS_PER_MESSAGE:
             msg = self._filling = spb.MultiplexGenerateResponse()
+            self._add_event = msg.events.add
             self._filling_events = 0
             self._pending.append(msg)
             self._wake()
         self._filling_events += 1
-        last = self._last = msg.events.add()
-        last.id = rid
+        last = self._last = self._add_event()
+        last.id = self._last_id = rid
         return last
 
     def _wake(self) -> None:
