@@ -38,6 +38,7 @@ from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient,
 from gateways.common.drain import SHUTDOWN_TIMEOUT_S
 from gateways.common.framing import loads
 from gateways.common.metrics import add_metrics, metrics_middleware
+from gateways.common.openapi import OPENAPI_PATH, add_openapi
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,13 @@ def make_gateway_app(
     *,
     render_error: HttpErrorRenderer,
     add_routes: Callable[[web.Application], None],
+    openapi: Callable[[GatewayConfig, S], dict[str, Any]],
 ) -> web.Application:
     """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
     error middleware with the schema's `render_error`, API keys (gateways.common.auth),
-    Prometheus metrics (`GET /metrics`, gateways.common.metrics) and the routes from
-    `add_routes`.
+    Prometheus metrics (`GET /metrics`, gateways.common.metrics), the routes from
+    `add_routes`, and `GET /openapi.json`: the document `openapi(config, settings)` builds,
+    once, here (gateways.common.openapi).
 
     Raises:
         ValueError: --metrics-require-key without --api-key.
@@ -89,7 +92,9 @@ def make_gateway_app(
     if config.metrics_require_key and not config.api_key:
         raise ValueError("--metrics-require-key needs --api-key")
     if config.api_key:
-        open_paths = HEALTH_PATHS if config.metrics_require_key else HEALTH_PATHS | {"/metrics"}
+        open_paths = HEALTH_PATHS | {OPENAPI_PATH}
+        if not config.metrics_require_key:
+            open_paths |= {"/metrics"}
         middlewares.insert(1, auth_middleware(ApiKeys(config.api_key), render_error, open_paths=open_paths))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
@@ -99,6 +104,7 @@ def make_gateway_app(
     app.on_response_prepare.append(_retry_after)
     add_metrics(app)
     add_routes(app)
+    add_openapi(app, openapi(config, settings))
     return app
 
 

@@ -52,6 +52,10 @@ async def _bug_after_start(request: web.Request) -> web.StreamResponse:
     raise RuntimeError("a bug after the status line")
 
 
+def _document(config: GatewayConfig, settings: _Settings) -> dict[str, object]:
+    return {"openapi": "3.1.0", "info": {"title": settings.greeting, "version": "0"}, "paths": {}}
+
+
 def _routes(app: web.Application) -> None:
     app.router.add_get("/hello", _hello)
     app.router.add_post("/echo", _echo)
@@ -62,7 +66,9 @@ def _routes(app: web.Application) -> None:
 @pytest_asyncio.fixture(scope="module")
 async def base() -> AsyncIterator[str]:
     config = GatewayConfig(name="test", core="127.0.0.1:1", max_body_bytes=64)
-    app = make_gateway_app(config, KEY, _Settings(greeting="hello"), render_error=_render, add_routes=_routes)
+    app = make_gateway_app(
+        config, KEY, _Settings(greeting="hello"), render_error=_render, add_routes=_routes, openapi=_document
+    )
     runner, port = await start_app(app, "127.0.0.1", 0)
     yield f"http://127.0.0.1:{port}"
     await runner.cleanup()
@@ -75,6 +81,11 @@ async def _call(method: str, url: str, data: bytes | None = None) -> tuple[int, 
 
 async def test_settings_and_routes(base):
     assert await _call("GET", base + "/hello") == (200, {"greeting": "hello"})
+
+
+async def test_the_openapi_document_is_built_from_the_settings_and_served(base):
+    status, doc = await _call("GET", base + "/openapi.json")
+    assert status == 200 and doc["info"]["title"] == "hello"
 
 
 @pytest.mark.parametrize(
