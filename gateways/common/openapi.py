@@ -10,9 +10,9 @@ parameter object) are written out in the gateway's module, from the seed section
 docstring names.
 
 Streams: OpenAPI 3.1 has no field for the schema of one event or line of a stream (3.2 adds
-`itemSchema` to the Media Type Object). A streamed media type here gives the whole body as a
-string and the schema of one item, the JSON of one SSE `data:` event or one JSON line, under the
-extension `x-itemSchema` (`stream_content`).
+`itemSchema` to the Media Type Object). A streamed media type here gives the schema of one item,
+the JSON of one SSE `data:` event or one JSON line, under the extension `x-itemSchema`; an SSE
+media type's `schema` describes one event with that JSON as its `data` (`stream_content`).
 
 Every document has `/metrics` (Prometheus text) and `/openapi.json`. With --api-key, the
 document declares the bearer scheme (`components.securitySchemes.bearer`, RFC 6750), requires it
@@ -104,16 +104,28 @@ def json_content(schema: Schema) -> dict[str, Any]:
     return {"application/json": {"schema": schema}}
 
 
-def stream_content(media_type: str, item: Schema) -> dict[str, Any]:
-    """`content` of a streamed body: the body is text, `item` the schema of one SSE `data:`
-    event's JSON or one JSON line (`x-itemSchema`, module docstring)."""
-    framing = "Server-Sent Events" if media_type == SSE_CONTENT_TYPE else "JSON lines"
-    return {
-        media_type: {
-            "schema": {"type": "string", "description": f"{framing}; the JSON of each item matches {ITEM_SCHEMA}."},
-            ITEM_SCHEMA: item,
-        }
+def stream_content(media_type: str, item: Schema, *, done: bool = False) -> dict[str, Any]:
+    """`content` of a streamed body, `item` being the schema of one SSE `data:` event's JSON or
+    one JSON line, under `x-itemSchema` (module docstring).
+
+    For `text/event-stream`, `schema` describes one event, as tools read it before OpenAPI 3.2
+    (schemathesis, 3.2's own SSE example): `{"data": <text>}` whose JSON (`contentMediaType`)
+    matches `item` (`contentSchema`), or is `[DONE]` when `done` (OpenAI's end of stream).
+    For JSON lines, `schema` is the body as text.
+    """
+    if media_type != SSE_CONTENT_TYPE:
+        schema: Schema = {"type": "string", "description": f"JSON lines; each line matches {ITEM_SCHEMA}."}
+        return {media_type: {"schema": schema, ITEM_SCHEMA: item}}
+    data: Schema = {"type": "string", "contentMediaType": "application/json", "contentSchema": item}
+    if done:
+        data = {"anyOf": [{"const": "[DONE]"}, data]}
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "properties": {"data": data, "event": {"type": "string"}, "id": {"type": "string"}},
+        "description": "One Server-Sent Event.",
     }
+    return {media_type: {"schema": event, ITEM_SCHEMA: item}}
 
 
 def request_body(schema: Schema, *, description: str = "") -> dict[str, Any]:

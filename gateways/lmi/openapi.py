@@ -233,7 +233,7 @@ def document(config: GatewayConfig, settings: LmiSettings) -> dict[str, Any]:
             {
                 **oa.json_content({"anyOf": [body, refs["completion"]]}),
                 **oa.stream_content(JSONLINES_CONTENT_TYPE, stream_item),
-                **oa.stream_content(SSE_CONTENT_TYPE, stream_item),
+                **oa.stream_content(SSE_CONTENT_TYPE, stream_item, done=True),
             },
             oa.errors_as(error, statuses),
             ok_description="The whole answer (application/json), or with `stream` one record per token as JSON "

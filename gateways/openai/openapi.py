@@ -20,9 +20,6 @@ from gateways.common.framing import SSE_CONTENT_TYPE
 from gateways.openai.completion_schema import CompletionRequest
 from gateways.openai.config import OpenAISettings
 
-#: `data: [DONE]` ends every stream; it is no JSON and so no item of `x-itemSchema`.
-DONE = "Each event is `data: <item JSON>`; the stream ends with `data: [DONE]`."
-
 
 def _completion_choice(words: list[str]) -> oa.Schema:
     return {
@@ -90,9 +87,7 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
     model = c.add("Model", MODEL)
 
     def sse(item: oa.Schema) -> dict[str, Any]:
-        content = oa.stream_content(SSE_CONTENT_TYPE, {"anyOf": [item, error]})
-        content[SSE_CONTENT_TYPE]["schema"]["description"] += " " + DONE
-        return content
+        return oa.stream_content(SSE_CONTENT_TYPE, {"anyOf": [item, error]}, done=True)
 
     paths = {
         "/v1/chat/completions": {

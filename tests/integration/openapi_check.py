@@ -25,9 +25,7 @@ class OpenApiDoc:
     def __init__(self, doc: dict[str, Any]):
         validate_spec(doc)
         self.doc = doc
-        self._paths = [
-            (re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", path) + "$"), path) for path in doc["paths"]
-        ]
+        self._paths = [(re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", path) + "$"), path) for path in doc["paths"]]
 
     def operation(self, method: str, path: str) -> dict[str, Any]:
         """The operation serving `method` on a concrete `path`."""

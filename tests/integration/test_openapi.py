@@ -122,7 +122,11 @@ async def test_openai_errors_match_the_document(docs, gateways, path, kwargs, st
 
 
 async def test_a_body_over_the_limit_is_a_documented_413(mock_core, start_gateway):
-    for name, path in (("openai", "/v1/chat/completions"), ("lmi", "/invocations"), ("triton", "/v2/models/mock/generate")):
+    for name, path in (
+        ("openai", "/v1/chat/completions"),
+        ("lmi", "/invocations"),
+        ("triton", "/v2/models/mock/generate"),
+    ):
         base = await start_gateway(name, core=mock_core.address, max_body_bytes=64)
         doc = await fetch_doc(base)
         status, _ = await call(doc, base, "POST", path, data=b"x" * 100, **{"Content-Type": "application/json"})
