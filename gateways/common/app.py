@@ -170,7 +170,7 @@ def error_middleware(render: HttpErrorRenderer) -> Middleware:
     message)`: aiohttp's HTTP errors (the message names the method and path for 404 and 405,
     "Not Found: GET /v2/nothing"; gives the limit for 413; is aiohttp's explanation otherwise),
     and any other exception as 500 when no response was started yet (after that the connection
-    is closed, as aiohttp does)."""
+    is closed, as aiohttp does). A 405 keeps aiohttp's `Allow` header."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -179,7 +179,10 @@ def error_middleware(render: HttpErrorRenderer) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return render(request, exc.status, _http_message(request, exc))
+            response = render(request, exc.status, _http_message(request, exc))
+            if hdrs.ALLOW in exc.headers:  # a 405 lists the route's methods (RFC 9110 section 15.5.6)
+                response.headers[hdrs.ALLOW] = exc.headers[hdrs.ALLOW]
+            return response
         except Exception:
             if request.get(RESPONSE_STARTED):
                 raise

@@ -104,6 +104,14 @@ async def test_errors_around_the_handlers_are_in_the_schemas_shape(base, method,
     )
 
 
+async def test_a_405_in_the_schemas_shape_keeps_the_allow_header(base):
+    """RFC 9110 section 15.5.6: a 405 lists the methods the resource has (schemathesis'
+    unsupported_method check found it missing after the error middleware re-rendered the 405)."""
+    async with aiohttp.ClientSession() as http, http.delete(base + "/hello") as resp:
+        assert resp.status == 405
+        assert set(resp.headers["Allow"].split(",")) == {"GET", "HEAD"}
+
+
 async def test_a_failure_after_the_response_started_closes_the_connection(base):
     async with aiohttp.ClientSession() as http, http.get(base + "/bug-after-start") as resp:
         assert resp.status == 200
