@@ -213,6 +213,7 @@ def document(config: GatewayConfig, settings: LmiSettings) -> dict[str, Any]:
     c.add("LmiError", SHAPE_ERROR)
     c.add("RollingBatchError", ROLLING_ERROR)
     c.add("DynamicBatchError", DYNAMIC_ERROR)
+    statuses: tuple[int, ...]
     if settings.dynamic:
         request, body, item = _dynamic(c)
         statuses = (400, 404, 413, 424, 500, 503, 504)

@@ -45,15 +45,12 @@ USAGE = {
     },
 }
 
-_TOP_LOGPROB = {
-    "type": "object",
-    "required": ["token", "logprob", "bytes"],
-    "properties": {
-        "token": {"type": "string"},
-        "logprob": {"type": "number"},
-        "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}},
-    },
+_TOP_LOGPROB_FIELDS: dict[str, Schema] = {
+    "token": {"type": "string"},
+    "logprob": {"type": "number"},
+    "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}},
 }
+_TOP_LOGPROB = {"type": "object", "required": list(_TOP_LOGPROB_FIELDS), "properties": _TOP_LOGPROB_FIELDS}
 
 #: `logprobs` of a choice: `{"content": [...]}` when asked for, else null.
 LOGPROBS = {
@@ -66,7 +63,7 @@ LOGPROBS = {
                 "type": "object",
                 "required": ["token", "logprob", "bytes", "top_logprobs"],
                 "properties": {
-                    **_TOP_LOGPROB["properties"],
+                    **_TOP_LOGPROB_FIELDS,
                     "logprob": {"type": ["number", "null"]},
                     "top_logprobs": {"type": "array", "items": _TOP_LOGPROB},
                 },
