@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from openapi_schema_validator import OAS31Validator
@@ -47,13 +48,19 @@ class OpenApiDoc:
         assert media in content, f"{method} {path} {status}: {media} is not documented ({sorted(content)})"
         return content[media]
 
-    def check(self, method: str, path: str, status: int, content_type: str, body: bytes) -> list[Any]:
+    def check(
+        self, method: str, path: str, status: int, content_type: str, body: bytes, headers: Mapping[str, str] = {}
+    ) -> list[Any]:
         """Validate one response; returns the JSON items checked (the body, or each streamed item).
 
         Raises:
-            AssertionError: the status or media type is undocumented, or a body or item does not
-                match its schema (the validator's message).
+            AssertionError: the status or media type is undocumented, a documented header is
+                missing from `headers`, or a body or item does not match its schema (the
+                validator's message).
         """
+        documented = self.operation(method, path)["responses"].get(str(status), {}).get("headers", {})
+        missing = [name for name in documented if name not in headers]
+        assert not missing, f"{method} {path} {status}: documented headers {missing} are missing"
         if not body and not content_type:
             responses = self.operation(method, path)["responses"]
             assert str(status) in responses and "content" not in responses[str(status)], (method, path, status)

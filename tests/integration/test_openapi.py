@@ -36,7 +36,7 @@ async def call(
         headers.setdefault("Content-Type", "application/json")
     async with aiohttp.ClientSession() as http, http.request(method, base + path, data=data, headers=headers) as resp:
         raw = await resp.read()
-        items = doc.check(method, path, resp.status, resp.headers.get("Content-Type", ""), raw)
+        items = doc.check(method, path, resp.status, resp.headers.get("Content-Type", ""), raw, resp.headers)
         return resp.status, items
 
 
@@ -78,7 +78,34 @@ async def test_with_api_keys_the_document_is_open_and_declares_the_bearer_scheme
     method = "POST" if name == "lmi" else "GET"
     async with aiohttp.ClientSession() as http, http.request(method, base + generate) as resp:
         assert resp.status == 401 and resp.headers["WWW-Authenticate"] == "Bearer"
-        doc.check(method, generate, 401, resp.headers["Content-Type"], await resp.read())
+        doc.check(method, generate, 401, resp.headers["Content-Type"], await resp.read(), resp.headers)
+
+
+async def test_overload_and_queue_timeout_answers_match_the_documents(start_mock_core, start_gateway):
+    """A core whose queue takes nothing: 429 + Retry-After (OpenAI, Triton), 503 + Retry-After
+    (LMI, every shape); a request that waits past --queue-timeout: 504."""
+    core = await start_mock_core(max_queue_size=0)
+    cases = [
+        ("openai", {}, "/v1/chat/completions", CHAT, 429),
+        ("openai", {}, "/v1/completions", {"prompt": "hi"}, 429),
+        ("triton", {}, "/v2/models/mock/generate_stream", {"text_input": "hi"}, 429),
+        ("lmi", {}, "/invocations", {"inputs": "hi"}, 503),
+        ("lmi", {}, "/invocations", CHAT, 503),
+        ("lmi", {"batching": "dynamic"}, "/invocations", {"inputs": ["a", "b"]}, 503),
+    ]
+    for name, options, path, body, status in cases:
+        base = await start_gateway(name, core=core.address, **options)
+        got, _ = await call(await fetch_doc(base), base, "POST", path, body=body)
+        assert got == status, (name, path)
+
+    core = await start_mock_core(max_batch_size=1, mock_step_ms=10)
+    base = await start_gateway("openai", core=core.address, queue_timeout=0.3)
+    doc = await fetch_doc(base)
+    hold = {**CHAT, "max_tokens": 1000, "stream": True}
+    async with aiohttp.ClientSession() as http, http.post(base + "/v1/chat/completions", json=hold) as held:
+        await held.content.readline()
+        status, [error] = await call(doc, base, "POST", "/v1/chat/completions", body=CHAT)
+    assert status == 504 and error["error"]["code"] == "queue_timeout"
 
 
 # --------------------------------------------------------------------------- OpenAI
