@@ -156,9 +156,21 @@ def errors_as(schema: Schema, statuses: Iterable[int]) -> dict[int, Schema]:
     return {status: schema for status in statuses}
 
 
-def status_object(word: str) -> Schema:
+def _status_object(word: str) -> Schema:
     """A health route's body, `{"status": word}`."""
     return {"type": "object", "required": ["status"], "properties": {"status": {"const": word}}}
+
+
+def health_path(operation_id: str, serving: str, not_serving: str) -> dict[str, Any]:
+    """A health route: 200 `{"status": serving}` while the core reports SERVING, else 503
+    `{"status": not_serving}`."""
+    return {
+        "get": {
+            "operationId": operation_id,
+            "summary": "200 while the core reports SERVING, 503 otherwise.",
+            "responses": responses(json_content(_status_object(serving)), {503: _status_object(not_serving)}),
+        }
+    }
 
 
 def path_parameter(name: str, description: str) -> dict[str, Any]:

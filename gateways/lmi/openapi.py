@@ -252,15 +252,7 @@ def document(config: GatewayConfig, settings: LmiSettings) -> dict[str, Any]:
                 **operation,
             }
         },
-        "/ping": {
-            "get": {
-                "operationId": "ping",
-                "summary": "200 while the core reports SERVING, 503 otherwise.",
-                "responses": oa.responses(
-                    oa.json_content(oa.status_object("Healthy")), {503: oa.status_object("Unhealthy")}
-                ),
-            }
-        },
+        "/ping": oa.health_path("ping", "Healthy", "Unhealthy"),
     }
     return oa.document(
         config,

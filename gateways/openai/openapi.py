@@ -145,15 +145,7 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
                 "responses": oa.responses(oa.json_content(model), oa.errors_as(error, (404, 500, 503, 504))),
             }
         },
-        "/health": {
-            "get": {
-                "operationId": "health",
-                "summary": "200 while the core reports SERVING, 503 otherwise.",
-                "responses": oa.responses(
-                    oa.json_content(oa.status_object("serving")), {503: oa.status_object("not_serving")}
-                ),
-            }
-        },
+        "/health": oa.health_path("health", "serving", "not_serving"),
     }
     return oa.document(
         config,

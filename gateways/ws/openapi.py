@@ -92,15 +92,7 @@ def document(config: GatewayConfig, settings: WsSettings) -> dict[str, Any]:
                 "x-websocket": frames,
             }
         }
-    paths["/health"] = {
-        "get": {
-            "operationId": "health",
-            "summary": "200 while the core reports SERVING, 503 otherwise.",
-            "responses": oa.responses(
-                oa.json_content(oa.status_object("serving")), {503: oa.status_object("not_serving")}
-            ),
-        }
-    }
+    paths["/health"] = oa.health_path("health", "serving", "not_serving")
     return oa.document(
         config,
         title="Trellis WebSocket gateway",
