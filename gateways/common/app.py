@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
 from envflags import EnvArgumentParser
@@ -216,6 +217,28 @@ async def _retry_after(request: web.Request, response: web.StreamResponse) -> No
         response.headers[hdrs.RETRY_AFTER] = str(request.app[CONFIG_KEY].retry_after_seconds)
 
 
+class ClientProtocolErrors(logging.Filter):
+    """On aiohttp's server logger: a request that cannot be parsed as HTTP/1.x (an HTTP/2
+    preface, a malformed header line, a line over the limit) is answered 400 by aiohttp and is
+    the client's fault, but aiohttp logs it with a traceback at ERROR (web_protocol
+    `handle_error`, aiohttp 3.14; only a bad method on a fresh connection goes to DEBUG). Such a
+    record becomes one INFO line naming the error, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            record.msg = (
+                f"{record.getMessage()}: {type(exc).__name__} {exc.code}: {' '.join(exc.message.split())[:200]}"
+            )
+            record.args = ()
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_SERVER_LOG = logging.getLogger("aiohttp.server")
+
+
 async def start_app(
     app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
 ) -> tuple[web.AppRunner, int]:
@@ -224,7 +247,10 @@ async def start_app(
 
     Handler cancellation is on: a client that disconnects cancels its handler task at once, and
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
+    Requests that are not HTTP/1.x are logged in one line (`ClientProtocolErrors`).
     """
+    if not any(isinstance(f, ClientProtocolErrors) for f in _SERVER_LOG.filters):
+        _SERVER_LOG.addFilter(ClientProtocolErrors())
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)

@@ -22,14 +22,14 @@ MAX_EXAMPLES = 12
 
 
 class _Tracebacks(logging.Handler):
-    """Collects every log record that carries an exception."""
+    """Collects every gateway log record (gateways.*, aiohttp.*) that carries an exception."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.records: list[logging.LogRecord] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info:
+        if record.exc_info and record.name.split(".")[0] in ("gateways", "aiohttp"):
             self.records.append(record)
 
 

@@ -4,6 +4,8 @@ schema's shape, on a real aiohttp server on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -110,6 +112,29 @@ async def test_a_405_in_the_schemas_shape_keeps_the_allow_header(base):
     async with aiohttp.ClientSession() as http, http.delete(base + "/hello") as resp:
         assert resp.status == 405
         assert set(resp.headers["Allow"].split(",")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00\x00\x00\x00",  # a gRPC client's preface
+        b"GET /hello HTTP/1.1\r\nBad Header Line\r\n\r\n",
+    ],
+)
+async def test_a_request_that_is_not_http_1_is_one_info_line_without_a_traceback(base, raw, caplog):
+    """aiohttp logged these at ERROR with a traceback (seen when a gRPC client reached a
+    gateway's port during the schemathesis run); the client's fault is one INFO line now."""
+    host, port = base.removeprefix("http://").split(":")
+    with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(raw)
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+    assert answer.split(b" ", 2)[1] == b"400"
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert records and all(r.levelno == logging.INFO and not r.exc_info for r in records)
+    assert "BadHttpMessage 400" in records[0].getMessage()
 
 
 async def test_a_failure_after_the_response_started_closes_the_connection(base):
