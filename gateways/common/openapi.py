@@ -22,7 +22,7 @@ for every operation, and lists the open routes (health, `/openapi.json`, `/metri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -38,16 +38,12 @@ REF = "#/components/schemas/{model}"
 ITEM_SCHEMA = "x-itemSchema"
 
 Schema = dict[str, Any]
-#: `document(config, settings)`: a gateway's OpenAPI document (a JSON-ready dict).
-DocumentBuilder = Callable[[GatewayConfig, Any], dict[str, Any]]
 
 #: The reason phrase of each status a document lists, its response's description.
 DESCRIPTIONS = {
-    200: "OK",
     400: "Bad request: a field has the wrong shape, type or value.",
     401: "Missing or invalid API key (`Authorization: Bearer <key>`); `WWW-Authenticate: Bearer` is set.",
     404: "Not found: the model named is not the served one.",
-    409: "Conflict",
     413: "The request body is larger than --max-body-bytes.",
     415: "The request body declares a Content-Type other than JSON.",
     424: "Malformed payload (DJL's status for an input the handler cannot read).",
