@@ -8,14 +8,16 @@ same size, both with the same torch threads. Every model forward is timed and cl
   prefill   new prompts only (the engine's prefill groups; the static batch's first forward)
   decode    one token per running row
   mixed     running rows' decode tokens and new prompts' tokens in one forward
-and every engine step (forward + sampling + bookkeeping) likewise. Per kind: forwards, rows and
-tokens per forward, ms per forward and per step, and the share of the wall time; plus forwards
-per generated token, which is what a schedule changes. `--arrival-ms` delays each stream's next
-request after a finish (the closed loop's round trip through gRPC: stagger on purpose to see what
-arrival spread costs the engine).
+Per kind: forwards, sequences and tokens per forward, ms per forward (mean and p50) and the
+share of the wall time; plus forwards per generated token, which is what a schedule changes.
+`--arrival-ms` has each stream wait a quarter to all of that (by stream) before its next
+request, as a closed loop's round trip through gRPC spreads arrivals; `--root` runs the engine
+of another checkout (before/after); `--trace FILE` sums up a core's `--hf-step-trace` instead
+(ms per forward and shares of the forwards' total time).
 
 Prints a table and one JSON object on its last line. Usage:
-  python scripts/bench/hf_steps.py --streams 16 [--seconds 8] [--threads 0] [--arrival-ms 0]
+  python scripts/bench/hf_steps.py --streams 16 [--seconds 8] [--threads 0] [--arrival-ms 0] [--root DIR]
+  python scripts/bench/hf_steps.py --trace steps.txt
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import PROMPTS
 from procs import ROOT
+from static_batch import padded_batch
 
 
 def classify(inputs: dict[str, Any]) -> tuple[str, int, int]:
@@ -185,13 +188,7 @@ def run_static(args: argparse.Namespace) -> dict[str, Any]:
     batch = args.streams
 
     def one(b: int) -> int:
-        rows = [prompts[(b * batch + i) % len(prompts)] for i in range(batch)]
-        width = max(len(r) for r in rows)
-        ids = torch.full((batch, width), pad, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
+        ids, mask = padded_batch(prompts, batch, b, pad)
         with torch.inference_mode():
             out = model.generate(
                 input_ids=ids,
@@ -200,7 +197,7 @@ def run_static(args: argparse.Namespace) -> dict[str, Any]:
                 do_sample=False,
                 pad_token_id=pad,
             )
-        return (out.shape[1] - width) * batch
+        return (out.shape[1] - ids.shape[1]) * batch
 
     one(0)
     log.clear()

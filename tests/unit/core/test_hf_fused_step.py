@@ -19,13 +19,8 @@ from core.tokenizer import Tokenizer
 from core.types import EngineRequest, FinishReason, Guide, SamplingOptions
 from tests.conftest import core_config
 from tests.integration.core_helpers import wait_for, wait_idle
+from tests.unit.core.test_hf_batch_invariance import PROMPTS
 from tests.unit.core.test_hf_engine import until_tokens
-
-PROMPTS = [
-    "Hello there, how are you today my friend?",
-    "Hi",
-    "The quick brown fox jumps over the lazy dog and then some more words",
-]
 
 
 @pytest.fixture(scope="module")
