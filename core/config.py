@@ -68,6 +68,7 @@ class CoreConfig:
     device: str = "cpu"
     threads: int = 0
     engine_process: bool = True
+    hf_step_trace: str = ""
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
@@ -184,6 +185,13 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=d.engine_process,
         help="HF engine: run the batching loop in a process of its own, so model steps never wait on serving work",
+    )
+    p.add_argument(
+        "--hf-step-trace",
+        default=d.hf_step_trace,
+        metavar="PATH",
+        help="HF engine: append one line per engine step to PATH (kind, rows, tokens, forward and step seconds; "
+        "summed up by scripts/bench/hf_steps.py --trace)",
     )
     p.add_argument(
         "--drain-seconds", type=float, default=d.drain_seconds, help="on SIGTERM, how long in-flight streams may finish"

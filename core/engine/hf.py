@@ -2,10 +2,11 @@
 
 The batch is iteration-level, TGI-style: a worker thread owns the running batch, one slot per
 running sequence in a slot-addressed KV cache written in place (core.engine.hf_cache). At each
-step boundary it applies cancellations, admits waiting requests (prefilled together as a
-left-padded group; each new sequence's keys and values are then copied into a free slot), or
-runs one decode step for every running sequence. A finished or cancelled sequence frees its
-slot at once, without moving any KV data.
+step boundary it applies cancellations and admits waiting requests into free slots; then one
+forward computes a decode token for every running sequence and the whole prompt of every
+admitted request together (packed, without padding: a prefill rides along with a decode step
+instead of taking a forward of its own). A finished or cancelled sequence frees its slot at
+once, without moving any KV data.
 
 Why this instead of transformers' continuous-batching manager: measured on this CPU
 (reference/environment-facts.md §3), that manager has no per-request seed, returns processed
@@ -16,26 +17,28 @@ seeded generators (reproducible whatever else is in the batch), raw logprobs wit
 alternatives, bad words, min tokens, logit bias, prompt logprobs, and bounded memory (max batch
 size, max total tokens, bounded queue).
 
-Supported models: decoder-only checkpoints whose cache is a plain (full-attention)
-DynamicCache and whose forward takes position_ids (Llama, Mistral, Qwen2, GPT-2, ...).
+Supported models: decoder-only checkpoints with full attention whose attention modules call
+transformers' AttentionInterface and whose forward takes position_ids (Llama, Mistral, Qwen2,
+GPT-2, ...).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 import torch
 
 from core.engine import hf_guided
 from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
-from core.engine.hf_cache import SlotKVCache
+from core.engine.hf_cache import ATTENTION, SlotKVCache, StepPlan
 from core.engine.hf_config import KIND, check_request, default_threads, duplicate_id, engine_info, queue_full
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
 from core.errors import EngineDead, EngineFailure, NotReady
@@ -83,6 +86,7 @@ def engine_kwargs(config: CoreConfig, tokenizer: Tokenizer) -> dict[str, Any]:
         dtype=config.dtype,
         device=config.device,
         threads=config.threads,
+        step_trace=config.hf_step_trace,
         guides=hf_guided.GuideMatchers(tokenizer.hf, tokenizer.eos_token_ids, config.guide_cache_size),
     )
 
@@ -140,6 +144,7 @@ class HfEngine(EngineLifecycle):
         device: torch device.
         threads: torch intra-op threads (0: core.engine.hf_config.default_threads).
         guides: compiled guides for guided decoding (hf_guided); None: guided decoding is off.
+        step_trace: a file that gets one line per engine step ("" for none; `--hf-step-trace`).
     """
 
     kind = KIND
@@ -160,6 +165,7 @@ class HfEngine(EngineLifecycle):
         device: str = "cpu",
         threads: int = 0,
         guides: hf_guided.GuideMatchers | None = None,
+        step_trace: str = "",
     ):
         super().__init__()
         self._path = str(model_path)
@@ -182,7 +188,9 @@ class HfEngine(EngineLifecycle):
         self._threads = threads
         # The transformers causal LM (loaded by start()); its forward takes keyword tensors.
         self._model: Any = None
-        self._sdpa = False  # the model attends with sdpa (decode then passes a ready 4D mask)
+        self._num_layers = 0
+        self._trace_path = step_trace
+        self._trace: TextIO | None = None  # the open step trace file
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         # Shared between the event loop and the worker (guarded by _cv's lock, as are _alive
@@ -232,11 +240,14 @@ class HfEngine(EngineLifecycle):
             dtype = torch.float32 if self._device.type == "cpu" else "auto"
         else:
             dtype = getattr(torch, self._dtype_name)
-        model: Any = AutoModelForCausalLM.from_pretrained(self._path, dtype=dtype)
+        # Every step is one packed forward over the slot cache (core.engine.hf_cache).
+        model: Any = AutoModelForCausalLM.from_pretrained(self._path, dtype=dtype, attn_implementation=ATTENTION)
         model.to(self._device)
         model.eval()
         self._model = model
-        self._sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self._num_layers = int(model.config.get_text_config().num_hidden_layers)
+        if self._trace_path:
+            self._trace = open(self._trace_path, "a", buffering=1)
         self._logit_dim = int(model.get_output_embeddings().weight.shape[0])
         if self._guides is not None:
             self._guides.bind(self._logit_dim)
@@ -329,7 +340,8 @@ class HfEngine(EngineLifecycle):
     # ---------------------------------------------------------------- worker
 
     def run(self) -> None:
-        """The batching loop: one prefill or decode step per iteration until stopped or dead."""
+        """The batching loop: one step (core.engine.hf_cache.StepPlan) per iteration until stopped
+        or dead."""
         try:
             with torch.inference_mode():
                 while True:
@@ -346,10 +358,8 @@ class HfEngine(EngineLifecycle):
                     if aborts:
                         self._cancel_running(aborts, emits)
                     try:
-                        if admitted:
-                            self._prefill(admitted, emits)
-                        elif self._live_slots:
-                            self._decode(emits)
+                        if admitted or self._live_slots:
+                            self._step(admitted, emits)
                     except Exception as e:  # a failed step fails the requests in it, not the engine
                         log.exception("hf engine step failed")
                         self._fail_batch(admitted, e, emits)
@@ -358,6 +368,9 @@ class HfEngine(EngineLifecycle):
             log.exception("hf engine worker died")
             self._die(e if isinstance(e, Exception) else EngineDead(repr(e)))
             return
+        finally:
+            if self._trace is not None:
+                self._trace.close()
         self._die(NotReady("The engine shut down; retry on another replica."))
 
     def _finish_step(self, emits: list[tuple[_Req, EngineOutput]]) -> None:
@@ -459,71 +472,158 @@ class HfEngine(EngineLifecycle):
             )
         self._release([row for row in self._slots if row is not None])
 
-    # ---------------------------------------------------------------- prefill
+    # ---------------------------------------------------------------- the step
 
-    def _prefill(self, reqs: list[_Req], emits: Emits) -> None:
-        """Prefill a group of new requests together, sample their first tokens, and give each
-        sequence a slot in the running batch."""
-        from transformers import DynamicCache
-
+    def _step(self, reqs: list[_Req], emits: Emits) -> None:
+        """One engine step: a decode token for every running sequence and the whole prompt of
+        every admitted request, in one packed forward (core.engine.hf_cache.StepPlan); then
+        each running sequence's next token, and each new sequence's first token and slot."""
+        dev = self._device
+        live, rows_live = self._live_slots, self._rows_live
+        r_dec = len(live)
         now = time.monotonic()
         for r in reqs:
             emits.append((r, EngineOutput(r.req.request_id, state=RequestState.SCHEDULED, time=now)))
-        dev = self._device
-        lens = [len(r.req.prompt_ids) for r in reqs]
-        width = max(lens)
-        ids = torch.full((len(reqs), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(reqs), width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, width - lens[i] :] = torch.tensor(r.req.prompt_ids, dtype=torch.long)
-            mask[i, width - lens[i] :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        want_prompt = any(r.req.prompt_logprobs is not None for r in reqs)
-        out = self._model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=DynamicCache(),
-            use_cache=True,
-            logits_to_keep=0 if want_prompt else 1,
-        )
-        group_cache = out.past_key_values
-        done = time.monotonic()
-        for i, r in enumerate(reqs):
-            info = None
-            if r.req.prompt_logprobs is not None:
-                info = prompt_logprobs(out.logits[i, width - lens[i] :], r.req.prompt_ids, r.req.prompt_logprobs)
-            emits.append(
-                (r, EngineOutput(r.req.request_id, state=RequestState.PREFILLED, prompt_logprobs=info, time=done))
-            )
-        rows: list[_Row] = []
-        source: list[int] = []  # group index of each row (n > 1 rows share their prompt's cache)
+        if self._cache is None:
+            self._cache = SlotKVCache(self._num_layers, self._max_batch, dev)
+        cache = self._cache
+        # New sequences take free slots now (n > 1 rows share their request's prompt tokens).
         free = (s for s, row in enumerate(self._slots) if row is None)
+        lens = [len(r.req.prompt_ids) for r in reqs]
+        new_rows: list[_Row] = []
+        source: list[int] = []  # request index of each new row
         for i, r in enumerate(reqs):
             r.rows = [self._new_row(r, k, next(free)) for k in range(r.req.num_sequences)]
             r.unfinished = len(r.rows)
-            rows += r.rows
+            new_rows += r.rows
             source += [i] * len(r.rows)
-        logits = out.logits[:, -1, :].float()
-        if len(source) != len(reqs):
-            logits = logits[torch.tensor(source, device=dev)]
-        params = BatchParams.from_rows([row.params for row in rows], dev)
+        end = cache.place([(row.slot, lens[i]) for row, i in zip(new_rows, source, strict=True)], live)
+        plan = self._plan(reqs, lens, new_rows, source, end)
+        ids = [self._next[self._live_idx]] if r_dec else []
+        pos = [self._pos[self._live_idx]] if r_dec else []
+        for r, n in zip(reqs, lens, strict=True):
+            ids.append(torch.tensor(r.req.prompt_ids, dtype=torch.long, device=dev))
+            pos.append(torch.arange(n, device=dev))
+        want_prompt = any(r.req.prompt_logprobs is not None for r in reqs)
+        ends = list(itertools.accumulate(lens, initial=r_dec))  # packed offset of each prompt, then N
+        keep = list(range(r_dec)) + [e - 1 for e in ends[1:]]
+        cache.plan = plan
+        try:
+            out = self._forward(
+                "mixed" if r_dec and reqs else "decode" if r_dec else "prefill",
+                r_dec + len(reqs),
+                ends[-1],
+                input_ids=torch.cat(ids)[None],
+                position_ids=torch.cat(pos)[None],
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=0 if want_prompt else torch.tensor(keep, device=dev),
+                slot_plan=plan,
+            )
+        finally:
+            cache.plan = None
+        cache.length = end + 1
+        logits = out.logits[0]
+        if want_prompt:
+            all_logits, logits = logits, logits[torch.tensor(keep, device=dev)]
+        if r_dec:
+            self._decode_tokens(logits[:r_dec], emits)
+        if reqs:
+            done = time.monotonic()
+            for i, r in enumerate(reqs):
+                info = None
+                if r.req.prompt_logprobs is not None:
+                    info = prompt_logprobs(all_logits[ends[i] : ends[i + 1]], r.req.prompt_ids, r.req.prompt_logprobs)
+                emits.append(
+                    (r, EngineOutput(r.req.request_id, state=RequestState.PREFILLED, prompt_logprobs=info, time=done))
+                )
+            first = logits[r_dec:]
+            if len(source) != len(reqs):
+                first = first[torch.tensor(source, device=dev)]
+            self._first_tokens(new_rows, source, lens, first.float(), emits)
+        finished = [row for row in rows_live if row.finished]
+        if finished or new_rows:
+            if finished:
+                self._release(finished)
+            else:
+                self._recompose()
+
+    def _plan(self, reqs: list[_Req], lens: list[int], new_rows: list[_Row], source: list[int], end: int) -> StepPlan:
+        """The step's StepPlan: where every token's keys and values go, and the masks."""
+        dev, cache = self._device, self._cache
+        assert cache is not None
+        live, extent = self._live_slots, self._extent
+        r_dec = len(live)
+        slots: list[int] = list(live)
+        cols: list[int] = [end] * r_dec
+        src: list[int] = list(range(r_dec))
+        ends = list(itertools.accumulate(lens, initial=r_dec))
+        for row, i in zip(new_rows, source, strict=True):
+            n = lens[i]
+            slots += [row.slot] * n
+            cols += range(end + 1 - n, end + 1)
+            src += range(ends[i], ends[i + 1])
+        decode_mask = None
+        if r_dec:
+            cache.mask[:extent, end] = True
+            decode_mask = cache.mask[:extent, None, None, : end + 1]
+        plan = StepPlan(
+            cache=cache,
+            decode_rows=r_dec,
+            extent=extent,
+            live_idx=None if r_dec == extent else self._live_idx,
+            end=end,
+            decode_mask=decode_mask,
+            write_slots=torch.tensor(slots, device=dev),
+            write_cols=torch.tensor(cols, device=dev),
+            write_src=None if len(src) == ends[-1] else torch.tensor(src, device=dev),
+        )
+        if reqs:
+            width = max(lens)
+            # Prompt i's tokens left-padded to `width` queries; a padding query repeats the
+            # prompt's first token and attends to itself only (its output is dropped).
+            gather = torch.tensor(
+                [[ends[i] + max(0, j - (width - n)) for j in range(width)] for i, n in enumerate(lens)], device=dev
+            )
+            q = torch.arange(width, device=dev)
+            real = q[None, :] >= torch.tensor([width - n for n in lens], device=dev)[:, None]  # [G, P] real keys
+            causal = q[None, :] <= q[:, None]  # [P (query), P (key)]
+            mask = causal[None] & real[:, None, :]
+            mask |= torch.eye(width, dtype=torch.bool, device=dev)[None] & ~real[:, :, None]
+            plan.prefill_gather = gather
+            plan.prefill_mask = mask[:, None]
+            plan.prefill_scatter = torch.tensor(
+                [i * width + j for i, n in enumerate(lens) for j in range(width - n, width)], device=dev
+            )
+        return plan
+
+    def _forward(self, kind: str, rows: int, tokens: int, **inputs: Any) -> Any:
+        """The model's forward; with a step trace, one line per step (kind, sequences, tokens,
+        seconds)."""
+        if self._trace is None:
+            return self._model(**inputs)
+        t0 = time.perf_counter()
+        out = self._model(**inputs)
+        self._trace.write(f"{kind} {rows} {tokens} {time.perf_counter() - t0:.6f}\n")
+        return out
+
+    def _first_tokens(
+        self, rows: list[_Row], source: list[int], lens: list[int], logits: torch.Tensor, emits: Emits
+    ) -> None:
+        """Sample the first token of each new sequence and put the unfinished ones in the batch."""
+        params = BatchParams.from_rows([row.params for row in rows], self._device)
         seen_counts = self._penalty_rows(rows) if params.any_penalty else None
         tokens, lps, tops = self._sample(rows, logits, params, seen_counts, self._bias_for(rows))
         self._emit_tokens(rows, tokens, lps, tops, emits)
-        if self._cache is None:
-            self._cache = SlotKVCache(len(group_cache.layers), self._max_batch, dev)
-        joining = [(row, i, tok) for row, i, tok in zip(rows, source, tokens.tolist(), strict=True) if not row.finished]
-        for row, i, tok in sorted(joining, key=lambda j: -lens[j[1]]):  # longest first: one timeline shift
-            plen = lens[i]
-            keys = [layer.keys[i, :, width - plen :] for layer in group_cache.layers]
-            values = [layer.values[i, :, width - plen :] for layer in group_cache.layers]
-            self._cache.insert(row.slot, keys, values, self._live_slots)
+        for row, i, tok in zip(rows, source, tokens.tolist(), strict=True):
+            if row.finished:
+                assert self._cache is not None
+                self._cache.release(row.slot)
+                continue
             self._slots[row.slot] = row
             self._live_slots = [*self._live_slots, row.slot]
-            self._pos[row.slot] = plen
+            self._pos[row.slot] = lens[i]
             self._next[row.slot] = tok
-        self._recompose()
 
     def _new_row(self, r: _Req, k: int, slot: int) -> _Row:
         s, n = r.req.sampling, NEUTRAL
@@ -546,30 +646,11 @@ class HfEngine(EngineLifecycle):
 
     # ---------------------------------------------------------------- decode
 
-    def _decode(self, emits: Emits) -> None:
-        """One decode step for every running sequence."""
-        cache, live, rows = self._cache, self._live_slots, self._rows_live
-        idx, params = self._live_idx, self._params
-        assert cache is not None and idx is not None and params is not None, "decode without running rows"
-        extent = self._extent
-        cache.make_room(live)
-        end = cache.length
-        cache.mask[:extent, end] = True
-        mask = cache.mask[:extent, : end + 1]
-        out = self._model(
-            input_ids=self._next[:extent, None],
-            # One query per row: the padding mask is the whole mask, and sdpa takes it as a
-            # ready 4D view, sparing transformers' mask building (~5% of a small model's step).
-            attention_mask=mask[:, None, None, :] if self._sdpa else mask,
-            position_ids=self._pos[:extent, None],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        cache.length = end + 1
+    def _decode_tokens(self, logits: torch.Tensor, emits: Emits) -> None:
+        """The next token of every running sequence from its logits ([R, V], live slot order)."""
+        rows, idx, params = self._rows_live, self._live_idx, self._params
+        assert idx is not None and params is not None, "decode without running rows"
         self._pos[idx] += 1
-        logits = out.logits[:, -1, :]
-        if len(live) != extent:  # live is sorted: equal lengths mean rows 0..extent-1, in order
-            logits = logits[idx]
         history = self._history
         seen_counts = None if history is None else (history[0][idx], history[1][idx])
         tokens, lps, tops = self._sample(
@@ -580,8 +661,6 @@ class HfEngine(EngineLifecycle):
             history[0][idx, tokens] = True
             history[1][idx, tokens] += 1
         self._emit_tokens(rows, tokens, lps, tops, emits)
-        if any(row.finished for row in rows):
-            self._release([row for row in rows if row.finished])
 
     def _sample(
         self,

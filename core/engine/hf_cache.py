@@ -1,52 +1,170 @@
-"""Slot-addressed KV cache for the HF engine's running batch.
+"""Slot-addressed KV cache for the HF engine's running batch, and the attention over it.
 
 transformers' DynamicCache grows by `torch.cat` on every decode step, copying the whole cache
 each time (60% of a 32-sequence step on CPU, measured). This cache preallocates per-layer
 buffers of shape [slots, kv_heads, capacity, head_dim] and writes each step's keys and values
-in place. All slots share one timeline of `length` columns: a decode step writes column
-`length` for every slot at once. A sequence joining the batch gets a free slot, and its
-prefilled keys and values are copied right-aligned to the current timeline (so it ends where
-everyone else ends); its earlier columns are masked. Leaving frees the slot without copying
-anything. When the timeline reaches the capacity, columns that no live sequence needs any more
-are dropped from the left (compaction), or the capacity doubles.
+in place. All slots share one timeline of `length` columns: a step writes column `length` for
+every running sequence at once. A sequence joining the batch gets a free slot, and its prompt's
+keys and values are written right-aligned to the same column (so it ends where everyone else
+ends); its earlier columns are masked. Leaving frees the slot without copying anything. When the
+timeline reaches the capacity, columns that no live sequence needs any more are dropped from the
+left (compaction), or the capacity doubles.
+
+Every engine step is one packed forward (`StepPlan`): the model sees one sequence of N tokens,
+first one decode token per running slot, then the whole prompts of the sequences joining the
+batch, each token with its own position id. The linear layers (most of a step) then run on
+exactly the tokens computed, without padding, and a step that admits new sequences costs one
+forward instead of a prefill forward plus a decode forward (vLLM's chunked prefill and
+transformers' continuous batching pack tokens the same way). `slot_attention` (registered with
+transformers' AttentionInterface as ATTENTION) attends each decode token over its own slot and
+each prompt causally over itself.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+#: The attention implementation name under which `slot_attention` is registered.
+ATTENTION = "trellis_slots"
+
+
+@dataclass(eq=False, slots=True)
+class StepPlan:
+    """What one packed forward computes, and where its keys and values go.
+
+    The forward's N tokens are `decode_rows` decode tokens (one per live slot, in slot order)
+    followed by the prompts of the sequences joining the batch.
+
+    Attributes:
+        cache: the cache written and attended over.
+        decode_rows: R, the decode tokens at the front (0 when nothing runs yet).
+        extent: 1 + the highest live slot: decode attention runs over slots [0, extent).
+        live_idx: [R] the live slots, or None when they are exactly 0..extent-1.
+        end: the column this step writes for every decode token and every prompt's last token.
+        decode_mask: [extent, 1, 1, end + 1] bool, the columns each slot attends to.
+        write_slots, write_cols: [W] where each written key and value goes.
+        write_src: [W] the packed token of each write, or None when W == N in token order (a
+            prompt with n > 1 sequences is written to n slots).
+        prefill_gather: [G, P] for each of the G joining prompts, its tokens' packed indices,
+            left-padded to the longest prompt P (padding repeats the prompt's first token).
+        prefill_mask: [G, 1, P, P] bool, causal within each prompt, padding masked.
+        prefill_scatter: [N - R] for each prompt token in packed order, its index in G x P.
+    """
+
+    cache: SlotKVCache
+    decode_rows: int
+    extent: int
+    live_idx: torch.Tensor | None
+    end: int
+    decode_mask: torch.Tensor | None
+    write_slots: torch.Tensor
+    write_cols: torch.Tensor
+    write_src: torch.Tensor | None
+    prefill_gather: torch.Tensor | None = None
+    prefill_mask: torch.Tensor | None = None
+    prefill_scatter: torch.Tensor | None = None
+
+
+def slot_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    slot_plan: StepPlan | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of one packed step (see StepPlan), in the shape of transformers' attention
+    functions: query [1, heads, N, head_dim]; key and value [1, kv_heads, N, head_dim], this
+    step's tokens only (already written to the cache by its update); returns ([1, N, heads,
+    head_dim], None). Without a plan (a forward outside the engine's steps), plain sdpa."""
+    if slot_plan is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    plan = slot_plan
+    heads, dim = query.shape[1], query.shape[3]
+    kv_heads = key.shape[1]
+    q = query[0].transpose(0, 1)  # [N, heads, dim]
+    parts = []
+    r = plan.decode_rows
+    if r:
+        layer = plan.cache.slot_layers[module.layer_idx]  # type: ignore[index]
+        qd = q[:r]
+        if plan.live_idx is not None:  # holes below the extent: their rows are computed and dropped
+            full = q.new_zeros((plan.extent, heads, dim))
+            full[plan.live_idx] = qd
+            qd = full
+        # One query per slot: the query heads of a kv head become that head's queries, so the
+        # keys are read once per kv head (transformers' sdpa does the same for a decode step).
+        qd = qd.reshape(plan.extent, kv_heads, heads // kv_heads, dim)
+        cols = plan.end + 1
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qd,
+            layer.kbuf[: plan.extent, :, :cols],
+            layer.vbuf[: plan.extent, :, :cols],
+            attn_mask=plan.decode_mask,
+            scale=scaling,
+        ).reshape(plan.extent, heads, dim)
+        parts.append(out if plan.live_idx is None else out[plan.live_idx])
+    if plan.prefill_gather is not None:
+        g, p = plan.prefill_gather.shape
+        qp = query[0][:, plan.prefill_gather].transpose(0, 1)  # [G, heads, P, dim]
+        kp = key[0][:, plan.prefill_gather].transpose(0, 1)
+        vp = value[0][:, plan.prefill_gather].transpose(0, 1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qp, kp, vp, attn_mask=plan.prefill_mask, scale=scaling, enable_gqa=kv_heads != heads
+        )
+        parts.append(out.transpose(1, 2).reshape(g * p, heads, dim)[plan.prefill_scatter])
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).unsqueeze(0), None
+
+
+AttentionInterface.register(ATTENTION, slot_attention)
 
 
 # transformers' cache classes are not annotated (their __init__ and __init_subclass__ count as
 # untyped calls under mypy --strict).
 class _SlotLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]
-    """One decoder layer's keys and values, written in place at the shared timeline's end."""
+    """One decoder layer's keys and values, written in place by each step's plan."""
 
     is_sliding = False
 
     def __init__(self, owner: SlotKVCache):
         super().__init__()  # type: ignore[no-untyped-call]
         self.owner = owner
-        # [slots, kv_heads, capacity, head_dim] once the cache is allocated (empty before).
+        # [slots, kv_heads, capacity, head_dim] from the first write on (empty before: the
+        # shapes come from the model's first step).
         self.kbuf = torch.empty(0, device=owner.device)
         self.vbuf = torch.empty(0, device=owner.device)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        return None  # the buffers come from SlotKVCache._allocate
+        return None
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, end = key_states.shape[0], self.owner.length
-        n = key_states.shape[-2]
-        self.kbuf[:rows, :, end : end + n] = key_states
-        self.vbuf[:rows, :, end : end + n] = value_states
-        self.keys = self.kbuf[:rows, :, : end + n]
-        self.values = self.vbuf[:rows, :, : end + n]
-        return self.keys, self.values
+        """Write this step's keys and values ([1, kv_heads, N, head_dim]) where the plan says;
+        returns them unchanged (slot_attention reads the rest from the buffers)."""
+        plan = self.owner.plan
+        assert plan is not None, "the slot cache is written by planned steps only"
+        if self.kbuf.numel() == 0:
+            shape = (self.owner.slots, key_states.shape[1], self.owner.capacity, key_states.shape[3])
+            self.kbuf = torch.zeros(shape, dtype=key_states.dtype, device=self.owner.device)
+            self.vbuf = torch.zeros_like(self.kbuf)
+        k, v = key_states[0].transpose(0, 1), value_states[0].transpose(0, 1)  # [N, kv_heads, dim]
+        if plan.write_src is not None:
+            k, v = k[plan.write_src], v[plan.write_src]
+        self.kbuf[plan.write_slots, :, plan.write_cols] = k
+        self.vbuf[plan.write_slots, :, plan.write_cols] = v
+        return key_states, value_states
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.length + query_length, 0
@@ -62,10 +180,11 @@ class SlotKVCache(Cache):
     """KV cache with `slots` rows sharing one timeline (see the module docstring).
 
     Attributes:
-        length: columns of the timeline in use; the next decode step writes column `length`.
+        length: columns of the timeline in use; the next step writes column `length`.
         capacity: columns allocated.
         mask: [slots, capacity] bool attention mask (True = a real token of that slot).
         start: per slot, the first column of its sequence.
+        plan: the step being computed (set by the engine around each forward).
     """
 
     def __init__(self, num_layers: int, slots: int, device: torch.device, capacity: int = 256):
@@ -75,38 +194,35 @@ class SlotKVCache(Cache):
         self.capacity = capacity
         self.mask = torch.zeros((slots, capacity), dtype=torch.bool, device=device)
         self.start = [0] * slots
-        self.allocated = False
+        self.plan: StepPlan | None = None
         self.slot_layers = [_SlotLayer(self) for _ in range(num_layers)]
         layers: list[Any] = list(self.slot_layers)
         super().__init__(layers=layers)
 
-    def _allocate(self, shapes: list[tuple[int, int, torch.dtype]]) -> None:
-        self.allocated = True
-        for layer, (heads, dim, dtype) in zip(self.slot_layers, shapes, strict=True):
-            layer.kbuf = torch.zeros((self.slots, heads, self.capacity, dim), dtype=dtype, device=self.device)
-            layer.vbuf = torch.zeros_like(layer.kbuf)
+    @property
+    def allocated(self) -> bool:
+        """The buffers exist (from the first step's write on)."""
+        return self.slot_layers[0].kbuf.numel() > 0
 
-    def insert(self, slot: int, keys: list[torch.Tensor], values: list[torch.Tensor], live: list[int]) -> None:
-        """Place a prefilled sequence in `slot`, right-aligned to the timeline's end.
+    def place(self, joining: list[tuple[int, int]], live: list[int]) -> int:
+        """Make room for one step and give each joining sequence its columns.
 
-        keys / values: per layer, [kv_heads, prompt_len, head_dim]. live: slots of the other
-        sequences still running (their columns are preserved when the timeline shifts). Insert
-        a group of sequences longest first: the first insert then makes room for all of them.
+        joining: (slot, prompt length) of each sequence joining the batch this step; live: the
+        slots already running (their columns are preserved when the timeline moves). Returns
+        the column the step writes (the cache's `length`): every running sequence's decode
+        token and every joining prompt's last token; a prompt of L tokens occupies the L
+        columns ending there.
         """
-        plen = keys[0].shape[1]
-        if not self.allocated:
-            self._allocate([(k.shape[0], k.shape[2], k.dtype) for k in keys])
-        if self.length < plen:
-            self._shift_right(plen - self.length, live)
-        if self.length + 1 > self.capacity:
-            self.make_room(live)
-        begin = self.length - plen
-        for layer, k, v in zip(self.slot_layers, keys, values, strict=True):
-            layer.kbuf[slot, :, begin : self.length] = k
-            layer.vbuf[slot, :, begin : self.length] = v
-        self.mask[slot].zero_()
-        self.mask[slot, begin : self.length] = True
-        self.start[slot] = begin
+        self.make_room(live)
+        longest = max((plen for _, plen in joining), default=0)
+        if self.length + 1 < longest:
+            self._shift_right(longest - 1 - self.length, live)
+        end = self.length
+        for slot, plen in joining:
+            self.mask[slot].zero_()
+            self.mask[slot, end + 1 - plen : end + 1] = True
+            self.start[slot] = end + 1 - plen
+        return end
 
     def release(self, slot: int) -> None:
         """Free a slot (its columns are masked; nothing is copied)."""
@@ -127,7 +243,7 @@ class SlotKVCache(Cache):
 
     def _shift_left(self, cols: int, live: list[int]) -> None:
         keep = self.length - cols
-        for layer in self.slot_layers:
+        for layer in self.slot_layers if self.allocated else []:
             layer.kbuf[:, :, :keep] = layer.kbuf[:, :, cols : self.length].clone()
             layer.vbuf[:, :, :keep] = layer.vbuf[:, :, cols : self.length].clone()
         self.mask[:, :keep] = self.mask[:, cols : self.length].clone()
@@ -143,9 +259,9 @@ class SlotKVCache(Cache):
                 self._grow(max(self.capacity * 2, self.length + cols + 1))
             self.length += cols
             return
-        if self.length + cols + 1 <= self.capacity and self.allocated:  # in place: no reallocation
+        if self.length + cols + 1 <= self.capacity:  # in place: no reallocation
             end, rows = self.length, max(live) + 1
-            for layer in self.slot_layers:
+            for layer in self.slot_layers if self.allocated else []:
                 for buf in (layer.kbuf, layer.vbuf):
                     buf[:rows, :, cols : cols + end] = buf[:rows, :, :end].clone()
             self.mask[:, cols : cols + end] = self.mask[:, :end].clone()
@@ -172,7 +288,10 @@ class SlotKVCache(Cache):
 
 
 def _moved(old: torch.Tensor, capacity: int, offset: int, end: int) -> torch.Tensor:
-    """`old`'s first `end` columns in a new [slots, heads, capacity, dim] buffer at `offset`."""
+    """`old`'s first `end` columns in a new [slots, heads, capacity, dim] buffer at `offset`
+    (an unallocated buffer stays empty)."""
+    if old.numel() == 0:
+        return old
     new = torch.zeros((old.shape[0], old.shape[1], capacity, old.shape[3]), dtype=old.dtype, device=old.device)
     new[:, :, offset : offset + end] = old[:, :, :end]
     return new

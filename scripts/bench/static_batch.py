@@ -48,6 +48,21 @@ class _StepClock:
         return scores
 
 
+def padded_batch(prompts: list[list[int]], batch: int, b: int, pad: int) -> tuple[Any, Any]:
+    """Batch number `b`: `batch` prompts taken in turn, left-padded; (ids, attention mask),
+    each [batch, longest prompt]."""
+    import torch
+
+    rows = [prompts[(b * batch + i) % len(prompts)] for i in range(batch)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((batch, width), pad, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
 def run_static(model_dir: str, batch: int, batches: int, max_new_tokens: int, threads: int) -> dict[str, Any]:
     """Measure `batches` padded static batches of `batch` rows (see the module docstring)."""
     sys.path.insert(0, str(ROOT))
@@ -64,18 +79,8 @@ def run_static(model_dir: str, batch: int, batches: int, max_new_tokens: int, th
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     prompts = [tokenizer.encode(p) for p in PROMPTS]
 
-    def inputs(b: int) -> tuple[Any, Any]:
-        rows = [prompts[(b * batch + i) % len(prompts)] for i in range(batch)]
-        width = max(len(r) for r in rows)
-        ids = torch.full((batch, width), pad, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
-        return ids, mask
-
     def one(b: int) -> tuple[float, list[float], int]:
-        ids, mask = inputs(b)
+        ids, mask = padded_batch(prompts, batch, b, pad)
         clock = _StepClock()
         t0 = time.perf_counter()
         with torch.inference_mode():
