@@ -190,7 +190,20 @@ class InFlight:
             return msgs
 
     async def started(self, within: float = 30.0) -> None:
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in self.firsts.values())), within)
+        """Wait until every stream has its first token.
+
+        Raises:
+            AssertionError: a stream ended before its first token (with what it got), or
+                `within` seconds passed.
+        """
+        deadline = time.monotonic() + within
+        while not all(e.is_set() for e in self.firsts.values()):
+            for name, task in self.tasks.items():
+                if task.done() and not self.firsts[name].is_set():
+                    await self.http.close()
+                    raise AssertionError(f"{name} ended before its first token: {task.result()!r:.500}")
+            assert time.monotonic() < deadline, f"no first token within {within} s"
+            await asyncio.sleep(0.01)
 
     async def results(self, within: float = 60.0) -> dict[str, Any]:
         """Each stream's outcome: (status, body) for HTTP, the events for WebSocket, the
@@ -351,7 +364,7 @@ async def drain(
                 if resp.status != 503:
                     problems.append(f"{name}: a new call got {resp.status}, not 503")
     for name, got in (await flight.results()).items():
-        problems += [f"{name}: {p}" for p in _complete_problems(name, got, tokens)]
+        problems += [f"{name}: {p}" for p in complete_problems(name, got, tokens)]
     await exit_task
     exit_s = time.monotonic() - started
     if exit_s > drain_seconds + 0.5:
@@ -359,7 +372,7 @@ async def drain(
     return {"exit_s": round(exit_s, 3), "refusal_s": refusal, "problems": problems}
 
 
-def _complete_problems(name: str, got: Any, tokens: int) -> list[str]:
+def complete_problems(name: str, got: Any, tokens: int) -> list[str]:
     """What shows that a stream in flight did not finish complete with `tokens` tokens."""
     if isinstance(got, BaseException):
         return [f"failed: {got!r}"]
