@@ -129,24 +129,36 @@ FRAMES = st.one_of(
 )
 
 
+def _mostly(valid: st.SearchStrategy[Any], anything: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Values in range most of the time, anything else otherwise: a request with every field
+    drawn at random is nearly always refused at its first field, and the paths behind validation
+    (sampling, stop strings, logit_bias in the engine) would go unfuzzed."""
+    return st.one_of(valid, valid, valid, anything)
+
+
 GENERATE = st.builds(
     spb.GenerateRequest,
-    text=st.text(max_size=30),
-    model=st.sampled_from(["", "mock", "x" * 100_000]),
+    text=_mostly(st.text(min_size=1, max_size=30), st.text(max_size=30)),
+    model=st.sampled_from(["", "", "mock", "other", "x" * 100_000]),
     request_id=st.text(max_size=20),
     sampling=st.builds(
         pb.SamplingParams,
-        temperature=st.floats(width=32),
-        top_p=st.floats(width=32),
-        top_k=st.integers(-10, 10**6),
-        n=st.integers(0, 100),
+        do_sample=st.booleans(),
+        temperature=_mostly(st.floats(0, 2, width=32), st.floats(width=32)),
+        top_p=_mostly(st.floats(0.0625, 1, width=32), st.floats(width=32)),
+        top_k=_mostly(st.integers(0, 50), st.integers(-10, 10**6)),
+        n=_mostly(st.integers(1, 4), st.integers(0, 100)),
         seed=st.integers(0, 2**63 - 1),
-        logit_bias=st.dictionaries(st.integers(-10, 10**6), st.floats(width=32), max_size=3),
+        logit_bias=st.dictionaries(
+            _mostly(st.integers(0, 4095), st.integers(-10, 10**6)),
+            _mostly(st.floats(-100, 100, width=32), st.floats(width=32)),
+            max_size=3,
+        ),
     ),
     stopping=st.builds(
         pb.StoppingParams,
         max_new_tokens=st.integers(0, 10**6),
-        stop=st.lists(st.text(max_size=8), max_size=20),
+        stop=st.lists(_mostly(st.text(min_size=1, max_size=8), st.text(max_size=8)), max_size=20),
         truncate_input_tokens=st.integers(0, 10),
     ),
 )

@@ -281,3 +281,35 @@ def test_client_strings_in_log_lines_are_clipped():
     line = record.getMessage()
     assert len(line) < MAX_ARG_CHARS + 100
     assert line.endswith("[100000 characters]: short")
+
+
+# ---------------------------------------------------------------- found by make soak's gRPC fuzz
+
+
+@pytest.mark.parametrize(
+    "request_, code",
+    [
+        (spb.GenerateRequest(text="hi", model="x" * 100_000), grpc.StatusCode.NOT_FOUND),
+        (spb.GenerateRequest(session_id="s" * 100_000), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+    ids=["model", "session_id"],
+)
+async def test_a_huge_client_string_quoted_in_an_error_keeps_the_errors_status(mock_core, request_, code):
+    """A 100,000-character model name or session id used to be quoted whole in the error: the
+    status's message and its BadRequest detail passed gRPC's 16 KiB metadata limit, so the client
+    got RESOURCE_EXHAUSTED "Stream removed" (an overload code: gateways answer it with 429 and a
+    Retry-After) instead of the error. Quoted client strings are clipped now."""
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _generate(spb_grpc.GenerateServiceStub(channel), request_)
+    assert e.value.code() is code
+    assert "[100000 characters]" in e.value.details()
+
+
+async def test_a_huge_model_name_through_a_gateway_is_not_found(gateways):
+    body = {"model": "x" * 100_000, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(gateways["openai"] + "/v1/chat/completions", json=body)
+        answer = await resp.json()
+    assert resp.status == 404, answer
+    assert len(answer["error"]["message"]) < 1000
