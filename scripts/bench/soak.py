@@ -212,10 +212,21 @@ def checked(run: Callable[[], Awaitable[dict[str, Any]]], core: Core, gateways: 
     return source
 
 
-def schemathesis_source(urls: dict[str, str], cases: int) -> FuzzSource | None:
-    """Schemathesis against each gateway's /openapi.json: a hook for the function that runs it
-    (not part of this checkout yet); None until it exists."""
-    return None
+def schemathesis_source(model: str, examples: int) -> FuzzSource | None:
+    """Schemathesis against each gateway's /openapi.json, by tests/reliability/fuzz_figures.py
+    (its own core and gateway processes on `model`'s tokenizer, `examples` hypothesis examples
+    per operation and generation mode); None where that module or schemathesis is missing."""
+    try:
+        from tests.reliability.fuzz_figures import fuzz_figures
+    except ImportError:
+        return None
+
+    async def source() -> dict[str, Any]:
+        per_gateway = await asyncio.to_thread(fuzz_figures, model, max_examples=examples, log=say)
+        total = {k: sum(f.get(k, 0) for f in per_gateway.values()) for k in (*FIGURES, "failures")}
+        return {**total, "gateways": per_gateway}
+
+    return source
 
 
 async def fuzz_section(sources: dict[str, FuzzSource]) -> dict[str, Any]:
@@ -230,6 +241,12 @@ async def fuzz_section(sources: dict[str, FuzzSource]) -> dict[str, Any]:
     out["total"] = {k: sum(f.get(k, 0) for f in out.values()) for k in FIGURES}
     bad = {k: v for k, v in out["total"].items() if k in ("5xx", "deaths", "tracebacks") and v}
     out["problems"] = [f"fuzz: {bad}"] if bad else []
+    # schemathesis also counts answers that differ from the gateway's own document.
+    out["problems"] += [
+        f"fuzz: {name}: {f['failures']} answers differ from the document"
+        for name, f in out.items()
+        if isinstance(f, dict) and isinstance(f.get("failures"), int) and f["failures"]
+    ]
     return out
 
 
@@ -388,11 +405,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "http_bodies": checked(lambda: fuzzing.fuzz_http(urls, args.fuzz_cases), core, gateways),
             "websocket_frames": checked(lambda: fuzzing.fuzz_ws(urls["ws"], args.fuzz_cases), core, gateways),
             "grpc_requests": checked(lambda: fuzzing.fuzz_grpc(core.address, args.fuzz_cases), core, gateways),
-            "schemathesis": schemathesis_source(urls, args.fuzz_cases),
+            "schemathesis": schemathesis_source(args.model, args.schemathesis_examples),
         }
         report["fuzz"] = await fuzz_section({k: v for k, v in sources.items() if v is not None})
         if sources["schemathesis"] is None:
-            report["fuzz"]["schemathesis"] = "not run: no schemathesis runner in this checkout"
+            report["fuzz"]["schemathesis"] = "not run: tests/reliability/fuzz_figures.py or schemathesis missing"
 
         procs = {"core": core.process, **{f"gateway-{n}": g.process for n, g in gateways.items()}}
         say(f"soak: {args.soak_seconds:.0f} s, {args.streams_per_gateway} streams per gateway")
@@ -482,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=10.0, help="mock engine decode step (ms)")
     p.add_argument("--storm-streams", type=int, default=1000)
     p.add_argument("--fuzz-cases", type=int, default=500, help="hypothesis examples per fuzz strategy")
+    p.add_argument(
+        "--schemathesis-examples", type=int, default=100, help="schemathesis examples per operation and mode"
+    )
     p.add_argument("--drain-seconds", type=float, default=5.0)
     p.add_argument("--output", default=str(ROOT / "bench-results" / "reliability.json"))
     args = p.parse_args(argv)
