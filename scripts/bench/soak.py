@@ -43,6 +43,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -78,7 +79,7 @@ class Core:
         self.copier = asyncio.create_task(self._copy())
 
     async def _copy(self) -> None:
-        with open(self.log, "ab") as out:  # noqa: ASYNC230 (small appends to a local file)
+        with open(self.log, "wb") as out:  # noqa: ASYNC230 (small writes to a local file)
             while line := await self.proc.stdout.readline():
                 out.write(line)
                 out.flush()
@@ -107,28 +108,28 @@ def _tracebacks(log: Path) -> int:
     return log.read_text(errors="replace").count("Traceback") if log.exists() else 0
 
 
-def start_gateways(core_port: int) -> dict[str, Proc]:
-    """The four gateway processes in front of the core at `core_port`."""
-    out = {}
+def start_gateways(core_port: int) -> tuple[dict[str, Proc], dict[str, str]]:
+    """The four gateway processes in front of the core at `core_port`, and their base URLs."""
+    procs, urls = {}, {}
     for name in GATEWAYS:
         port = free_port()
         extra = ["--env-file", ""] if name == "ws" else []
         cmd = [sys.executable, "-m", "gateways", name, "--core", f"127.0.0.1:{core_port}", "--port", str(port)]
-        out[name] = Proc(f"soak-gateway-{name}", [*cmd, "--log-level", "WARNING", *extra], ready="trellis-gateway")
-        out[name].url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    return out
+        procs[name] = Proc(f"soak-gateway-{name}", [*cmd, "--log-level", "WARNING", *extra], ready="trellis-gateway")
+        urls[name] = f"http://127.0.0.1:{port}"
+    return procs, urls
 
 
 async def core_gauges(metrics_port: int) -> dict[str, float]:
     """The core's running and waiting requests, from its Prometheus metrics."""
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
         text = await r.text()
-    out = {}
-    for line in text.splitlines():
-        for key in ("trellis_core_num_requests_running", "trellis_core_num_requests_waiting"):
-            if line.startswith(key + " ") or line.startswith(key + "{"):
-                out[key.rsplit("_", 1)[1]] = float(line.rsplit(" ", 1)[1])
-    return out
+    names = {"trellis_core_num_requests_running": "running", "trellis_core_num_requests_waiting": "waiting"}
+    return {
+        names[family.name]: family.samples[0].value
+        for family in text_string_to_metric_families(text)
+        if family.name in names and family.samples
+    }
 
 
 async def until_idle(metrics_port: int, within: float) -> tuple[dict[str, float], float]:
@@ -389,8 +390,7 @@ async def soak_section(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
-    gateways = start_gateways(port)
-    urls = {name: g.url for name, g in gateways.items()}  # type: ignore[attr-defined]
+    gateways, urls = start_gateways(port)
     report: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count()}
     report["load_before"] = os.getloadavg()
     try:

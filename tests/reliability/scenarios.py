@@ -29,6 +29,7 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from tests.integration.gateway_helpers import (
     CANCELLED,
@@ -149,11 +150,12 @@ async def _read_ws(url: str, ids: list[str], tokens: int, first: asyncio.Event) 
     async with connect(url) as sock:
         await sock.send(ws_frame(ids, tokens))
         done: set[str] = set()
-        with contextlib.suppress(Exception):  # a closed socket ends the list
+        with contextlib.suppress(ConnectionClosed):  # a closed socket ends the list
             while done != set(ids):
                 for event in json.loads(await sock.recv()):
                     events.append(event)
-                    first.set() if event.get("type") == "PROGRESS" else None
+                    if event.get("type") == "PROGRESS":
+                        first.set()
                     if event.get("type") in ("COMPLETE", "ERROR"):
                         done.add(event.get("request_id", ""))
     return events
@@ -201,7 +203,8 @@ class InFlight:
             for name, task in self.tasks.items():
                 if task.done() and not self.firsts[name].is_set():
                     await self.http.close()
-                    raise AssertionError(f"{name} ended before its first token: {task.result()!r:.500}")
+                    got = task.exception() or task.result()
+                    raise AssertionError(f"{name} ended before its first token: {got!r:.500}")
             assert time.monotonic() < deadline, f"no first token within {within} s"
             await asyncio.sleep(0.01)
 
@@ -284,7 +287,8 @@ async def core_kill(
     Expected (issue 15): each stream ends with its schema's in-band error, every readiness route
     reports not ready while the core is down (`NOT_READY`), and every gateway serves again
     without a restart of its own. Returns {"recovery_s": {gateway: s}, "not_ready_s": {gateway:
-    s from the kill until its readiness route said so}, "problems": [...]}."""
+    s from the kill until its readiness route said so, polled once the streams ended},
+    "problems": [...]}."""
     problems: list[str] = []
     flight = InFlight(urls, LONG)
     await flight.started()
