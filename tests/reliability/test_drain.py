@@ -33,7 +33,7 @@ async def test_sigterm_finishes_streams_in_flight_and_refuses_new_calls(
         drain_s, tokens = 3.0, 200
     else:
         args = ("--model", str(tiny_model_dir), "--max-batch-size", "8")
-        drain_s, tokens = 20.0, 100
+        drain_s, tokens = 20.0, 40
     proc, addr = await start_core_process(*args, "--model-name", "mock", "--port", "0", "--drain-seconds", str(drain_s))
     try:
         extra: dict[str, dict] = {"ws": {"env_file": ""}}
