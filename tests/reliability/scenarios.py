@@ -335,12 +335,13 @@ async def drain(
 ) -> dict[str, Any]:
     """Start a stream of `tokens` tokens through each gateway and one Generate call on the core
     at address `core`, `terminate()` the core (SIGTERM) once every stream has its first token,
-    then send a new call straight to the core and one through each HTTP gateway.
+    then send a new call straight to the core and one through each gateway.
 
     Expected (issue 15, DESIGN.md "Shutdown"): the streams in flight finish complete (`tokens`
     tokens each: choose `tokens` so they fit in `drain_seconds`), the new calls are refused at
-    once (UNAVAILABLE on gRPC, 503 on HTTP), and the process exits (`exited()` returns) within
-    `drain_seconds` + 0.5 s. Returns {"exit_s", "refusal_s": {target: s}, "problems": [...]}."""
+    once (UNAVAILABLE on gRPC, 503 on HTTP, an ERROR event on WebSocket), and the process exits
+    (`exited()` returns) within `drain_seconds` + 0.5 s. Returns {"exit_s", "refusal_s":
+    {target: s}, "problems": [...]}."""
     problems: list[str] = []
     flight = InFlight(urls, tokens, core)
     await flight.started()
@@ -367,6 +368,11 @@ async def drain(
                 refusal[name] = round(time.monotonic() - t0, 3)
                 if resp.status != 503:
                     problems.append(f"{name}: a new call got {resp.status}, not 503")
+    t0 = time.monotonic()
+    last = await _ws_outcome(ws_url(urls["ws"]))
+    refusal["ws"] = round(time.monotonic() - t0, 3)
+    if last.get("type") != "ERROR":
+        problems.append(f"ws: a new prompt got {last}, not an ERROR event")
     for name, got in (await flight.results()).items():
         problems += [f"{name}: {p}" for p in complete_problems(name, got, tokens)]
     await exit_task
@@ -374,6 +380,18 @@ async def drain(
     if exit_s > drain_seconds + 0.5:
         problems.append(f"the core exited {exit_s:.2f} s after SIGTERM (--drain-seconds {drain_seconds})")
     return {"exit_s": round(exit_s, 3), "refusal_s": refusal, "problems": problems}
+
+
+async def _ws_outcome(url: str) -> dict:
+    """The COMPLETE or ERROR event of one new short prompt on a new socket ({} if it closed)."""
+    with contextlib.suppress(ConnectionClosed):
+        async with connect(url) as sock:
+            await sock.send(ws_frame(["new"], 2))
+            while True:
+                for event in json.loads(await sock.recv()):
+                    if event.get("type") in ("COMPLETE", "ERROR"):
+                        return event
+    return {}
 
 
 def complete_problems(name: str, got: Any, tokens: int) -> list[str]:

@@ -1,7 +1,7 @@
 """Graceful drain (SIGTERM) of the core with streams in flight: through every gateway and
 straight over gRPC, the streams finish complete, new calls are refused at once (UNAVAILABLE on
-gRPC, 503 through the gateways), health reports NOT_SERVING, and the core stops within
---drain-seconds (+0.5 s). `make soak` records the times (scenario in
+gRPC, 503 through the HTTP gateways, an ERROR event on WebSocket), health reports NOT_SERVING,
+and the core stops within --drain-seconds (+0.5 s). `make soak` records the times (scenario in
 tests/reliability/scenarios.py)."""
 
 from __future__ import annotations
