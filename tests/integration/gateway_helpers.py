@@ -15,6 +15,11 @@ from websockets.asyncio.client import connect
 INCOMPLETE = "The model server ended the response before it finished."
 CANCELLED = "The model server cancelled the request before it finished; retry it."
 CLOSED = "The model server closed the connection; retry."
+UNREACHABLE = "The model server cannot be reached."
+#: What a stream in flight may end with when its core dies: the connection seen closing, the
+#: call cancelled, or (when the gateway's stream to the core broke before this call was on it)
+#: the core unreachable.
+CORE_LOST = (CLOSED, CANCELLED, UNREACHABLE)
 
 GATEWAYS = ("lmi", "openai", "triton", "ws")
 
