@@ -60,6 +60,7 @@ from core.validation import (
     validate_engine_support,
     validate_request,
 )
+from logclip import clip
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ class RequestPipeline:
                 previous = self.sessions.acquire(req.session_id)
             except KeyError:
                 raise SessionBusy(
-                    f"Session '{req.session_id}' is in use by another running request.", field="session_id"
+                    f"Session '{clip(req.session_id)}' is in use by another running request.", field="session_id"
                 ) from None
         try:
             prepared = self._prepare(req, previous, prompt_ids)
@@ -236,7 +237,7 @@ class RequestPipeline:
             prompt_ids = self.prompt_ids(req)
         else:
             raise InvalidArgument(
-                f"There is no live session '{req.session_id}' to continue and the request has no input; "
+                f"There is no live session '{clip(req.session_id)}' to continue and the request has no input; "
                 "send text, token_ids or messages.",
                 field="text",
             )

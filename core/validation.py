@@ -18,6 +18,7 @@ from core.errors import ContextLengthExceeded, InvalidArgument, ModelNotFound
 from core.guided import check_guide
 from core.sampling import NEUTRAL
 from core.types import EngineInfo, GenerationRequest, ResolvedSampling
+from logclip import clip
 
 MAX_TOP_LOGPROBS = 20
 MAX_BAD_WORDS = 64
@@ -55,7 +56,7 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
     """
     if req.model and req.model != limits.served_model:
         raise ModelNotFound(
-            f"The model '{req.model}' is not served here; this server serves '{limits.served_model}'.",
+            f"The model '{clip(req.model)}' is not served here; this server serves '{limits.served_model}'.",
             field="model",
         )
     _check_input(req, limits)

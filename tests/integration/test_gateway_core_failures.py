@@ -26,9 +26,9 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
+from tests.integration.gateway_helpers import CANCELLED, INCOMPLETE, lmi_error, lmi_stream_error, openai_error, records
+
 MODEL = "scripted"
-INCOMPLETE = "The model server ended the response before it finished."
-CANCELLED = "The model server cancelled the request before it finished; retry it."
 TOKEN = pb.Token(id=5, text="Hel", logprob=-0.5)
 
 
@@ -84,19 +84,7 @@ async def post(url: str, body: dict) -> tuple[int, str, str]:
         return r.status, r.content_type, await r.text()
 
 
-def records(text: str) -> list:
-    """The JSON records of a jsonlines or SSE body (SSE's `[DONE]` left out)."""
-    lines = [line.removeprefix("data: ") for line in text.splitlines() if line.strip()]
-    return [json.loads(line) for line in lines if line != "[DONE]"]
-
-
 # ------------------------------------------------------------------------------ before the first byte
-
-
-def lmi_error(message: str) -> dict:
-    """LMI's rolling-batch error body (DESIGN.md "Errors, per schema"), with the message."""
-    details = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
-    return {"generated_text": "", "details": details, "error": message}
 
 
 @pytest.mark.parametrize(
@@ -128,7 +116,7 @@ def lmi_error(message: str) -> dict:
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": "no-final"}]},
             500,
-            {"error": {"message": INCOMPLETE, "type": "server_error", "param": None, "code": "incomplete_stream"}},
+            openai_error(INCOMPLETE, "incomplete_stream"),
         ),
         ("triton", f"/v2/models/{MODEL}/generate", {"text_input": "no-final"}, 500, {"error": INCOMPLETE}),
     ],
@@ -162,12 +150,7 @@ async def test_lmi_stream_ends_with_the_error_record(urls):
         assert (status, content_type) == (200, "application/jsonlines")
         got = records(text)
         assert got[0] == {"token": {"id": 5, "text": "Hel", "log_prob": -0.5}}
-        assert got[-1] == {
-            "token": {"id": -1, "text": "", "log_prob": -1, "special_token": True},
-            "generated_text": "",
-            "details": {"finish_reason": "error", "generated_tokens": None, "inputs": None},
-            "error": message,
-        }
+        assert got[-1] == lmi_stream_error(message)
 
 
 async def test_lmi_dynamic_stream_ends_with_the_error_record(urls):
@@ -186,9 +169,7 @@ async def test_openai_stream_ends_with_the_error_event_and_done(urls):
     assert text.endswith("data: [DONE]\n\n")
     got = records(text)
     assert got[0]["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
-    assert got[-1] == {
-        "error": {"message": INCOMPLETE, "type": "server_error", "param": None, "code": "incomplete_stream"}
-    }
+    assert got[-1] == openai_error(INCOMPLETE, "incomplete_stream")
 
 
 async def test_triton_stream_ends_with_the_error_event(urls):

@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 
 import aiohttp
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
@@ -23,12 +21,11 @@ from core.tokenizer import Tokenizer
 from core.validation import tail_for_truncation
 from gateways.common.status import GatewayError
 from logclip import MAX_ARG_CHARS, ClipFilter
+from tests.integration.gateway_helpers import CANCELLED, CLOSED
 
 pytestmark = pytest.mark.timeout(120)
 
 SURROGATE_JSON = '"a\\ud800b"'  # JSON text of a string with a lone surrogate escape
-CLOSED = "The model server closed the connection; retry."
-CANCELLED = "The model server cancelled the request before it finished; retry it."
 CHAT = '{"model":"mock","messages":[{"role":"user","content":"hi"}]}'
 
 
@@ -209,37 +206,7 @@ async def test_a_core_stopped_mid_stream_reaches_openai_clients_in_documented_wo
     assert text.rstrip().endswith("data: [DONE]")
 
 
-# ---------------------------------------------------------------- item 5: drain
-
-
-async def test_drain_answers_health_not_serving_and_ends_within_its_deadline(start_mock_core):
-    core = await start_mock_core(mock_step_ms=20, drain_seconds=1.0)
-    async with grpc.aio.insecure_channel(core.address) as channel:
-        stub = spb_grpc.GenerateServiceStub(channel)
-        health = health_pb2_grpc.HealthStub(channel)
-        stream = stub.Generate(
-            spb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_new_tokens=1000, ignore_eos=True))
-        )
-        await stream.read()
-        started = time.monotonic()
-        stopping = asyncio.create_task(core.stop())
-        await asyncio.sleep(0.3)
-        checked = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)  # type: ignore[attr-defined]
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await _generate(stub, _request("hello"))
-        await stopping
-        elapsed = time.monotonic() - started
-        stream.cancel()
-    assert checked.status == health_pb2.HealthCheckResponse.NOT_SERVING
-    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
-    assert elapsed < 1.0 + 0.5
-
-
-async def test_drain_ends_at_once_when_nothing_is_in_flight(start_mock_core):
-    core = await start_mock_core(drain_seconds=30.0)
-    started = time.monotonic()
-    await core.stop()
-    assert time.monotonic() - started < 1.0
+# ---------------------------------------------------------------- item 5: drain (tests/reliability/test_drain.py)
 
 
 # ---------------------------------------------------------------- item 6: malformed protobuf
@@ -314,3 +281,35 @@ def test_client_strings_in_log_lines_are_clipped():
     line = record.getMessage()
     assert len(line) < MAX_ARG_CHARS + 100
     assert line.endswith("[100000 characters]: short")
+
+
+# ---------------------------------------------------------------- found by make soak's gRPC fuzz
+
+
+@pytest.mark.parametrize(
+    "request_, code",
+    [
+        (spb.GenerateRequest(text="hi", model="x" * 100_000), grpc.StatusCode.NOT_FOUND),
+        (spb.GenerateRequest(session_id="s" * 100_000), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+    ids=["model", "session_id"],
+)
+async def test_a_huge_client_string_quoted_in_an_error_keeps_the_errors_status(mock_core, request_, code):
+    """A 100,000-character model name or session id used to be quoted whole in the error: the
+    status's message and its BadRequest detail passed gRPC's 16 KiB metadata limit, so the client
+    got RESOURCE_EXHAUSTED "Stream removed" (an overload code: gateways answer it with 429 and a
+    Retry-After) instead of the error. Quoted client strings are clipped now."""
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _generate(spb_grpc.GenerateServiceStub(channel), request_)
+    assert e.value.code() is code
+    assert "[100000 characters]" in e.value.details()
+
+
+async def test_a_huge_model_name_through_a_gateway_is_not_found(gateways):
+    body = {"model": "x" * 100_000, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(gateways["openai"] + "/v1/chat/completions", json=body)
+        answer = await resp.json()
+    assert resp.status == 404, answer
+    assert len(answer["error"]["message"]) < 1000
