@@ -37,7 +37,7 @@ import itertools
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import grpc
@@ -156,11 +156,11 @@ class CoreCall:
             )
             self._news((), True, GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, message, reason="QUEUE_TIMEOUT"))
 
-    def _news(self, messages: Iterable[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
-        """Transport side: more messages, and maybe the end."""
+    def _news(self, messages: Sequence[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
+        """Transport side: more messages (a tuple, or an event's repeated field as it is: no
+        copy per token), and maybe the end."""
         if self.ended:
             return
-        messages = list(messages)
         if messages:
             if self._queue_timer is not None and any(
                 m.state >= pb.GENERATE_STATE_SCHEDULED or m.outputs for m in messages
