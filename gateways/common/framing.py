@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -117,8 +118,9 @@ def jsonline(obj: Any) -> bytes:
 
 
 #: Stand-ins for the values a Template leaves open: text no record carries (private-use
-#: characters around a marker), each encoded as one JSON string.
-_HOLES = tuple(f"\ue000trellis-hole-{i}\ue001" for i in range(4))
+#: characters around a marker drawn per process, so no client can put one in a record's
+#: constant part, e.g. a request id), each encoded as one JSON string.
+_HOLES = tuple(f"\ue000{secrets.token_hex(8)}-{i}\ue001" for i in range(4))
 _HOLES_JSON = tuple(orjson.dumps(h) for h in _HOLES)
 
 

@@ -21,6 +21,8 @@ from gateways.lmi.routes import record_renderer
 from gateways.lmi.translate import RenderOptions, StreamRenderer
 from gateways.triton.routes import event_renderer
 from gateways.triton.translate import ResponseRenderer
+from gateways.ws import routes as ws_routes
+from gateways.ws import translate as ws_translate
 
 AWKWARD = [
     'say "hi"',
@@ -66,7 +68,7 @@ def _same_bytes(fast: Callable[[spb.GenerateResponse], bytes], general: Callable
 # ---------------------------------------------------------------------------------- Template
 
 
-@pytest.mark.parametrize("text", AWKWARD + [""])
+@pytest.mark.parametrize("text", [*AWKWARD, ""])
 def test_template_fill_is_the_rendering(text):
     def render(value: Any) -> bytes:
         return framing.sse_event({"id": "x%b%%", "choices": [{"delta": {"content": value}, "n": None}]})
@@ -214,3 +216,46 @@ def test_triton_events_from_templates_are_the_general_events(client_id, logprobs
     msgs = _triton_stream()
     _same_bytes(fast, general, msgs)
     assert (renderer().plain_text(msgs[3]) is not None) is not logprobs
+
+
+# ---------------------------------------------------------------------------------- WebSocket
+
+
+def _ws_stream() -> list[spb.GenerateResponse]:
+    out = pb.SequenceOutput
+    msgs = [QUEUED, SCHEDULED, spb.GenerateResponse(request_id="r", state=pb.GENERATE_STATE_PREFILLED)]
+    msgs += [_msg(out(text=t)) for t in AWKWARD]
+    msgs += [
+        _msg(out(text="")),
+        _msg(out(text="and"), prompt_text="echo"),
+        _msg(out(text="last", finish_reason=pb.FINISH_REASON_EOS), final=True),
+    ]
+    return msgs
+
+
+@pytest.mark.parametrize("stream_response", [True, False])
+@pytest.mark.parametrize("request_id", ["r1", 'id "1" %b 😀'])
+def test_ws_progress_from_templates_is_the_general_frame(stream_response, request_id):
+    def state() -> ws_translate.PromptState:
+        return ws_translate.PromptState(request_id, only_new_tokens=False, stream_response=stream_response)
+
+    fast_state, general_state = state(), state()
+    progress = framing.Template(lambda text: framing.dump_bytes(ws_translate.progress_event(fast_state, text)))
+    plain = 0
+    for m in _ws_stream():
+        text = ws_translate.progress_text(m, fast_state)
+        plain += text is not None
+        fast = [progress.fill_text(text)] if text is not None else ws_translate.to_events(m, fast_state)
+        general = ws_translate.to_events(m, general_state)
+        if general:
+            assert ws_routes._array(fast) == framing.dump_bytes(general)
+    assert fast_state == general_state
+    assert ws_translate.to_complete(fast_state) == ws_translate.to_complete(general_state)
+    assert plain == (len(AWKWARD) if stream_response else 0)
+
+
+def test_ws_frame_of_mixed_events_is_the_array_of_all():
+    events = [{"request_id": "a", "type": "STARTED"}, {"request_id": "a", "type": "PROGRESS", "text": "x"}]
+    mixed = [events[0], framing.dump_bytes(events[1])]
+    assert ws_routes._array(mixed) == framing.dump_bytes(events)
+    assert ws_routes._array([mixed[1]]) == framing.dump_bytes([events[1]])
