@@ -51,15 +51,15 @@ def chunk_renderer(state: translate.StreamState, framing: str) -> Callable[[spb.
     deltas: dict[int, wire.Template] = {}
 
     def render(msg: spb.GenerateResponse) -> bytes:
-        out = translate.content_delta(msg, state)
-        if out is not None:
-            index = out.index
+        delta = translate.content_delta(msg, state)
+        if delta is not None:
+            index, text = delta
             template = deltas.get(index)
             if template is None:
                 template = deltas[index] = wire.Template(
-                    lambda text: encode([translate.content_chunk(state, index, text)], framing)
+                    lambda value: encode([translate.content_chunk(state, index, value)], framing)
                 )
-            return template.fill_text(out.text)
+            return template.fill_text(text)
         chunks = translate.to_chunks(msg, state)
         return encode(chunks, framing) if chunks else b""
 

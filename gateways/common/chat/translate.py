@@ -278,21 +278,23 @@ def _choice(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None, 
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
 
-def content_delta(msg: spb.GenerateResponse, state: StreamState) -> pb.SequenceOutput | None:
-    """The output of `msg` when `to_chunks` would give exactly `[content_chunk(state,
-    out.index, out.text)]` for it, else None: one output, with text, unfinished, whose role was
-    sent; a request without logprobs and tools; not the final message. Most tokens of a stream
-    are such a delta, so a route renders them from a Template of `content_chunk`; `state` needs
-    no update for them."""
+def content_delta(msg: spb.GenerateResponse, state: StreamState) -> tuple[int, str] | None:
+    """`(index, text)` when `to_chunks` would give exactly `[content_chunk(state, index,
+    text)]` for `msg`, else None: one output, with text, unfinished, whose role was sent; a
+    request without logprobs and tools; not the final message. Most tokens of a stream are
+    such a delta, so a route renders them from a Template of `content_chunk`; `state` needs no
+    update for them."""
     if state.logprobs or state.tool_calls is not None:
         return None
     outputs = msg.outputs
     if len(outputs) != 1:
         return None
     out = outputs[0]
-    if not out.text or out.finish_reason or out.index not in state.role_sent or msg.HasField("usage"):
+    text = out.text
+    if not text or out.finish_reason or msg.HasField("usage"):
         return None
-    return out
+    index = out.index
+    return (index, text) if index in state.role_sent else None
 
 
 def content_chunk(state: StreamState, index: int, text: str) -> dict[str, Any]:
