@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 
 from envflags import EnvArgumentParser
@@ -37,6 +38,7 @@ from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient,
 from gateways.common.drain import SHUTDOWN_TIMEOUT_S
 from gateways.common.framing import loads
 from gateways.common.metrics import add_metrics, metrics_middleware
+from gateways.common.openapi import OPENAPI_PATH, add_openapi
 from gateways.common.status import GatewayError
 
 log = logging.getLogger(__name__)
@@ -75,11 +77,13 @@ def make_gateway_app(
     *,
     render_error: HttpErrorRenderer,
     add_routes: Callable[[web.Application], None],
+    openapi: Callable[[GatewayConfig, S], dict[str, Any]],
 ) -> web.Application:
     """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
     error middleware with the schema's `render_error`, API keys (gateways.common.auth),
-    Prometheus metrics (`GET /metrics`, gateways.common.metrics) and the routes from
-    `add_routes`.
+    Prometheus metrics (`GET /metrics`, gateways.common.metrics), the routes from
+    `add_routes`, and `GET /openapi.json`: the document `openapi(config, settings)` builds,
+    once, here (gateways.common.openapi).
 
     Raises:
         ValueError: --metrics-require-key without --api-key.
@@ -88,7 +92,9 @@ def make_gateway_app(
     if config.metrics_require_key and not config.api_key:
         raise ValueError("--metrics-require-key needs --api-key")
     if config.api_key:
-        open_paths = HEALTH_PATHS if config.metrics_require_key else HEALTH_PATHS | {"/metrics"}
+        open_paths = HEALTH_PATHS | {OPENAPI_PATH}
+        if not config.metrics_require_key:
+            open_paths |= {"/metrics"}
         middlewares.insert(1, auth_middleware(ApiKeys(config.api_key), render_error, open_paths=open_paths))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
@@ -98,6 +104,7 @@ def make_gateway_app(
     app.on_response_prepare.append(_retry_after)
     add_metrics(app)
     add_routes(app)
+    add_openapi(app, openapi(config, settings))
     return app
 
 
@@ -163,7 +170,7 @@ def error_middleware(render: HttpErrorRenderer) -> Middleware:
     message)`: aiohttp's HTTP errors (the message names the method and path for 404 and 405,
     "Not Found: GET /v2/nothing"; gives the limit for 413; is aiohttp's explanation otherwise),
     and any other exception as 500 when no response was started yet (after that the connection
-    is closed, as aiohttp does)."""
+    is closed, as aiohttp does). A 405 keeps aiohttp's `Allow` header."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -172,7 +179,10 @@ def error_middleware(render: HttpErrorRenderer) -> Middleware:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return render(request, exc.status, _http_message(request, exc))
+            response = render(request, exc.status, _http_message(request, exc))
+            if hdrs.ALLOW in exc.headers:  # a 405 lists the route's methods (RFC 9110 section 15.5.6)
+                response.headers[hdrs.ALLOW] = exc.headers[hdrs.ALLOW]
+            return response
         except Exception:
             if request.get(RESPONSE_STARTED):
                 raise
@@ -206,6 +216,28 @@ async def _retry_after(request: web.Request, response: web.StreamResponse) -> No
         response.headers[hdrs.RETRY_AFTER] = str(request.app[CONFIG_KEY].retry_after_seconds)
 
 
+class ClientProtocolErrors(logging.Filter):
+    """On aiohttp's server logger: a request that cannot be parsed as HTTP/1.x (an HTTP/2
+    preface, a malformed header line, a line over the limit) is answered 400 by aiohttp and is
+    the client's fault, but aiohttp logs it with a traceback at ERROR (web_protocol
+    `handle_error`, aiohttp 3.14; only a bad method on a fresh connection goes to DEBUG). Such a
+    record becomes one INFO line naming the error, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            record.msg = (
+                f"{record.getMessage()}: {type(exc).__name__} {exc.code}: {' '.join(exc.message.split())[:200]}"
+            )
+            record.args = ()
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_SERVER_LOG = logging.getLogger("aiohttp.server")
+
+
 async def start_app(
     app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
 ) -> tuple[web.AppRunner, int]:
@@ -214,7 +246,10 @@ async def start_app(
 
     Handler cancellation is on: a client that disconnects cancels its handler task at once, and
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
+    Requests that are not HTTP/1.x are logged in one line (`ClientProtocolErrors`).
     """
+    if not any(isinstance(f, ClientProtocolErrors) for f in _SERVER_LOG.filters):
+        _SERVER_LOG.addFilter(ClientProtocolErrors())
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)

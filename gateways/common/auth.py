@@ -5,7 +5,8 @@ request must carry one of them, or it is answered 401 in the schema's own error 
 error renderer the gateway gives `make_gateway_app`: OpenAI's error object, LMI's
 `{"error", "code"}`, Triton's `{"error"}`, the WebSocket gateway's `[{"error"}]`), with
 `WWW-Authenticate: Bearer` (RFC 6750). A WebSocket upgrade without a key is refused with 401
-before the upgrade. Health routes stay open (`HEALTH_PATHS`), and so does `GET /metrics` unless
+before the upgrade. Health routes stay open (`HEALTH_PATHS`), so does `GET /openapi.json` (the
+document declares the bearer scheme), and so does `GET /metrics` unless
 `--metrics-require-key`.
 
 Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time), as the core

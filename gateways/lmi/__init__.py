@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gateways.common.app import make_gateway_app
 from gateways.common.config import GatewayConfig
-from gateways.lmi import errors, routes
+from gateways.lmi import errors, openapi, routes
 from gateways.lmi.config import SETTINGS_KEY, add_arguments, load_settings
 
 __all__ = ["DEFAULT_PORT", "add_arguments", "make_app"]
@@ -24,5 +24,10 @@ DEFAULT_PORT = 8080
 def make_app(config: GatewayConfig) -> web.Application:
     """The LMI gateway's aiohttp application."""
     return make_gateway_app(
-        config, SETTINGS_KEY, load_settings(config), render_error=errors.render_http_error, add_routes=routes.add_routes
+        config,
+        SETTINGS_KEY,
+        load_settings(config),
+        render_error=errors.render_http_error,
+        add_routes=routes.add_routes,
+        openapi=openapi.document,
     )

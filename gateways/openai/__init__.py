@@ -14,7 +14,7 @@ from aiohttp import web
 from gateways.common.app import make_gateway_app
 from gateways.common.chat.errors import render_http_error
 from gateways.common.config import GatewayConfig
-from gateways.openai import routes
+from gateways.openai import openapi, routes
 from gateways.openai.config import SETTINGS_KEY, add_arguments, load_settings
 
 __all__ = ["DEFAULT_PORT", "add_arguments", "make_app"]
@@ -25,5 +25,10 @@ DEFAULT_PORT = 8000
 def make_app(config: GatewayConfig) -> web.Application:
     """The OpenAI gateway's aiohttp application."""
     return make_gateway_app(
-        config, SETTINGS_KEY, load_settings(config), render_error=render_http_error, add_routes=routes.add_routes
+        config,
+        SETTINGS_KEY,
+        load_settings(config),
+        render_error=render_http_error,
+        add_routes=routes.add_routes,
+        openapi=openapi.document,
     )

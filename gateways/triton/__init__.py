@@ -11,7 +11,7 @@ from aiohttp import web
 
 from gateways.common.app import make_gateway_app
 from gateways.common.config import GatewayConfig
-from gateways.triton import errors, routes
+from gateways.triton import errors, openapi, routes
 from gateways.triton.config import SETTINGS_KEY, add_arguments, load_settings
 
 __all__ = ["DEFAULT_PORT", "add_arguments", "make_app"]
@@ -22,5 +22,10 @@ DEFAULT_PORT = 8001
 def make_app(config: GatewayConfig) -> web.Application:
     """The Triton gateway's aiohttp application."""
     return make_gateway_app(
-        config, SETTINGS_KEY, load_settings(config), render_error=errors.render_http_error, add_routes=routes.add_routes
+        config,
+        SETTINGS_KEY,
+        load_settings(config),
+        render_error=errors.render_http_error,
+        add_routes=routes.add_routes,
+        openapi=openapi.document,
     )

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateways.common.app import make_gateway_app
 from gateways.common.config import GatewayConfig
-from gateways.ws import errors, routes
+from gateways.ws import errors, openapi, routes
 from gateways.ws.config import SETTINGS_KEY, add_arguments, load_settings
 
 __all__ = ["DEFAULT_PORT", "add_arguments", "make_app"]
@@ -35,5 +35,10 @@ def make_app(config: GatewayConfig) -> web.Application:
         json.dumps(settings.defaults.model_dump(exclude_none=True), sort_keys=True),
     )
     return make_gateway_app(
-        config, SETTINGS_KEY, settings, render_error=errors.render_http_error, add_routes=routes.add_routes
+        config,
+        SETTINGS_KEY,
+        settings,
+        render_error=errors.render_http_error,
+        add_routes=routes.add_routes,
+        openapi=openapi.document,
     )

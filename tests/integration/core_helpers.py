@@ -25,6 +25,27 @@ def request(body: dict[str, Any]) -> spb.GenerateRequest:
     return json_format.ParseDict(body, spb.GenerateRequest())
 
 
+def request_of(
+    text: str = "hello",
+    sampling: Mapping[str, Any] | None = None,
+    stopping: Mapping[str, Any] | None = None,
+    output: Mapping[str, Any] | None = None,
+    bias: Mapping[int, float] | None = None,
+    **fields: Any,
+) -> spb.GenerateRequest:
+    """A GenerateRequest from keyword fields: each params message from a dict of its fields
+    (map and repeated fields as dicts and lists), `bias` merged into sampling.logit_bias."""
+    sampling = dict(sampling or {})
+    sampling["logit_bias"] = {**sampling.get("logit_bias", {}), **(bias or {})}
+    return spb.GenerateRequest(
+        text=text,
+        sampling=pb.SamplingParams(**sampling),
+        stopping=pb.StoppingParams(**(stopping or {})),
+        output=pb.OutputOptions(**(output or {})),
+        **fields,
+    )
+
+
 async def generate(stub, body: dict[str, Any]) -> list[spb.GenerateResponse]:
     """All messages of one Generate call."""
     return [m async for m in stub.Generate(request(body))]

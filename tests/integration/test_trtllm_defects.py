@@ -14,7 +14,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from trellis.generate.v1 import generate_pb2 as pb
-from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.engine.trtllm import executor as trtllm
 from core.engine.trtllm import llm as trtllm_llm
@@ -27,6 +26,7 @@ from tests.fakes import trtllm_executor
 from tests.fakes import trtllm_llm as fake_llm
 from tests.fakes.trtllm_harness import collect, finish_of, make_engine_output, serve_engine, tokens_of
 from tests.fakes.trtllm_model import FakeModel
+from tests.integration.core_helpers import request_of as request
 from tests.integration.core_helpers import wait_health
 
 MODEL = FakeModel(4096)
@@ -35,18 +35,6 @@ MODEL = FakeModel(4096)
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir) -> Tokenizer:
     return Tokenizer.load(tiny_model_dir)
-
-
-def request(text="hello", sampling=None, stopping=None, output=None, bias=None) -> spb.GenerateRequest:
-    req = spb.GenerateRequest(
-        text=text,
-        sampling=pb.SamplingParams(**(sampling or {})),
-        stopping=pb.StoppingParams(**(stopping or {})),
-        output=pb.OutputOptions(**(output or {})),
-    )
-    for k, v in (bias or {}).items():
-        req.sampling.logit_bias[k] = v
-    return req
 
 
 def _llm(fake):

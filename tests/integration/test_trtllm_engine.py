@@ -33,6 +33,7 @@ from tests.fakes.trtllm_harness import (
     tokens_of,
 )
 from tests.fakes.trtllm_model import FakeModel
+from tests.integration.core_helpers import request_of as request
 from tests.integration.core_helpers import wait_for, wait_health, wait_idle
 
 ERAS = ["0.11", "0.15", "1.0"]
@@ -56,24 +57,6 @@ def engine_out(tmp_path, tiny_model_dir):
 
 def executor_of(server):
     return server.engine._executor
-
-
-def request(text="hello", **fields) -> spb.GenerateRequest:
-    sampling = fields.pop("sampling", {})
-    stopping = fields.pop("stopping", {})
-    output = fields.pop("output", {})
-    bias = sampling.pop("logit_bias", {})
-    bad = sampling.pop("bad_words", [])
-    req = spb.GenerateRequest(
-        text=text,
-        sampling=pb.SamplingParams(**sampling, bad_words=bad),
-        stopping=pb.StoppingParams(**stopping),
-        output=pb.OutputOptions(**output),
-        **fields,
-    )
-    for k, v in bias.items():
-        req.sampling.logit_bias[k] = v
-    return req
 
 
 async def read_rest(call) -> list:

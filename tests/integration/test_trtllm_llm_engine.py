@@ -22,6 +22,7 @@ from tests.fakes import trtllm_executor
 from tests.fakes import trtllm_llm as fake_llm
 from tests.fakes.trtllm_harness import collect, finish_of, serve_engine, text_of, tokens_of
 from tests.fakes.trtllm_model import FakeModel
+from tests.integration.core_helpers import request_of as request
 from tests.integration.core_helpers import wait_for, wait_health
 
 MODEL = FakeModel(4096)
@@ -35,18 +36,6 @@ def tokenizer(tiny_model_dir) -> Tokenizer:
 @pytest.fixture
 def fake(monkeypatch):
     return fake_llm.install(monkeypatch)
-
-
-def request(text="hello", sampling=None, stopping=None, output=None, bias=None) -> spb.GenerateRequest:
-    req = spb.GenerateRequest(
-        text=text,
-        sampling=pb.SamplingParams(**(sampling or {})),
-        stopping=pb.StoppingParams(**(stopping or {})),
-        output=pb.OutputOptions(**(output or {})),
-    )
-    for k, v in (bias or {}).items():
-        req.sampling.logit_bias[k] = v
-    return req
 
 
 def llm_of(fake):

@@ -4,6 +4,8 @@ schema's shape, on a real aiohttp server on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -52,6 +54,10 @@ async def _bug_after_start(request: web.Request) -> web.StreamResponse:
     raise RuntimeError("a bug after the status line")
 
 
+def _document(config: GatewayConfig, settings: _Settings) -> dict[str, object]:
+    return {"openapi": "3.1.0", "info": {"title": settings.greeting, "version": "0"}, "paths": {}}
+
+
 def _routes(app: web.Application) -> None:
     app.router.add_get("/hello", _hello)
     app.router.add_post("/echo", _echo)
@@ -62,7 +68,9 @@ def _routes(app: web.Application) -> None:
 @pytest_asyncio.fixture(scope="module")
 async def base() -> AsyncIterator[str]:
     config = GatewayConfig(name="test", core="127.0.0.1:1", max_body_bytes=64)
-    app = make_gateway_app(config, KEY, _Settings(greeting="hello"), render_error=_render, add_routes=_routes)
+    app = make_gateway_app(
+        config, KEY, _Settings(greeting="hello"), render_error=_render, add_routes=_routes, openapi=_document
+    )
     runner, port = await start_app(app, "127.0.0.1", 0)
     yield f"http://127.0.0.1:{port}"
     await runner.cleanup()
@@ -75,6 +83,11 @@ async def _call(method: str, url: str, data: bytes | None = None) -> tuple[int, 
 
 async def test_settings_and_routes(base):
     assert await _call("GET", base + "/hello") == (200, {"greeting": "hello"})
+
+
+async def test_the_openapi_document_is_built_from_the_settings_and_served(base):
+    status, doc = await _call("GET", base + "/openapi.json")
+    assert status == 200 and doc["info"]["title"] == "hello"
 
 
 @pytest.mark.parametrize(
@@ -91,6 +104,37 @@ async def test_errors_around_the_handlers_are_in_the_schemas_shape(base, method,
         status,
         {"shape": "schema", "status": status, "message": message},
     )
+
+
+async def test_a_405_in_the_schemas_shape_keeps_the_allow_header(base):
+    """RFC 9110 section 15.5.6: a 405 lists the methods the resource has (schemathesis'
+    unsupported_method check found it missing after the error middleware re-rendered the 405)."""
+    async with aiohttp.ClientSession() as http, http.delete(base + "/hello") as resp:
+        assert resp.status == 405
+        assert set(resp.headers["Allow"].split(",")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00\x00\x00\x00",  # a gRPC client's preface
+        b"GET /hello HTTP/1.1\r\nBad Header Line\r\n\r\n",
+    ],
+)
+async def test_a_request_that_is_not_http_1_is_one_info_line_without_a_traceback(base, raw, caplog):
+    """aiohttp logged these at ERROR with a traceback (seen when a gRPC client reached a
+    gateway's port during the schemathesis run); the client's fault is one INFO line now."""
+    host, port = base.removeprefix("http://").split(":")
+    with caplog.at_level(logging.DEBUG, logger="aiohttp.server"):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(raw)
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+    assert answer.split(b" ", 2)[1] == b"400"
+    records = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert records and all(r.levelno == logging.INFO and not r.exc_info for r in records)
+    assert "BadHttpMessage 400" in records[0].getMessage()
 
 
 async def test_a_failure_after_the_response_started_closes_the_connection(base):

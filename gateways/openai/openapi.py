@@ -1,0 +1,158 @@
+"""The OpenAI gateway's OpenAPI document (`GET /openapi.json`, gateways.common.openapi).
+
+Request bodies are the pydantic models (`ChatCompletionRequest`, `CompletionRequest`). The
+chat responses are gateways.common.chat.openapi's. The completions responses are built by hand
+in gateways.openai.completion_translate and written here after OpenAI's `Completion` object
+(openai-python `types/completion.py`, `completion_choice.py`), as the translation renders
+them; the model card and list after `types/model.py`, as gateways.openai.translate renders
+them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateways.common import openapi as oa
+from gateways.common.chat import openapi as chat
+from gateways.common.chat.translate import FINISH_REASONS
+from gateways.common.config import GatewayConfig
+from gateways.common.framing import SSE_CONTENT_TYPE
+from gateways.openai.completion_schema import CompletionRequest
+from gateways.openai.config import OpenAISettings
+
+
+def _completion_choice(words: list[str]) -> oa.Schema:
+    return {
+        "type": "object",
+        "required": ["index", "text", "logprobs", "finish_reason"],
+        "properties": {
+            "index": {"type": "integer", "minimum": 0, "description": "prompt * n + sequence index"},
+            "text": {"type": "string"},
+            "logprobs": {
+                "type": ["object", "null"],
+                "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+                "properties": {
+                    "tokens": {"type": "array", "items": {"type": "string"}},
+                    "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},
+                    "top_logprobs": {
+                        "type": "array",
+                        "items": {"type": "object", "additionalProperties": {"type": "number"}},
+                    },
+                    "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                },
+            },
+            "finish_reason": {"enum": [*words, None]},
+        },
+    }
+
+
+def text_completion(words: list[str], *, chunk: bool) -> oa.Schema:
+    """A `text_completion` object: the whole answer, or one streamed chunk (usage null or absent;
+    the usage chunk has no choices)."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", *([] if chunk else ["usage"])],
+        "properties": {
+            "id": {"type": "string", "description": "cmpl-<unique>; also the x-request-id header."},
+            "object": {"const": "text_completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": _completion_choice(words)},
+            "usage": {"anyOf": [chat.USAGE, {"type": "null"}]} if chunk else chat.USAGE,
+        },
+    }
+
+
+MODEL = {
+    "type": "object",
+    "required": ["id", "object", "created", "owned_by"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"const": "model"},
+        "created": {"type": "integer"},
+        "owned_by": {"type": "string"},
+    },
+}
+
+
+def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
+    """The OpenAPI 3.1.0 document of the OpenAI gateway (a pure function of its settings)."""
+    c = oa.Components()
+    words = sorted(set(FINISH_REASONS.values()))
+    refs = chat.add_chat(c, words)
+    error = refs["error"]
+    generation_errors = oa.errors_as(error, oa.GENERATION_ERRORS)
+    completion_request = c.model(CompletionRequest, extra=chat.ignored_fields())
+    chunk = c.add("TextCompletionChunk", text_completion(words, chunk=True))
+    model = c.add("Model", MODEL)
+
+    def sse(item: oa.Schema) -> dict[str, Any]:
+        return oa.stream_content(SSE_CONTENT_TYPE, {"anyOf": [item, error]}, done=True)
+
+    paths = {
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "summary": "Chat completions (seed lmi-chat-completions-schema.md).",
+                "requestBody": oa.request_body(refs["request"]),
+                "responses": oa.responses(
+                    {**oa.json_content(refs["completion"]), **sse(refs["chunk"])},
+                    {**generation_errors, 415: error},
+                    ok_description="A chat.completion object, or with `stream: true` an SSE stream of "
+                    "chat.completion.chunk objects; an error after the stream started is an `{error}` event.",
+                ),
+            }
+        },
+        "/v1/completions": {
+            "post": {
+                "operationId": "createCompletion",
+                "summary": "Legacy completions: one Generate call per prompt.",
+                "requestBody": oa.request_body(completion_request),
+                "responses": oa.responses(
+                    {
+                        **oa.json_content(c.add("TextCompletion", text_completion(words, chunk=False))),
+                        **sse(chunk),
+                    },
+                    generation_errors,
+                    ok_description="A text_completion object, or with `stream: true` an SSE stream of chunks.",
+                ),
+            }
+        },
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "summary": "The served model, as OpenAI's model list.",
+                "responses": oa.responses(
+                    oa.json_content(
+                        c.add(
+                            "ModelList",
+                            {
+                                "type": "object",
+                                "required": ["object", "data"],
+                                "properties": {"object": {"const": "list"}, "data": {"type": "array", "items": model}},
+                            },
+                        )
+                    ),
+                    oa.errors_as(error, (500, 503, 504)),
+                ),
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "operationId": "retrieveModel",
+                "summary": "The served model's card; 404 for any other name.",
+                "parameters": [oa.path_parameter("model", "The model's name.")],
+                "responses": oa.responses(oa.json_content(model), oa.errors_as(error, (404, 500, 503, 504))),
+            }
+        },
+        "/health": oa.health_path("health", "serving", "not_serving"),
+    }
+    return oa.document(
+        config,
+        title="Trellis OpenAI gateway",
+        description="OpenAI chat completions, completions and models over the Trellis core (docs/openai.md).",
+        paths=paths,
+        components=c,
+        error=error,
+        open_paths=("/health",),
+    )
