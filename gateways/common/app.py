@@ -21,7 +21,6 @@ request (gateways.common.metrics).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 from collections.abc import Callable
@@ -256,5 +255,7 @@ async def start_app(
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     server = site._server  # aiohttp exposes no public accessor for the bound port
-    assert isinstance(server, asyncio.Server)
-    return runner, int(server.sockets[0].getsockname()[1])
+    # An asyncio.Server, or uvloop's Server (not its subclass) on uvloop's loop: both have sockets.
+    sockets = getattr(server, "sockets", None)
+    assert sockets
+    return runner, int(sockets[0].getsockname()[1])

@@ -37,7 +37,7 @@ import itertools
 import logging
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import grpc
@@ -156,11 +156,11 @@ class CoreCall:
             )
             self._news((), True, GatewayError(grpc.StatusCode.DEADLINE_EXCEEDED, message, reason="QUEUE_TIMEOUT"))
 
-    def _news(self, messages: Iterable[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
-        """Transport side: more messages, and maybe the end."""
+    def _news(self, messages: Sequence[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
+        """Transport side: more messages (a tuple, or an event's repeated field as it is: no
+        copy per token), and maybe the end."""
         if self.ended:
             return
-        messages = list(messages)
         if messages:
             if self._queue_timer is not None and any(
                 m.state >= pb.GENERATE_STATE_SCHEDULED or m.outputs for m in messages
@@ -270,25 +270,29 @@ class _Multiplexed:
                 if msg is grpc.aio.EOF:
                     break
                 open_calls = self.open
-                for ev in msg.events:
-                    call = open_calls.get(ev.id)
-                    if call is None:  # cancelled by the gateway: late news
-                        continue
-                    ended = ev.HasField("status")
-                    err = None
-                    if ended:
-                        del open_calls[ev.id]
-                        st = ev.status
-                        if st.code:
-                            err = GatewayError.from_status(st.code, st.message, st.details)
-                            if not ev.responses and not call.started:
-                                self._end(call, err)
-                                continue
-                    try:
-                        call._news(ev.responses, ended, err)
-                    except Exception:
-                        log.exception("request %s: rendering failed", call.request.request_id)
-                        call.cancel()
+                self.client._delivering = True
+                try:
+                    for ev in msg.events:
+                        call = open_calls.get(ev.id)
+                        if call is None:  # cancelled by the gateway: late news
+                            continue
+                        ended = ev.HasField("status")
+                        err = None
+                        if ended:
+                            del open_calls[ev.id]
+                            st = ev.status
+                            if st.code:
+                                err = GatewayError.from_status(st.code, st.message, st.details)
+                                if not ev.responses and not call.started:
+                                    self._end(call, err)
+                                    continue
+                        try:
+                            call._news(ev.responses, ended, err)
+                        except Exception:
+                            log.exception("request %s: rendering failed", call.request.request_id)
+                            call.cancel()
+                finally:
+                    self.client._delivered()
                 if self.retired and not open_calls:
                     self._wake()
         except grpc.RpcError as e:
@@ -397,6 +401,29 @@ class CoreClient:
         self._closing = False
         self._draining = False
         self._unary: set[asyncio.Task[None]] = set()
+        self._delivering = False  # a stream reader is handing out one core message's news
+        self._after: list[Callable[[], None]] = []
+
+    def after_news(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` once, after the news being handed out now: right after a stream's reader
+        has given every request its part of the current core message (one engine step's news
+        of every request on that stream), or on the event loop's next turn when no message is
+        being handed out (news from a timer, a Generate call, a refusal). A listener that
+        collects several requests' news into one write (a WebSocket) sends it from there: one
+        write per step, with no loop callback per write. `fn` must not raise (it is logged)."""
+        if self._delivering:
+            self._after.append(fn)
+        else:
+            asyncio.get_running_loop().call_soon(fn)
+
+    def _delivered(self) -> None:
+        self._delivering = False
+        after, self._after = self._after, []
+        for fn in after:
+            try:
+                fn()
+            except Exception:
+                log.exception("a callback after the core's news failed")
 
     def _make_channel(self, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
         """A channel to the target, over TLS when the client has credentials."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -113,3 +115,54 @@ def sse_done() -> bytes:
 def jsonline(obj: Any) -> bytes:
     """One JSON lines record."""
     return orjson.dumps(obj, option=_OPTIONS | orjson.OPT_APPEND_NEWLINE)
+
+
+#: Stand-ins for the values a Template leaves open: text no record carries (private-use
+#: characters around a marker drawn per process, so no client can put one in a record's
+#: constant part, e.g. a request id), each encoded as one JSON string.
+_HOLES = tuple(f"\ue000{secrets.token_hex(8)}-{i}\ue001" for i in range(4))
+_HOLES_JSON = tuple(orjson.dumps(h) for h in _HOLES)
+
+
+class Template:
+    """The bytes of a framed record with some JSON values left open, encoded once per request.
+
+    A streamed token is one record whose other parts (ids, names, constants, framing) are the
+    same on every token of a request: `render(*holes)` gives the framed record with a stand-in
+    in place of each open value, split once here, and `fill(*values)` puts in each value's own
+    orjson encoding. orjson encodes a value the same alone as inside an object or array, so
+    `fill(*values) == render(*values)` byte for byte.
+
+    Args:
+        render: the framed bytes of the record for the given values (the general path, e.g.
+            `lambda text: sse_event(chunk_with(text))`); each value must appear in it once, as
+            a JSON value.
+        holes: how many values are open (1 to 4).
+
+    Raises:
+        ValueError: a stand-in does not appear exactly once in the rendering (a value that is
+            not rendered, or rendered as something other than itself).
+    """
+
+    __slots__ = ("_format", "_parts")
+
+    def __init__(self, render: Callable[..., bytes], holes: int = 1):
+        data = render(*_HOLES[:holes])
+        parts: list[bytes] = []
+        for hole in _HOLES_JSON[:holes]:
+            head, found, data = data.partition(hole)
+            if not found or hole in head or hole in data:
+                raise ValueError("a template value must appear exactly once in the rendered record")
+            parts.append(head)
+        parts.append(data)
+        self._parts = parts
+        self._format = b"%b".join(p.replace(b"%", b"%%") for p in parts)
+
+    def fill(self, *values: Any) -> bytes:
+        """The record with `values` (str, int, float, bool or None) in their places."""
+        return self._format % tuple(map(orjson.dumps, values))
+
+    def fill_text(self, text: str) -> bytes:
+        """`fill(text)` for a one-value template (the common case: a token's text)."""
+        parts = self._parts
+        return parts[0] + orjson.dumps(text) + parts[1]

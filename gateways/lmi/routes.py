@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -26,7 +27,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from gateways.common.app import core_client, read_json
 from gateways.common.chat.route import handle_chat
 from gateways.common.fields import client_error
-from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE, dumps, jsonline, sse_event
+from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE, Template, dumps, jsonline, sse_event
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, MergedStreams, collect, collect_all, open_all, relay
 from gateways.lmi.config import SETTINGS_KEY, LmiSettings
@@ -139,29 +140,24 @@ async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model
         grpc_req = to_generate_request(req.inputs, params, opts, request_id=uuid.uuid4().hex, model=model)
     except GatewayError as e:
         return _fail(e)
-    names = client_names(params)
     client = core_client(request)
     if not opts.stream:
         try:
             result = render_response(collect_messages(await collect(client.generate(grpc_req))), opts)
         except GatewayError as e:
-            return _fail(client_error(e, names))
+            return _fail(client_error(e, client_names(params)))
         return web.Response(text=dumps(result), content_type="application/json")
 
     try:
         stream = await CoreStream.open(client.generate(grpc_req))
     except GatewayError as e:
-        return _fail(client_error(e, names))
+        return _fail(client_error(e, client_names(params)))
     sse = _sse(request, settings)
     frame = sse_event if sse else jsonline
-    renderer = StreamRenderer(opts)
-
-    def render(msg: spb.GenerateResponse) -> bytes:
-        records = renderer.feed(msg)
-        return frame(records[0]) if len(records) == 1 else b"".join(map(frame, records))
+    render = record_renderer(StreamRenderer(opts), frame)
 
     def render_error(err: GatewayError) -> bytes:
-        return frame(render_in_stream(client_error(err, names), tgi_compat=settings.tgi_compat))
+        return frame(render_in_stream(client_error(err, client_names(params)), tgi_compat=settings.tgi_compat))
 
     return await relay(
         request,
@@ -171,6 +167,22 @@ async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model
         content_type=SSE_CONTENT_TYPE if sse else JSONLINES_CONTENT_TYPE,
         request_id=grpc_req.request_id,
     )
+
+
+def record_renderer(renderer: StreamRenderer, frame: Callable[[Any], bytes]) -> Callable[[spb.GenerateResponse], bytes]:
+    """The framed records of each Generate message of one rolling-batch stream: the records of
+    `renderer.feed(msg)`, each framed, with plain token records (`StreamRenderer.plain_token`,
+    most tokens) filled into a Template encoded once per request; the same bytes."""
+    plain = Template(lambda *values: frame(renderer.plain_record(*values)), 3)
+
+    def render(msg: spb.GenerateResponse) -> bytes:
+        values = renderer.plain_token(msg)
+        if values is not None:
+            return plain.fill(*values)
+        records = renderer.feed(msg)
+        return frame(records[0]) if len(records) == 1 else b"".join(map(frame, records))
+
+    return render
 
 
 # ------------------------------------------------------------------------------ dynamic batch
@@ -196,20 +208,19 @@ async def _dynamic(request: web.Request, settings: LmiSettings, body: Any, model
         ]
     except GatewayError as e:
         return _fail(e, dynamic=True)
-    names = client_names(params)
     client = core_client(request)
     if not stream:
         try:
             results = [collect_messages(r) for r in await collect_all([client.generate(r) for r in grpc_reqs])]
         except GatewayError as e:
-            return _fail(client_error(e, names), dynamic=True)
+            return _fail(client_error(e, client_names(params)), dynamic=True)
         body_out = render_dynamic(results, full_text=bool(params.return_full_text))
         return web.Response(text=dumps(body_out), content_type="application/json")
 
     try:
         streams = await open_all([client.generate(r) for r in grpc_reqs])
     except GatewayError as e:
-        return _fail(client_error(e, names), dynamic=True)
+        return _fail(client_error(e, client_names(params)), dynamic=True)
 
     def render(batch: list[tuple[int, str]]) -> bytes:
         texts = [""] * len(streams)
@@ -218,7 +229,7 @@ async def _dynamic(request: web.Request, settings: LmiSettings, body: Any, model
         return jsonline(dynamic_line(texts)) if any(texts) else b""
 
     def render_error(err: GatewayError) -> bytes:
-        return jsonline(dynamic_error(client_error(err, names))[1])
+        return jsonline(dynamic_error(client_error(err, client_names(params)))[1])
 
     return await relay(
         request,

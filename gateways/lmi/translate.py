@@ -287,10 +287,15 @@ def _logprob(tok: pb.Token | pb.TopLogprob) -> float | None:
 def token_record(tok: pb.Token, text: str, *, tgi_compat: bool) -> dict[str, Any]:
     """A generated token: LMI `{id, text, log_prob[, special_token: true]}` (seed "Token";
     DJL adds `special_token` only for special tokens) or TGI `{id, text, logprob, special}`."""
+    return token_fields(tok.id, text, _logprob(tok), tok.special, tgi_compat=tgi_compat)
+
+
+def token_fields(token_id: Any, text: str, logprob: Any, special: bool, *, tgi_compat: bool) -> dict[str, Any]:
+    """`token_record` from its values (a Template renders it with stand-ins for them)."""
     if tgi_compat:
-        return {"id": tok.id, "text": text, "logprob": _logprob(tok), "special": tok.special}
-    rec: dict[str, Any] = {"id": tok.id, "text": text, "log_prob": _logprob(tok)}
-    if tok.special:
+        return {"id": token_id, "text": text, "logprob": logprob, "special": special}
+    rec: dict[str, Any] = {"id": token_id, "text": text, "log_prob": logprob}
+    if special:
         rec["special_token"] = True
     return rec
 
@@ -395,6 +400,35 @@ class StreamRenderer:
             if opts.details:
                 last_record["details"] = self._details(msg)
         return records
+
+    def plain_token(self, msg: spb.GenerateResponse) -> tuple[int, str, float | None] | None:
+        """`(id, text, log_prob)` when `feed(msg)` would give exactly one record,
+        `{"token": token_fields(id, text, log_prob, False)}`, and the state update `feed`
+        makes for it, which this makes too; else None, with nothing changed (`feed` then
+        renders the message). That is one ordinary token of sequence 0, not its last: most
+        messages of a stream, which a route renders from a Template of `plain_record`."""
+        if self.opts.top_tokens or msg.HasField("usage") or msg.HasField("prompt_text") or msg.prompt_tokens:
+            return None
+        outputs = msg.outputs
+        if len(outputs) != 1:
+            return None
+        out = outputs[0]
+        tokens = out.tokens
+        if out.index or out.finish_reason or len(tokens) != 1:
+            return None
+        tok = tokens[0]
+        if tok.special:
+            return None
+        text = out.text
+        self._parts.append(text)
+        self._generated += 1
+        if self._carry:
+            text, self._carry = self._carry + text, ""
+        return tok.id, text, tok.logprob if tok.HasField("logprob") else None
+
+    def plain_record(self, token_id: Any, text: Any, logprob: Any) -> dict[str, Any]:
+        """The record `plain_token` stands for."""
+        return {"token": token_fields(token_id, text, logprob, False, tgi_compat=self.opts.tgi_compat)}
 
     @property
     def generated_text(self) -> str:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client, read_json
-from gateways.common.framing import SSE_CONTENT_TYPE, dumps, sse_event
+from gateways.common.framing import SSE_CONTENT_TYPE, Template, dumps, sse_event
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect, relay
 from gateways.triton import errors, translate
@@ -96,19 +97,31 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     except GatewayError as e:
         return errors.render_before_stream(e, names)
 
-    def render(msg: spb.GenerateResponse) -> bytes:
-        event = renderer.event(msg)
-        return b"" if event is None else sse_event(event)
-
     return await relay(
         request,
         stream,
-        render,
+        event_renderer(renderer),
         lambda err: errors.render_in_stream(err, names),
         content_type=SSE_CONTENT_TYPE,
         charset="utf-8",
         request_id=tr.request.request_id,
     )
+
+
+def event_renderer(renderer: ResponseRenderer) -> Callable[[spb.GenerateResponse], bytes]:
+    """The SSE event of each Generate message of one stream (`renderer.event(msg)`, b"" for
+    none), with plain text deltas (`ResponseRenderer.plain_text`, most tokens) filled into a
+    Template encoded once per request; the same bytes."""
+    plain = Template(lambda text: sse_event(renderer.text_event(text)))
+
+    def render(msg: spb.GenerateResponse) -> bytes:
+        text = renderer.plain_text(msg)
+        if text is not None:
+            return plain.fill_text(text)
+        event = renderer.event(msg)
+        return b"" if event is None else sse_event(event)
+
+    return render
 
 
 async def live(request: web.Request) -> web.Response:

@@ -143,16 +143,21 @@ class Translation:
         request: the Generate call to make.
         client_id: the body's `id`, echoed in every response object (None: absent).
         logprobs: `return_log_probs` was true (responses carry log probs).
-        names: core field path -> the parameter name the client used (FIELDS.names), for
-            error messages (gateways.common.fields.client_error).
+        used: the parameter names as the client spelled them.
         ignored: unknown parameters accepted without effect (--ignore-unknown-parameters).
     """
 
     request: spb.GenerateRequest
     client_id: str | None
     logprobs: bool
-    names: Mapping[str, str]
+    used: tuple[str, ...]
     ignored: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> Mapping[str, str]:
+        """Core field path -> the parameter name the client used (FIELDS.names), for error
+        messages (gateways.common.fields.client_error); computed when an error needs it."""
+        return FIELDS.names(self.used)
 
 
 def check_target(model: str, version: str | None, served: ServedModel) -> None:
@@ -248,7 +253,7 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
         if end_id != -1:
             req.stopping.stop_token_ids.append(end_id)
         req.stopping.ignore_eos = True
-    return Translation(req, env.id, bool(values.get("return_log_probs")), FIELDS.names(used), tuple(ignored))
+    return Translation(req, env.id, bool(values.get("return_log_probs")), tuple(used), tuple(ignored))
 
 
 def _guide(values: Mapping[str, Any]) -> pb.GuidedDecoding | None:
@@ -333,6 +338,22 @@ class ResponseRenderer:
         if out.finish_reason:
             obj["finish_reason"] = finish_word(out.finish_reason, FINISH_REASONS)
         return obj
+
+    def plain_text(self, msg: spb.GenerateResponse) -> str | None:
+        """The text when `event(msg)` would be exactly `text_event(text)`, else None (then
+        `event` renders it): one unfinished output, no log probs, no prompt text to echo. Most
+        messages of a stream, which a route renders from a Template of `text_event`."""
+        if self.logprobs or self._pending_prompt or msg.HasField("prompt_text"):
+            return None
+        outputs = msg.outputs
+        if len(outputs) != 1:
+            return None
+        out = outputs[0]
+        return None if out.finish_reason else out.text
+
+    def text_event(self, text: str) -> dict[str, Any]:
+        """The event of a plain text delta (see `plain_text`)."""
+        return {**self._head, "text_output": text}
 
     def response(self, messages: Iterable[spb.GenerateResponse]) -> dict[str, Any]:
         """The single /generate object for a complete stream's messages."""

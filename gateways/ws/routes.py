@@ -30,7 +30,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateways.common.app import core_client
 from gateways.common.core_client import CONFIG_KEY, CoreCall, CoreClient
-from gateways.common.framing import dump_bytes
+from gateways.common.framing import Template, dump_bytes
 from gateways.common.status import GatewayError
 from gateways.ws import errors, schema, translate
 from gateways.ws.config import SETTINGS_KEY, WsSettings
@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 ROUTES = ("/ws", "/api/ws")
 SOCKETS_KEY = web.AppKey("ws_sockets", weakref.WeakSet[web.WebSocketResponse[bool]])
 
-#: A queued outgoing item: an event (shares an array with the other ready events), or a whole
-#: frame (a list, sent on its own).
-Outgoing = dict[str, Any] | list[dict[str, Any]]
+#: A queued outgoing item: an event, as an object or already encoded (it shares an array with
+#: the other ready events), or a whole frame (a list, sent on its own).
+Outgoing = dict[str, Any] | bytes | list[dict[str, Any]]
 
 
 def add_routes(app: web.Application) -> None:
@@ -73,7 +73,8 @@ class Connection:
         self._protocol = request.protocol
         self._writer = request.writer
         self._out: list[Outgoing] = []
-        self._flush_at: asyncio.Handle | None = None
+        self._flush_pending = False
+        self._done = False
         self._drainer: asyncio.Task[None] | None = None
         self._closing: asyncio.Task[bool] | None = None
 
@@ -98,8 +99,7 @@ class Connection:
             calls, self.prompts = list(self.prompts.values()), {}
             for call in calls:
                 call.cancel()
-            if self._flush_at is not None:
-                self._flush_at.cancel()
+            self._done = True
             if self._drainer is not None:
                 self._drainer.cancel()
 
@@ -137,17 +137,24 @@ class Connection:
         for item in body.prompts:
             request = translate.to_generate_request(body, item, s.defaults)
             state = translate.PromptState.start(body, item)
+            progress = Template(lambda text, state=state: dump_bytes(translate.progress_event(state, text)))
             call = self.client.generate(request, hash_key=item.request_id)
             self.prompts[item.request_id] = call
-            call.listen(functools.partial(self._on_news, call, state))
+            call.listen(functools.partial(self._on_news, call, state, progress))
 
-    def _on_news(self, call: CoreCall, state: translate.PromptState) -> None:
-        """Render a prompt's new messages (and its end) into events, called as they arrive."""
+    def _on_news(self, call: CoreCall, state: translate.PromptState, progress: Template) -> None:
+        """Render a prompt's new messages (and its end) into events, called as they arrive;
+        plain text deltas (translate.progress_text) are filled into the prompt's PROGRESS
+        `progress` template, encoded once per prompt."""
         events: list[Outgoing] = []
         done = call.ended
         try:
             for msg in call.take():
-                events += translate.to_events(msg, state)
+                text = translate.progress_text(msg, state)
+                if text is not None:
+                    events.append(progress.fill_text(text))
+                else:
+                    events += translate.to_events(msg, state)
             if done:
                 if call.error is not None:
                     raise call.error
@@ -181,12 +188,15 @@ class Connection:
                 self._closing = asyncio.create_task(self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=message))
             self._out.clear()
             return
-        if self._flush_at is None and self._drainer is None:
-            self._flush_at = asyncio.get_running_loop().call_soon(self._flush)
+        if not self._flush_pending and self._drainer is None:
+            self._flush_pending = True
+            self.client.after_news(self._flush)
 
     def _flush(self) -> None:
         """Send what waits now, or, while the connection is paused, once it takes more."""
-        self._flush_at = None
+        self._flush_pending = False
+        if self._done:
+            return
         if not self._protocol.writing_paused:
             self._send()
         elif self._drainer is None:
@@ -198,7 +208,7 @@ class Connection:
         transport = self._protocol.transport
         if transport is None or transport.is_closing() or self.ws.closed:
             return
-        transport.write(b"".join(_text_frame(dump_bytes(frame)) for frame in _frames(items)))
+        transport.write(b"".join(_text_frame(_array(frame)) for frame in _frames(items)))
 
     async def _drain(self) -> None:
         try:
@@ -225,10 +235,16 @@ def _text_frame(payload: bytes) -> bytes:
     return header + payload
 
 
-def _frames(items: list[Outgoing]) -> list[list[dict[str, Any]]]:
+def _array(events: list[dict[str, Any]] | list[dict[str, Any] | bytes]) -> bytes:
+    """A frame's JSON array: `dump_bytes(events)`, with events that are encoded already as
+    they are (orjson's compact array is its items' encodings joined by commas)."""
+    return b"[" + b",".join(e if isinstance(e, bytes) else dump_bytes(e) for e in events) + b"]"
+
+
+def _frames(items: list[Outgoing]) -> list[list[dict[str, Any]] | list[dict[str, Any] | bytes]]:
     """Group queued items into frames: consecutive events share an array; a list stays alone."""
-    frames: list[list[dict[str, Any]]] = []
-    events: list[dict[str, Any]] = []
+    frames: list[list[dict[str, Any]] | list[dict[str, Any] | bytes]] = []
+    events: list[dict[str, Any] | bytes] = []
     for item in items:
         if isinstance(item, list):
             if events:

@@ -145,7 +145,7 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict[str, A
         if out.text:
             state.parts.append(out.text)
             if state.stream_response:
-                events.append({"request_id": state.request_id, "type": PROGRESS, "text": out.text})
+                events.append(progress_event(state, out.text))
         if out.finish_reason:
             if (err := sequence_error(out.finish_reason)) is not None:
                 raise err
@@ -153,6 +153,29 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict[str, A
     if msg.HasField("usage"):
         state.final = msg
     return events
+
+
+def progress_text(msg: spb.GenerateResponse, state: PromptState) -> str | None:
+    """The text when `to_events(msg, state)` would be exactly `[progress_event(state, text)]`,
+    making the same update of `state`; else None, with nothing changed (`to_events` then
+    renders it). That is a plain text delta of a streamed prompt: most messages of a stream,
+    which the route renders from a Template of `progress_event`."""
+    if not state.stream_response or msg.state in _STATE_EVENTS or msg.HasField("prompt_text"):
+        return None
+    outputs = msg.outputs
+    if len(outputs) != 1:
+        return None
+    out = outputs[0]
+    text = out.text
+    if out.index or not text or out.finish_reason or msg.HasField("usage"):
+        return None
+    state.parts.append(text)
+    return text
+
+
+def progress_event(state: PromptState, text: str) -> dict[str, Any]:
+    """The PROGRESS event of a text delta (seed "Type PROGRESS")."""
+    return {"request_id": state.request_id, "type": PROGRESS, "text": text}
 
 
 def to_complete(state: PromptState) -> dict[str, Any]:

@@ -202,16 +202,25 @@ def start_core(model: str, step_ms: float, streams: int) -> tuple[Proc, int]:
     ), port
 
 
+#: How a gateway is started on uvloop's event loop instead of asyncio's (target "NAME@uvloop"),
+#: to compare the two loops in one run.
+_ON_UVLOOP = (
+    "import asyncio, sys, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+    "from gateways.__main__ import main; sys.exit(main())"
+)
+
+
 def start_gateway(name: str, core_port: int) -> tuple[Proc, int]:
-    """Gateway `name` in front of the core at `core_port`, and its port."""
+    """Gateway `name` (or `name@uvloop`: on uvloop's loop) in front of the core at
+    `core_port`, and its port."""
     port = free_port()
+    name, _, loop = name.partition("@")
     extra = ["--env-file", ""] if name == "ws" else []
     return Proc(
         f"gateway-{name}-overhead",
         [
             sys.executable,
-            "-m",
-            "gateways",
+            *(("-c", _ON_UVLOOP) if loop == "uvloop" else ("-m", "gateways")),
             name,
             *("--core", f"127.0.0.1:{core_port}", "--port", str(port), "--log-level", "WARNING", *extra),
         ],
@@ -249,7 +258,7 @@ def run_overhead(
                     tries: list[dict[str, Any]] = []
                     while len(tries) <= retries:
                         print(f"== overhead: {label} (warm-up {warmup_s:.0f} s, window {window_s:.0f} s)", flush=True)
-                        client = make_client(target, address, tokens)
+                        client = make_client(target.partition("@")[0], address, tokens)
                         run = asyncio.run(
                             measure(
                                 client,
@@ -526,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="models/demo", help="tokenizer (or model) directory of the mock core")
     p.add_argument("--out", default="bench-results")
     p.add_argument("--streams", default="64,256", help="comma-separated concurrencies")
-    p.add_argument("--targets", default=",".join(TARGETS), help="comma-separated: " + ",".join(TARGETS))
+    p.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help="comma-separated: " + ",".join(TARGETS) + " (a gateway as NAME@uvloop runs on uvloop's event loop)",
+    )
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--tokens", type=int, default=64, help="max_new_tokens per request")
     p.add_argument("--warmup-s", type=float, default=3.0)
@@ -547,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
         profile(args.model, args.profile, max(streams), args.step_ms, args.tokens, args.window_s, args.native)
         return 0
     targets = [t for t in args.targets.split(",") if t]
-    unknown = set(targets) - set(TARGETS)
+    unknown = {t.partition("@")[0] for t in targets} - set(TARGETS)
     if unknown:
         p.error(f"unknown targets: {', '.join(sorted(unknown))}")
     section = run_overhead(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -42,6 +42,28 @@ def encode(chunks: list[dict[str, Any]], framing: str) -> bytes:
     if len(chunks) == 1:  # the usual case: one choice with news per message
         return frame(chunks[0])
     return b"".join(map(frame, chunks))
+
+
+def chunk_renderer(state: translate.StreamState, framing: str) -> Callable[[spb.GenerateResponse], bytes]:
+    """The framed chunks of each Generate message of one stream: `encode(to_chunks(msg,
+    state), framing)`, with plain content deltas (`translate.content_delta`, most tokens)
+    filled into a Template of their chunk, encoded once per choice; the same bytes."""
+    deltas: dict[int, wire.Template] = {}
+
+    def render(msg: spb.GenerateResponse) -> bytes:
+        delta = translate.content_delta(msg, state)
+        if delta is not None:
+            index, text = delta
+            template = deltas.get(index)
+            if template is None:
+                template = deltas[index] = wire.Template(
+                    lambda value: encode([translate.content_chunk(state, index, value)], framing)
+                )
+            return template.fill_text(text)
+        chunks = translate.to_chunks(msg, state)
+        return encode(chunks, framing) if chunks else b""
+
+    return render
 
 
 def end_of_stream(framing: str) -> bytes:
@@ -105,17 +127,14 @@ async def handle_chat(
         response = errors.render_before_stream(err, status_overrides)
         response.headers.update(headers)
         return response
-    names = translate.client_names(req)
-
-    def render(msg: spb.GenerateResponse) -> bytes:
-        chunks = translate.to_chunks(msg, state)
-        return encode(chunks, framing) if chunks else b""
+    render = chunk_renderer(state, framing)
 
     def end() -> bytes:
         usage = encode([translate.usage_chunk(state)], framing) if state.include_usage else b""
         return usage + end_of_stream(framing)
 
     def render_error(err: GatewayError) -> bytes:
+        names = translate.client_names(req)  # only an error needs them
         in_band = errors.render_in_stream(client_error(err, names, prefix=False), status_overrides)
         return encode([in_band], framing) + end_of_stream(framing)
 

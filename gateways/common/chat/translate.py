@@ -267,16 +267,39 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
             delta = {"role": "assistant", "content": out.text}
         elif out.text or reason is None:
             delta = {"content": out.text}
-        choice = {
-            "index": out.index,
-            "delta": delta,
-            "logprobs": {"content": entries} if state.logprobs else None,
-            "finish_reason": reason,
-        }
-        chunks.append(_chunk(state, [choice]))
+        logprobs = {"content": entries} if state.logprobs else None
+        chunks.append(_chunk(state, [_choice(out.index, delta, logprobs, reason)]))
     if state.tool_calls is not None:
         return state.tool_calls.rewrite_chunks(chunks)
     return chunks
+
+
+def _choice(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+
+
+def content_delta(msg: spb.GenerateResponse, state: StreamState) -> tuple[int, str] | None:
+    """`(index, text)` when `to_chunks` would give exactly `[content_chunk(state, index,
+    text)]` for `msg`, else None: one output, with text, unfinished, whose role was sent; a
+    request without logprobs and tools; not the final message. Most tokens of a stream are
+    such a delta, so a route renders them from a Template of `content_chunk`; `state` needs no
+    update for them."""
+    if state.logprobs or state.tool_calls is not None:
+        return None
+    outputs = msg.outputs
+    if len(outputs) != 1:
+        return None
+    out = outputs[0]
+    text = out.text
+    if not text or out.finish_reason or msg.HasField("usage"):
+        return None
+    index = out.index
+    return (index, text) if index in state.role_sent else None
+
+
+def content_chunk(state: StreamState, index: int, text: str) -> dict[str, Any]:
+    """The chunk of a plain content delta of choice `index` (see `content_delta`)."""
+    return _chunk(state, [_choice(index, {"content": text}, None, None)])
 
 
 def usage_chunk(state: StreamState) -> dict[str, Any]:
