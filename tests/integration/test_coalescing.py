@@ -25,7 +25,7 @@ from websockets.asyncio.client import connect
 
 from gateways.common import streaming
 from gateways.common.config import GatewayConfig, load
-from tests.integration.core_helpers import generate, request
+from tests.integration.core_helpers import generate, request, wait_idle
 from tests.integration.test_multiplex import Mux, _shape
 
 TOKENS = 3000
@@ -36,6 +36,14 @@ SMALL_BUFFER = 4096
 #: A client that announces a small HTTP/2 window and never grows it (no BDP probing), so the
 #: server's writes wait once the window is full.
 SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 16384)]
+
+
+async def _stall(core, seconds: float) -> None:
+    """The slow reader's pause: at least `seconds`, and until the engine has generated every
+    token of the request, so that all of it waits in the server while nobody reads, however
+    slowly a loaded machine runs the engine."""
+    await asyncio.sleep(seconds)
+    await wait_idle(core.engine)
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -84,7 +92,7 @@ async def test_generate_merges_messages_for_a_slow_reader_and_loses_nothing(fast
         prompt = await generate(stub, body)
         call = stub.Generate(request(body))
         slow = [await call.read()]
-        await asyncio.sleep(PAUSE_S)
+        await _stall(fast_core, PAUSE_S)
         while (msg := await call.read()) is not grpc.aio.EOF:
             slow.append(msg)
     assert _shape(slow) == _shape(prompt)
@@ -110,7 +118,7 @@ async def test_multiplex_sends_what_waits_together_message_for_message(fast_core
         try:
             await mux.start((1, body))
             if pause:
-                await asyncio.sleep(PAUSE_S)
+                await _stall(fast_core, PAUSE_S)
                 mux.slow_until.set()
             await mux.ended_all(1)
             runs.append(mux)
@@ -129,7 +137,7 @@ async def test_multiplex_sends_what_waits_together_message_for_message(fast_core
 # --------------------------------------------------------------------------------- HTTP
 
 
-async def _slow_post(port: int, path: str, body: dict, headers: dict[str, str]) -> bytes:
+async def _slow_post(core, port: int, path: str, body: dict, headers: dict[str, str]) -> bytes:
     """POST with a small receive buffer, pause after the response headers, then read it all;
     returns the de-chunked body."""
     loop = asyncio.get_running_loop()
@@ -145,7 +153,7 @@ async def _slow_post(port: int, path: str, body: dict, headers: dict[str, str]) 
     writer.write(head.encode() + data)
     status = await reader.readuntil(b"\r\n\r\n")
     assert status.startswith(b"HTTP/1.1 200") and b"chunked" in status.lower(), status
-    await asyncio.sleep(LONG_PAUSE_S)
+    await _stall(core, LONG_PAUSE_S)
     raw = await reader.read()
     writer.close()
     out, at = b"", 0
@@ -219,11 +227,11 @@ CASES = [
 ]
 
 
-async def test_http_streams_merge_writes_for_a_slow_reader_and_keep_every_record(gateways):
+async def test_http_streams_merge_writes_for_a_slow_reader_and_keep_every_record(fast_core, gateways):
     for name, path, body, headers, framing in CASES:
         prompt = _records(await _post(gateways[name], path, body, headers), framing)
         merged_before = streaming.WRITES.merged_writes
-        slow = _records(await _slow_post(gateways[name], path, body, headers), framing)
+        slow = _records(await _slow_post(fast_core, gateways[name], path, body, headers), framing)
         assert streaming.WRITES.merged_writes > merged_before, name  # the slow reader made writes merge
         assert slow == prompt, name
         records = [r for r in prompt if isinstance(r, dict) and {"token", "text_output", "choices"} & r.keys()]
@@ -233,7 +241,7 @@ async def test_http_streams_merge_writes_for_a_slow_reader_and_keep_every_record
 # --------------------------------------------------------------------------------- WebSocket
 
 
-async def _ws_events(port: int, request_id: str, pause: bool) -> tuple[list[dict], list[int]]:
+async def _ws_events(core, port: int, request_id: str, pause: bool) -> tuple[list[dict], list[int]]:
     loop = asyncio.get_running_loop()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SMALL_BUFFER)
@@ -247,7 +255,7 @@ async def _ws_events(port: int, request_id: str, pause: bool) -> tuple[list[dict
         }
         await ws.send(json.dumps(frame))
         if pause:
-            await asyncio.sleep(LONG_PAUSE_S)
+            await _stall(core, LONG_PAUSE_S)
         while True:
             frames.append(json.loads(await ws.recv()))
             if frames[-1][-1]["type"] in ("COMPLETE", "ERROR"):
@@ -258,9 +266,9 @@ async def _ws_events(port: int, request_id: str, pause: bool) -> tuple[list[dict
     return events, [len(frame) for frame in frames]
 
 
-async def test_websocket_merges_events_into_arrays_for_a_slow_reader_and_keeps_every_event(gateways):
-    prompt, _ = await _ws_events(gateways["ws"], "fast", pause=False)
-    slow, frames = await _ws_events(gateways["ws"], "slow", pause=True)
+async def test_websocket_merges_events_into_arrays_for_a_slow_reader_and_keeps_every_event(fast_core, gateways):
+    prompt, _ = await _ws_events(fast_core, gateways["ws"], "fast", pause=False)
+    slow, frames = await _ws_events(fast_core, gateways["ws"], "slow", pause=True)
     assert slow == prompt
     assert sum(e["type"] == "PROGRESS" for e in slow) == TOKENS
     assert max(frames) > 10  # events that waited went out together, in one array
