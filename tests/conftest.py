@@ -43,6 +43,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir) -> Tokenizer:
+    """The tiny model's tokenizer, loaded once per test module."""
+    return Tokenizer.load(tiny_model_dir)
+
+
 @pytest.fixture(scope="session")
 def tokenizer_only_dir(tiny_model_dir, tmp_path_factory) -> Path:
     """The tiny model's tokenizer files alone (no config.json, no weights): enough for the mock engine."""

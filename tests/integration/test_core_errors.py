@@ -16,16 +16,10 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core.server import start_core
-from core.tokenizer import Tokenizer
 from core.types import EngineOutput, SequenceStep
 from tests.conftest import core_config
 from tests.fakes.scripted_engine import Script, ScriptedEngine, tokens_then_length
 from tests.integration.core_helpers import bad_request_field, generate, request, sequences
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 @contextlib.asynccontextmanager

@@ -17,7 +17,6 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core.server import start_core
-from core.tokenizer import Tokenizer
 from tests.conftest import core_config
 from tests.integration.core_helpers import bad_request_field, generate, request, sequences, wait_for, wait_idle
 
@@ -29,11 +28,6 @@ def body(prompt: str = "def __init__(self", **extra):
     for k, v in extra.items():
         b[k] = {**b.get(k, {}), **v} if isinstance(v, dict) else v
     return b
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 async def test_stream_order_lifecycle_then_deltas_then_final(stub):

@@ -27,22 +27,10 @@ HI = [{"role": "user", "content": "Tell me about gardens."}]
 
 
 @pytest_asyncio.fixture(scope="module")
-async def base_url(start_gateway) -> str:
-    return await start_gateway("openai")
-
-
-@pytest_asyncio.fixture(scope="module")
 async def lmi_url(start_gateway) -> str:
     """The LMI gateway, which answers chat bodies on POST /invocations with this gateway's
     handle_chat (jsonlines framing, LMI finish reasons)."""
     return await start_gateway("lmi")
-
-
-@pytest_asyncio.fixture
-async def aclient(base_url):
-    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    yield client
-    await client.close()
 
 
 @pytest.fixture

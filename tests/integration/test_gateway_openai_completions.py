@@ -13,23 +13,10 @@ from __future__ import annotations
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 
 MODEL = "tiny"
 BAN = {str(i): -100 for i in range(8)}
 PROMPT = "The garden was"
-
-
-@pytest_asyncio.fixture(scope="module")
-async def base_url(start_gateway) -> str:
-    return await start_gateway("openai")
-
-
-@pytest_asyncio.fixture
-async def aclient(base_url):
-    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    yield client
-    await client.close()
 
 
 def greedy(**kwargs):

@@ -12,7 +12,6 @@ import json
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 
 from core.server import start_core
 from tests.conftest import core_config
@@ -20,11 +19,6 @@ from tests.conftest import core_config
 MODEL = "tiny"
 HI = [{"role": "user", "content": "Hello there."}]
 BAN = {str(i): -100 for i in range(8)}
-
-
-@pytest_asyncio.fixture(scope="module")
-async def base_url(start_gateway) -> str:
-    return await start_gateway("openai")
 
 
 def sdk(url: str, cls=openai.AsyncOpenAI):

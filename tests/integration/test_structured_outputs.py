@@ -58,18 +58,6 @@ class Reading(BaseModel):
     wind: Literal["none", "light", "strong"]
 
 
-@pytest_asyncio.fixture(scope="module")
-async def base_url(start_gateway) -> str:
-    return await start_gateway("openai")
-
-
-@pytest_asyncio.fixture
-async def aclient(base_url):
-    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-    yield client
-    await client.close()
-
-
 async def test_parse_with_a_pydantic_model_returns_the_parsed_object(aclient):
     for seed in range(3):
         completion = await aclient.chat.completions.parse(

@@ -18,7 +18,6 @@ from trellis.generate.v1 import generate_pb2 as pb
 from core.engine.trtllm import executor as trtllm
 from core.engine.trtllm import llm as trtllm_llm
 from core.errors import InvalidArgument
-from core.tokenizer import Tokenizer
 from core.types import EngineRequest, FinishReason, SamplingOptions
 from gateways.common.status import GatewayError
 from tests.conftest import core_config
@@ -30,11 +29,6 @@ from tests.integration.core_helpers import request_of as request
 from tests.integration.core_helpers import wait_health
 
 MODEL = FakeModel(4096)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 def _llm(fake):

@@ -19,7 +19,6 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.engine.trtllm import executor as trtllm
 from core.errors import InvalidArgument, NotReady
-from core.tokenizer import Tokenizer
 from core.types import EngineRequest, RequestState, SamplingOptions
 from gateways.common.status import GatewayError
 from tests.conftest import core_config
@@ -38,11 +37,6 @@ from tests.integration.core_helpers import wait_for, wait_health, wait_idle
 
 ERAS = ["0.11", "0.15", "1.0"]
 MODEL = FakeModel(4096)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 @pytest.fixture

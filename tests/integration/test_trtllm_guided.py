@@ -23,7 +23,6 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from core.engine.trtllm import executor as trtllm
 from core.engine.trtllm import llm as trtllm_llm
 from core.engine.trtllm.mapping import guide_text, llm_guided_kwargs
-from core.tokenizer import Tokenizer
 from core.types import Guide
 from gateways.common.status import GatewayError
 from tests.conftest import core_config
@@ -32,11 +31,6 @@ from tests.fakes import trtllm_llm as fake_llm
 from tests.fakes.trtllm_harness import collect, finish_of, make_engine_output, serve_engine, text_of
 
 ALL_BUT_LARK = ["json_object", "json_schema", "regex", "ebnf_grammar", "choice"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 @pytest.fixture

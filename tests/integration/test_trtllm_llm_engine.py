@@ -14,7 +14,6 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from core.engine.trtllm import executor as trtllm
 from core.engine.trtllm import llm as trtllm_llm
 from core.errors import InvalidArgument, NotReady
-from core.tokenizer import Tokenizer
 from core.types import EngineRequest, ResolvedSampling, SamplingOptions
 from gateways.common.status import GatewayError
 from tests.conftest import core_config
@@ -26,11 +25,6 @@ from tests.integration.core_helpers import request_of as request
 from tests.integration.core_helpers import wait_for, wait_health
 
 MODEL = FakeModel(4096)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import pytest
 
 from core.engine import hf, hf_process
 from core.sampling import resolve_generic
-from core.tokenizer import Tokenizer
 from core.types import EngineRequest, SamplingOptions
 from tests.conftest import core_config
 from tests.integration.core_helpers import wait_for, wait_idle
@@ -25,11 +24,6 @@ PROMPTS = [
     "Hi",
     "The quick brown fox jumps over the lazy dog and then some more words",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 @pytest.fixture(params=[False, True], ids=["thread", "process"])

@@ -14,15 +14,9 @@ import pytest
 from core.engine import hf
 from core.errors import EngineDead, EngineFailure, InvalidArgument, NotReady
 from core.sampling import resolve_generic
-from core.tokenizer import Tokenizer
 from core.types import EngineOutput, EngineRequest, FinishReason, Guide, SamplingOptions
 from tests.conftest import core_config
 from tests.integration.core_helpers import wait_for, wait_idle
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 @pytest.fixture

@@ -15,17 +15,11 @@ import pytest
 
 from core.engine import hf
 from core.sampling import resolve_generic
-from core.tokenizer import Tokenizer
 from core.types import EngineRequest, FinishReason, Guide, SamplingOptions
 from tests.conftest import core_config
 from tests.integration.core_helpers import wait_for, wait_idle
 from tests.unit.core.test_hf_batch_invariance import PROMPTS
 from tests.unit.core.test_hf_engine import until_tokens
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 @pytest.fixture

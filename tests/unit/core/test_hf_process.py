@@ -10,16 +10,10 @@ import pytest
 
 from core.engine import hf, hf_process
 from core.errors import EngineDead, InvalidArgument, NotReady, Overloaded
-from core.tokenizer import Tokenizer
 from core.types import EngineOutput, FinishReason, PromptTokenInfo, RequestState, SequenceStep
 from tests.conftest import core_config
 from tests.integration.core_helpers import wait_for, wait_idle
 from tests.unit.core.test_hf_engine import last_output, req, until_tokens
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir) -> Tokenizer:
-    return Tokenizer.load(tiny_model_dir)
 
 
 async def started(model_dir, tokenizer, **overrides) -> hf_process.HfProcessEngine:
