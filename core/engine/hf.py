@@ -191,6 +191,9 @@ class HfEngine(EngineLifecycle):
         self._num_layers = 0
         self._trace_path = step_trace
         self._trace: TextIO | None = None  # the open step trace file
+        self._traced: tuple[str, int, int, float] | None = None  # this step's forward, for its trace line
+        # Where a step's time starts: the previous step's hand-over, or work arriving after a wait.
+        self._step_started = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         # Shared between the event loop and the worker (guarded by _cv's lock, as are _alive
@@ -342,12 +345,14 @@ class HfEngine(EngineLifecycle):
     def run(self) -> None:
         """The batching loop: one step (core.engine.hf_cache.StepPlan) per iteration until stopped
         or dead."""
+        self._step_started = time.perf_counter()
         try:
             with torch.inference_mode():
                 while True:
                     with self._cv:
                         while not (self._stopping or self._pending or self._aborts or self._live_slots):
                             self._cv.wait()
+                            self._step_started = time.perf_counter()
                         if self._stopping:
                             break
                         emits: list[tuple[_Req, EngineOutput]] = []
@@ -374,6 +379,8 @@ class HfEngine(EngineLifecycle):
         self._die(NotReady("The engine shut down; retry on another replica."))
 
     def _finish_step(self, emits: list[tuple[_Req, EngineOutput]]) -> None:
+        """Retire the step's finished requests, write its trace line and hand its outputs over
+        (the next step's time starts with the hand-over)."""
         done = [r for r, out in emits if out.finished or out.error is not None]
         if done:
             with self._cv:
@@ -384,6 +391,10 @@ class HfEngine(EngineLifecycle):
                         r.admitted = False
                         self._running_requests -= 1
                         self._reserved -= r.reserved_tokens
+        now = time.perf_counter()
+        if self._traced is not None:
+            self._write_trace(now - self._step_started)
+        self._step_started = now
         if emits:
             self._publish(emits)
 
@@ -564,15 +575,17 @@ class HfEngine(EngineLifecycle):
             cols += range(end + 1 - n, end + 1)
             src += range(ends[i], ends[i + 1])
         decode_mask = None
+        first = min((cache.start[s] for s in live), default=end)
         if r_dec:
             cache.mask[:extent, end] = True
-            decode_mask = cache.mask[:extent, None, None, : end + 1]
+            decode_mask = cache.mask[:extent, None, None, first : end + 1]
         plan = StepPlan(
             cache=cache,
             decode_rows=r_dec,
             extent=extent,
             live_idx=None if r_dec == extent else self._live_idx,
             end=end,
+            first=first,
             decode_mask=decode_mask,
             write_slots=torch.tensor(slots, device=dev),
             write_cols=torch.tensor(cols, device=dev),
@@ -598,14 +611,23 @@ class HfEngine(EngineLifecycle):
         return plan
 
     def _forward(self, kind: str, rows: int, tokens: int, **inputs: Any) -> Any:
-        """The model's forward; with a step trace, one line per step (kind, sequences, tokens,
-        seconds)."""
+        """The model's forward; with a step trace, timed for the step's line (`_write_trace`)."""
         if self._trace is None:
             return self._model(**inputs)
         t0 = time.perf_counter()
         out = self._model(**inputs)
-        self._trace.write(f"{kind} {rows} {tokens} {time.perf_counter() - t0:.6f}\n")
+        self._traced = (kind, rows, tokens, time.perf_counter() - t0)
         return out
+
+    def _write_trace(self, step_s: float) -> None:
+        """One line of the step trace: kind, sequences, tokens, forward seconds, and the step's
+        seconds: from the end of the previous step (or an idle wait) up to handing this step's
+        outputs over (the previous hand-over, admission, forward, sampling), so that the lines
+        add up to the engine's busy time."""
+        assert self._trace is not None and self._traced is not None
+        kind, rows, tokens, forward_s = self._traced
+        self._trace.write(f"{kind} {rows} {tokens} {forward_s:.6f} {step_s:.6f}\n")
+        self._traced = None
 
     def _first_tokens(
         self, rows: list[_Row], source: list[int], lens: list[int], logits: torch.Tensor, emits: Emits

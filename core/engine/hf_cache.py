@@ -46,7 +46,10 @@ class StepPlan:
         extent: 1 + the highest live slot: decode attention runs over slots [0, extent).
         live_idx: [R] the live slots, or None when they are exactly 0..extent-1.
         end: the column this step writes for every decode token and every prompt's last token.
-        decode_mask: [extent, 1, 1, end + 1] bool, the columns each slot attends to.
+        first: the first column any running sequence attends to (the oldest one's start):
+            decode attention reads columns [first, end] only, as the columns before it are
+            masked for every slot.
+        decode_mask: [extent, 1, 1, end + 1 - first] bool, the columns each slot attends to.
         write_slots, write_cols: [W] where each written key and value goes.
         write_src: [W] the packed token of each write, or None when W == N in token order (a
             prompt with n > 1 sequences is written to n slots).
@@ -61,6 +64,7 @@ class StepPlan:
     extent: int
     live_idx: torch.Tensor | None
     end: int
+    first: int
     decode_mask: torch.Tensor | None
     write_slots: torch.Tensor
     write_cols: torch.Tensor
@@ -105,11 +109,11 @@ def slot_attention(
         # One query per slot: the query heads of a kv head become that head's queries, so the
         # keys are read once per kv head (transformers' sdpa does the same for a decode step).
         qd = qd.reshape(plan.extent, kv_heads, heads // kv_heads, dim)
-        cols = plan.end + 1
+        cols = slice(plan.first, plan.end + 1)
         out = torch.nn.functional.scaled_dot_product_attention(
             qd,
-            layer.kbuf[: plan.extent, :, :cols],
-            layer.vbuf[: plan.extent, :, :cols],
+            layer.kbuf[: plan.extent, :, cols],
+            layer.vbuf[: plan.extent, :, cols],
             attn_mask=plan.decode_mask,
             scale=scaling,
         ).reshape(plan.extent, heads, dim)

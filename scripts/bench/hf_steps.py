@@ -13,7 +13,7 @@ share of the wall time; plus forwards per generated token, which is what a sched
 `--arrival-ms` has each stream wait a quarter to all of that (by stream) before its next
 request, as a closed loop's round trip through gRPC spreads arrivals; `--root` runs the engine
 of another checkout (before/after); `--trace FILE` sums up a core's `--hf-step-trace` instead
-(ms per forward and shares of the forwards' total time).
+(ms per forward, shares of the steps' total time, and the step time outside the forward).
 
 Prints a table and one JSON object on its last line. Usage:
   python scripts/bench/hf_steps.py --streams 16 [--seconds 8] [--threads 0] [--arrival-ms 0] [--root DIR]
@@ -225,15 +225,25 @@ def show(label: str, s: dict[str, Any]) -> None:
 
 
 def show_trace(path: Path) -> int:
-    """Per kind: the steps of a core's step trace (lines "kind sequences tokens seconds")."""
+    """Per kind: the steps of a core's step trace (lines "kind sequences tokens forward_seconds
+    step_seconds"; older traces have no step seconds), and the step time outside the forward:
+    per step and per generated token (sampling, logprobs, admission, handing outputs over)."""
     forwards = []
+    steps = 0.0
     for line in path.read_text().splitlines():
-        kind, rows, tokens, seconds = line.split()
+        kind, rows, tokens, seconds, *step = line.split()
         forwards.append((kind, int(rows), int(tokens), float(seconds)))
+        steps += float(step[0]) if step else float(seconds)
     busy = sum(f[3] for f in forwards)
     generated = sum(f[1] for f in forwards)  # every step makes one token per sequence in it
-    s = summarize(forwards, busy, generated)
+    s = summarize(forwards, steps, generated)
+    s["outside_forward"] = {
+        "ms_per_step": round(1000 * (steps - busy) / max(1, len(forwards)), 3),
+        "us_per_token": round(1e6 * (steps - busy) / max(1, generated), 1),
+    }
     show("trace", s)
+    out = s["outside_forward"]
+    print(f"   outside the forward: {out['ms_per_step']:.3f} ms per step, {out['us_per_token']:.1f} µs per token")
     print(json.dumps(s))
     return 0
 

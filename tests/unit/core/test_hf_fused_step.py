@@ -161,3 +161,32 @@ async def test_a_guided_request_joining_a_running_batch(engine, tokenizer, promp
     assert joined == alone
     for seqs in joined:
         assert re.fullmatch("[A-F]{2}-[0-9]{3}", tokenizer.decode(seqs[0], skip_special_tokens=True))
+
+
+async def test_decode_attention_skips_the_columns_no_running_sequence_needs(engine, prompts, trace, monkeypatch):
+    """Once the request that started the timeline leaves, decode steps attend from the oldest
+    running sequence's first column on (StepPlan.first), with the same tokens and logprobs."""
+    alone = await run(engine, request("alone", prompts[1], 48, logprobs=True))
+    firsts: list[int] = []
+    plan = engine._plan
+
+    def recording(*args):
+        p = plan(*args)
+        firsts.append(p.first)
+        return p
+
+    monkeypatch.setattr(engine, "_plan", recording)
+    long = engine.generate(request("long", prompts[2], 900))
+    await until_tokens(long)
+    late = asyncio.create_task(run(engine, request("late", prompts[1], 48, logprobs=True)))
+    await wait_for(lambda: engine.stats().active == 2)
+    await long.aclose()
+    joined = await late
+    assert joined["tokens"] == alone["tokens"]
+    assert joined["logprobs"][0] == pytest.approx(alone["logprobs"][0], abs=1e-5)
+    assert 0 in firsts and firsts[-1] > 0  # from column 0 while "long" runs, later from "late"'s first
+    await wait_idle(engine)
+    for line in trace.read_text().splitlines():  # kind, sequences, tokens, forward s, step s
+        kind, rows, tokens, forward_s, step_s = line.split()
+        assert kind in ("decode", "prefill", "mixed") and 0 < int(rows) <= int(tokens)
+        assert 0 < float(forward_s) <= float(step_s)
