@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.engine.hf_config import parse_cpus
 from core.engine.registry import ENGINES
 from envflags import EnvArgumentParser, ListAction, comma_list
 
@@ -34,6 +35,14 @@ def _probability(raw: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {raw!r}")
     return value
+
+
+def _cpus(raw: str) -> str:
+    """argparse type of --engine-cpus (core.engine.hf_config.parse_cpus)."""
+    try:
+        return parse_cpus(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _float(raw: str) -> float:
@@ -68,6 +77,7 @@ class CoreConfig:
     device: str = "cpu"
     threads: int = 0
     engine_process: bool = True
+    engine_cpus: str = "auto"
     hf_step_trace: str = ""
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
@@ -185,6 +195,14 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=d.engine_process,
         help="HF engine: run the batching loop in a process of its own, so model steps never wait on serving work",
+    )
+    p.add_argument(
+        "--engine-cpus",
+        type=_cpus,
+        default=d.engine_cpus,
+        metavar="auto|none|LIST",
+        help="HF engine process: the CPUs it runs on, the serving threads taking the others (auto: the last "
+        "--threads CPUs when there are more CPUs than threads; none: no pinning; or a list such as 1,3-4)",
     )
     p.add_argument(
         "--hf-step-trace",

@@ -25,6 +25,11 @@ Admission (queue bound, duplicate ids, batch limits) is decided in the core proc
 queued until its SCHEDULED output arrives, which is never fewer than the engine's own queue.
 The engine process exits when told to stop, when its batching loop dies, or when the core
 process goes away (its end of the pipe closes).
+
+CPUs (`--engine-cpus`, core.engine.hf_config.engine_cpus): by default, where the machine has
+more CPUs than the engine has torch threads, the engine process runs on CPUs of its own and the
+core process's threads (and the engine process's receiver thread) on the others, so serving
+work never preempts a model step; the core's threads get their CPUs back at shutdown.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -42,7 +48,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.engine.base import EngineLifecycle, OutputStream
-from core.engine.hf_config import KIND, check_request, duplicate_id, engine_info, queue_full
+from core.engine.hf_config import (
+    KIND,
+    check_request,
+    default_threads,
+    duplicate_id,
+    engine_cpus,
+    engine_info,
+    queue_full,
+)
 from core.errors import CoreError, EngineDead, NotReady
 from core.sampling import resolve_generic
 from core.types import (
@@ -79,7 +93,7 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> Engine:
 
     if not config.engine_process:
         return hf.build(config, tokenizer)
-    return HfProcessEngine(config.model, hf.engine_kwargs(config, tokenizer))
+    return HfProcessEngine(config.model, hf.engine_kwargs(config, tokenizer), cpus=config.engine_cpus)
 
 
 @dataclass(eq=False, slots=True)
@@ -98,6 +112,7 @@ class HfProcessEngine(EngineLifecycle):
         model_path: Hugging Face checkpoint directory.
         engine_kwargs: HfEngine's keyword arguments (core.engine.hf.engine_kwargs); the limits
             among them are enforced here as HfEngine enforces them.
+        cpus: `--engine-cpus` ("auto", "none" or a CPU list; core.engine.hf_config.engine_cpus).
 
     All state is touched on the event loop only; a reader thread turns the engine process's
     messages into event-loop callbacks.
@@ -105,10 +120,12 @@ class HfProcessEngine(EngineLifecycle):
 
     kind = KIND
 
-    def __init__(self, model_path: str | Path, engine_kwargs: dict[str, Any]):
+    def __init__(self, model_path: str | Path, engine_kwargs: dict[str, Any], cpus: str = "none"):
         super().__init__()
         self._path = str(model_path)
         self._kwargs = engine_kwargs
+        self._cpus = cpus
+        self._unpin: Callable[[], None] | None = None  # gives the core's threads their CPUs back
         self._max_batch = int(engine_kwargs["max_batch_size"])
         self._max_queue = int(engine_kwargs["max_queue_size"])
         self._max_total = int(engine_kwargs["max_total_tokens"])
@@ -136,15 +153,20 @@ class HfProcessEngine(EngineLifecycle):
         Raises:
             RuntimeError: the engine process failed to load the model or exited (the message
                 says why; the process is gone by then).
+            ValueError: `cpus` names a CPU this process may not run on.
         """
         self._loop = asyncio.get_running_loop()
+        # Resolved here, before any pinning narrows what this process (and the child) may use.
+        threads = default_threads(int(self._kwargs["threads"]))
+        placement = engine_cpus(self._cpus, threads)
+        kwargs = {**self._kwargs, "threads": threads}
         ctx = multiprocessing.get_context("spawn")
         to_engine_r, to_engine_w = ctx.Pipe(duplex=False)
         from_engine_r, from_engine_w = ctx.Pipe(duplex=False)
         level = logging.getLogger().getEffectiveLevel()
         self._process = ctx.Process(
             target=_engine_main,
-            args=(self._path, self._kwargs, level, to_engine_r, from_engine_w),
+            args=(self._path, kwargs, level, to_engine_r, from_engine_w, placement),
             name="trellis-hf-engine",
             daemon=True,
         )
@@ -165,7 +187,16 @@ class HfProcessEngine(EngineLifecycle):
         self._started = self._alive = True
         self._reader = threading.Thread(target=self._read, name="hf-engine-reader", daemon=True)
         self._reader.start()
-        log.info("hf engine: serving from process %d", self._process.pid)
+        if placement is not None:
+            self._unpin = pin_threads(placement[1])
+            log.info(
+                "hf engine: serving from process %d on CPUs %s (serving threads on CPUs %s)",
+                self._process.pid,
+                _cpu_names(placement[0]),
+                _cpu_names(placement[1]),
+            )
+        else:
+            log.info("hf engine: serving from process %d", self._process.pid)
 
     async def shutdown(self) -> None:
         """Stop the engine process; requests still queued or running end with NotReady."""
@@ -183,6 +214,9 @@ class HfProcessEngine(EngineLifecycle):
             await asyncio.sleep(0)  # the reader's last callbacks run before anything is failed here
         self._fail_live(NotReady("The engine shut down; retry on another replica."))
         self._alive = False
+        if self._unpin is not None:
+            self._unpin()
+            self._unpin = None
         for conn in (self._inbox, self._outbox):
             if conn is not None:
                 conn.close()
@@ -358,16 +392,49 @@ def unpack(packed: Packed) -> EngineOutput:
     )
 
 
+# -------------------------------------------------------------------- CPUs
+
+
+def pin_threads(cpus: frozenset[int]) -> Callable[[], None]:
+    """Restrict every thread of this process to `cpus` (threads started later inherit it from
+    the thread that starts them); returns a function that gives every thread of the process the
+    CPUs the calling thread had before (Linux: the affinity is per thread)."""
+    before = os.sched_getaffinity(0)
+    _set_all_threads(cpus)
+    return lambda: _set_all_threads(before)
+
+
+def _set_all_threads(cpus: set[int] | frozenset[int]) -> None:
+    for name in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(name), cpus)
+        except (ProcessLookupError, OSError):  # a thread that exited meanwhile
+            continue
+
+
+def _cpu_names(cpus: frozenset[int]) -> str:
+    return ",".join(map(str, sorted(cpus)))
+
+
 # -------------------------------------------------------------------- the engine process
 
 
 def _engine_main(
-    model_path: str, engine_kwargs: dict[str, Any], log_level: int, inbox: Connection, outbox: Connection
+    model_path: str,
+    engine_kwargs: dict[str, Any],
+    log_level: int,
+    inbox: Connection,
+    outbox: Connection,
+    placement: tuple[frozenset[int], frozenset[int]] | None = None,
 ) -> None:
     """Entry point of the engine process: load, say "ready", then run the batching loop in this
     thread while a receiver thread admits requests; returns (and the process exits) when the
-    loop stops."""
+    loop stops. With a placement (engine CPUs, serving CPUs), the process runs on the engine
+    CPUs (torch's threads start after this and inherit them) and the receiver on the serving
+    CPUs, so that unpickling requests never takes the engine's CPU from a model step."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the core decides
+    if placement is not None:
+        pin_threads(placement[0])
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
     from core.engine.hf import Emits, HfEngine
 
@@ -396,8 +463,11 @@ def _engine_main(
         log.exception("hf engine process: loading %s failed", model_path)
         send(("failed", f"{type(e).__name__}: {e}"))
         return
-    send(("ready", None))
-    threading.Thread(target=_receive, args=(engine, inbox, send), name="hf-engine-inbox", daemon=True).start()
+    receiver = threading.Thread(target=_receive, args=(engine, inbox, send), name="hf-engine-inbox", daemon=True)
+    receiver.start()
+    if placement is not None and receiver.native_id is not None:
+        os.sched_setaffinity(receiver.native_id, placement[1])
+    send(("ready", None))  # the core sends nothing before this
     engine.run()
 
 

@@ -352,8 +352,33 @@ def static_batch(core: Proc, core_addr: str, args, n: int, threads: int, streams
     model's in-process padded static batch of the same size with the same torch threads (a
     fresh process each round, so the core sits idle meanwhile), alternating over `args.rounds`
     rounds; medians of each side. The core's CPU is split into the core process (serving:
-    pipeline, gRPC) and its engine process, per streamed token."""
+    pipeline, gRPC) and its engine process, per streamed token.
+
+    Where the machine has more CPUs than the engine has threads, both sides run their model on
+    the CPUs the core's engine process takes by default (`--engine-cpus auto`): the static batch
+    is started there, and the load generator (this process: a stand-in for clients elsewhere)
+    runs on the others, the serving CPUs, during the whole section."""
+    sys.path.insert(0, str(ROOT))
+    from core.engine.hf_config import engine_cpus
+    from core.engine.hf_process import pin_threads
+
+    placement = engine_cpus("auto", threads)
     result: dict = {"threads": threads, "streams": {}}
+    cpus = ""
+    if placement is not None:
+        cpus = ",".join(map(str, sorted(placement[0])))
+        result["cpus"] = {"model": sorted(placement[0]), "load_generator": sorted(placement[1])}
+        print(f"   static batch on CPUs {cpus}, load generator on {sorted(placement[1])}", flush=True)
+    unpin = pin_threads(placement[1]) if placement is not None else None
+    try:
+        _static_rounds(core, core_addr, args, n, threads, streams, cpus, result)
+    finally:
+        if unpin is not None:
+            unpin()
+    return result
+
+
+def _static_rounds(core: Proc, core_addr: str, args, n: int, threads: int, streams, cpus: str, result: dict) -> None:
     procs = {"core": core, "engine": EngineProcess(core)}
     for c in streams:
         print(f"== core vs in-process padded static batch at {c} streams ({threads} torch threads)", flush=True)
@@ -378,7 +403,7 @@ def static_batch(core: Proc, core_addr: str, args, n: int, threads: int, streams
                 flush=True,
             )
             core_runs.append(run)
-            static_runs.append(run_static(args.model, c, n, threads))
+            static_runs.append(run_static(args.model, c, n, threads, cpus))
         core_med = sorted(core_runs, key=lambda r: r["tokens_per_s"])[len(core_runs) // 2]
         static_med = sorted(static_runs, key=lambda r: r["tokens_per_s"])[len(static_runs) // 2]
         result["streams"][str(c)] = {
@@ -393,13 +418,13 @@ def static_batch(core: Proc, core_addr: str, args, n: int, threads: int, streams
                 "static_others_cores": [r["others_cores"] for r in static_runs],
             },
         }
-    return result
 
 
-def run_static(model: str, batch: int, n: int, threads: int) -> dict:
-    """One scripts/bench/static_batch.py measurement in a fresh process."""
+def run_static(model: str, batch: int, n: int, threads: int, cpus: str = "") -> dict:
+    """One scripts/bench/static_batch.py measurement in a fresh process (on `cpus` if given)."""
     cmd = [sys.executable, "scripts/bench/static_batch.py", "--model", model, "--batch", str(batch)]
     cmd += ["--max-new-tokens", str(n), "--threads", str(threads)]
+    cmd += ["--cpus", cpus] if cpus else []
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     print(

@@ -15,8 +15,11 @@ After one unmeasured batch, `--batches` batches run back to back; the figures ar
   itl_ms         gaps between successive decode steps (the time between two tokens of a row), p50
   others_cores   CPU the rest of the machine used meanwhile, in cores (a disturbed run shows it)
 
+`--cpus LIST` runs it on those CPUs only (run_all.py gives it the CPUs the core's engine process
+gets, so both sides of the comparison run their model on the same CPUs).
+
 Prints one JSON object on its last line. Usage:
-  python scripts/bench/static_batch.py --model models/demo --batch 16 [--batches 4] [--threads 0]
+  python scripts/bench/static_batch.py --model models/demo --batch 16 [--batches 4] [--threads 0] [--cpus 1]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -130,7 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=4, help="measured batches")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--cpus", default="", help="CPU list to run on (e.g. 1 or 2-3; default: any)")
     args = p.parse_args(argv)
+    if args.cpus:
+        sys.path.insert(0, str(ROOT))
+        from core.engine.hf_config import parse_cpu_list
+
+        os.sched_setaffinity(0, parse_cpu_list(args.cpus))  # before torch starts any thread
     result = run_static(args.model, args.batch, args.batches, args.max_new_tokens, args.threads)
     print(json.dumps(result))
     return 0

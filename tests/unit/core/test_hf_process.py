@@ -1,14 +1,19 @@
 """The HF engine in a process of its own (core.engine.hf_process): the same tokens as the engine
 on a thread, admission refusals decided in the core process, cancellation, shutdown, a load
-failure and an engine process that dies under running requests."""
+failure, an engine process that dies under running requests, and where the engine process and
+the serving threads run (--engine-cpus)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 
 import pytest
 
+from core.config import load
 from core.engine import hf, hf_process
+from core.engine.hf_config import engine_cpus
 from core.errors import EngineDead, InvalidArgument, NotReady, Overloaded
 from core.types import EngineOutput, FinishReason, PromptTokenInfo, RequestState, SequenceStep
 from tests.conftest import core_config
@@ -121,3 +126,60 @@ async def test_a_model_the_engine_process_cannot_load_fails_start(tiny_model_dir
     with pytest.raises(RuntimeError, match="could not load"):
         await engine.start()
     assert not engine.alive
+
+
+def test_engine_cpus_give_the_engine_the_last_cpus_and_serving_the_rest():
+    two, four = frozenset({0, 1}), frozenset({0, 1, 2, 3})
+    assert engine_cpus("auto", 1, two) == ({1}, {0})
+    assert engine_cpus("auto", 2, four) == ({2, 3}, {0, 1})
+    assert engine_cpus("auto", 2, two) is None  # no CPU would be left to serving: the scheduler decides
+    assert engine_cpus("none", 1, four) is None
+    assert engine_cpus("1,3", 2, four) == ({1, 3}, {0, 2})
+    assert engine_cpus("0-3", 4, four) == (four, four)  # every CPU to the engine: serving shares them
+    with pytest.raises(ValueError, match="CPU 7 is not among the CPUs this process may run on"):
+        engine_cpus("1,7", 2, four)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"), [("x", "not a CPU list"), ("3-1", "runs backwards"), ("1,", "not a CPU list")]
+)
+def test_a_malformed_engine_cpus_flag_is_a_usage_error(spec, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        load(["--model", "/m", "--engine-cpus", spec], {})
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert load(["--model", "/m"], {"TRELLIS_CORE_ENGINE_CPUS": "0,2-3"}).engine_cpus == "0,2-3"
+    assert load(["--model", "/m"], {}).engine_cpus == "auto"
+
+
+async def test_engine_cpus_naming_a_cpu_out_of_reach_fail_start_before_any_process(tiny_model_dir, tokenizer):
+    engine = hf_process.build(core_config(tiny_model_dir, engine_cpus="4095"), tokenizer)
+    with pytest.raises(ValueError, match="CPU 4095"):
+        await engine.start()
+    assert engine._process is None and not engine.alive
+
+
+def _threads_cpus(pid: int) -> dict[int, set[int]]:
+    out = {}
+    for name in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError):
+            out[int(name)] = os.sched_getaffinity(int(name))
+    return out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to separate the engine from serving")
+async def test_the_engine_process_runs_on_its_own_cpus_and_serving_on_the_others(tiny_model_dir, tokenizer):
+    before = os.sched_getaffinity(0)
+    engine_cpu, serving = {max(before)}, before - {max(before)}
+    engine = await started(tiny_model_dir, tokenizer, threads=1, engine_cpus="auto")
+    try:
+        child = _threads_cpus(engine._process.pid)
+        assert child.pop(engine._process.pid) == engine_cpu  # the batching loop (and torch's threads)
+        assert serving in child.values()  # its receiver thread
+        assert set(map(frozenset, child.values())) <= {frozenset(engine_cpu), frozenset(serving)}
+        assert all(cpus == serving for cpus in _threads_cpus(os.getpid()).values())
+        out = await last_output(engine.generate(req("pinned", [1, 5], max_new_tokens=4)))
+        assert out.finished and out.error is None
+    finally:
+        await engine.shutdown()
+    assert all(cpus == before for cpus in _threads_cpus(os.getpid()).values())
