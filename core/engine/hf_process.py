@@ -408,7 +408,7 @@ def _set_all_threads(cpus: set[int] | frozenset[int]) -> None:
     for name in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(name), cpus)
-        except (ProcessLookupError, OSError):  # a thread that exited meanwhile
+        except OSError:  # a thread that exited meanwhile
             continue
 
 
