@@ -219,6 +219,9 @@ class Connection:
         transport = self._protocol.transport
         if transport is None or transport.is_closing() or self.ws.closed:
             return
+        if len(items) == 1 and isinstance(event := items[0], bytes):  # one encoded event: most frames
+            transport.write(_text_frame(b"[" + event + b"]"))
+            return
         transport.write(b"".join(_text_frame(_array(frame)) for frame in _frames(items)))
 
     async def _drain(self) -> None:
