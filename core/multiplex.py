@@ -119,6 +119,7 @@ class MultiplexSession:
         self._filling_events = 0
         self._last: spb.MultiplexEvent | None = None
         self._last_id = 0  # the id of `_last` (read back from protobuf, it costs more)
+        self._texts_closed = False  # `_last` has responses: texts after them need a new event
         self._add_event: Callable[[], spb.MultiplexEvent]  # `_filling.events.add`, set with it
         self._closed = False  # the client half-closed, or its stream broke
         self._end_when_idle = False  # drain() was called
@@ -229,16 +230,20 @@ class MultiplexSession:
     def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
         """Render the job's deltas into the message being filled."""
         responses = self._event(job.tag).responses
+        self._texts_closed = True  # a later text of this job follows these responses
         request_id = job.request_id
         for delta in deltas:
             convert.fill_response(responses.add(), delta, request_id)
 
     def deliver_text(self, job: Job, text: str) -> None:
-        """Render the next text of the job's only sequence into the message being filled (the
-        GenerateResponse `convert.fill_response` makes of such a delta)."""
-        response = self._event(job.tag).responses.add()
-        response.request_id = job.request_id
-        response.outputs.add().text = text
+        """Add the next text of the job's only sequence to the message being filled, as an entry
+        of its event's `texts` (what stands for the GenerateResponse {request_id, outputs:
+        [{index: 0, text}]} `convert.fill_response` would make of it)."""
+        rid = job.tag
+        event = self._last
+        if event is None or self._last_id != rid or self._texts_closed:
+            event = self._event(rid, fresh=True)
+        event.texts.append(text)
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """Add the job's terminal status (OK, or its error)."""
@@ -254,12 +259,13 @@ class MultiplexSession:
         log.info("request %s: %s %s", request_id, error.code.name, error.message)
         status.MergeFromString(error.to_rpc_status().SerializeToString())
 
-    def _event(self, rid: int) -> spb.MultiplexEvent:
+    def _event(self, rid: int, fresh: bool = False) -> spb.MultiplexEvent:
         """The event of request `rid` at the end of the message being filled (a new one unless
-        the last event is this request's), and a wake-up for the writer."""
+        the last event is this request's, or `fresh`), and a wake-up for the writer."""
         last = self._last
-        if last is not None and self._last_id == rid:
+        if last is not None and self._last_id == rid and not fresh:
             return last
+        self._texts_closed = False
         msg = self._filling
         if msg is None or self._filling_events >= MAX_EVENTS_PER_MESSAGE:
             msg = self._filling = spb.MultiplexGenerateResponse()

@@ -6,7 +6,10 @@ GenerateResponse messages as they arrive, then the request's end (OK, or a Gatew
 requests share one MultiplexGenerate stream: the core sends one message per engine step with the
 news of every request on it, and a reader task hands each request's messages to its CoreCall in
 one pass, which passes them on synchronously to a listener (the relay that writes the HTTP
-response, the WebSocket connection) or wakes the one coroutine waiting on it. A core without
+response, the WebSocket connection) or wakes the one coroutine waiting on it. Most messages of a
+plain text stream arrive as text alone (MultiplexEvent.texts): a listener that renders text
+takes them as strings (`listen_texts`); for everyone else they become the GenerateResponse each
+stands for (`text_response`). A core without
 MultiplexGenerate (UNIMPLEMENTED) is served with one Generate call per request instead, the
 requests waiting on the refused stream included.
 
@@ -65,13 +68,16 @@ log = logging.getLogger(__name__)
 class CoreCall:
     """One Generate request as the gateway sees it.
 
-    The transport feeds it (`_news`); its owner either waits (`wait()`, then `take()`) or
-    registers a listener (`listen(fn)`), called synchronously every time news arrive: new
-    messages to `take()`, or the end (`ended`, with `error` None for OK). A listener must not
-    raise (the reader task logs it and cancels the request).
+    The transport feeds it (`_news`, `_text_news`); its owner either waits (`wait()`, then
+    `take()`) or registers a listener (`listen(fn)`), called synchronously every time news
+    arrive: new messages to `take()`, or the end (`ended`, with `error` None for OK), and may
+    also take text-only messages as strings (`listen_texts`). A listener must not raise (the
+    reader task logs it and cancels the request).
 
     Attributes:
         request: the request as sent.
+        request_id: the request's id in the core's messages (the core's own for a request
+            sent without one).
         ended: the request ended (after its messages), failed or was cancelled.
         error: why it ended, when not OK.
         started: a message of it arrived.
@@ -84,6 +90,7 @@ class CoreCall:
         "_listener",
         "_messages",
         "_queue_timer",
+        "_text_listener",
         "_timer",
         "_waiter",
         "attempts",
@@ -91,11 +98,13 @@ class CoreCall:
         "error",
         "hash_key",
         "request",
+        "request_id",
         "started",
     )
 
     def __init__(self, request: spb.GenerateRequest, cancel: Callable[[], None]):
         self.request = request
+        self.request_id = request.request_id
         self.ended = False
         self.started = False  # a message arrived: the request can no longer be resent
         self.attempts = 1
@@ -104,6 +113,7 @@ class CoreCall:
         self._messages: list[spb.GenerateResponse] = []
         self._cancel = cancel
         self._listener: Callable[[], None] | None = None
+        self._text_listener: Callable[[Sequence[str]], None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._queue_timer: asyncio.TimerHandle | None = None
@@ -127,6 +137,13 @@ class CoreCall:
         self._listener = listener
         if self._messages or self.ended:
             listener()
+
+    def listen_texts(self, listener: Callable[[Sequence[str]], None]) -> None:
+        """Call `listener(texts)` for text-only messages (each string stands for
+        `text_response(request_id, text)`, in order with the other messages) instead of
+        handing them to `take()`; with `listen()`, whose listener has taken every message
+        before."""
+        self._text_listener = listener
 
     def cancel(self) -> None:
         """Give the request up: the core aborts it within an engine step (no-op once ended)."""
@@ -162,6 +179,8 @@ class CoreCall:
         if self.ended:
             return
         if messages:
+            if not self.started:
+                self.request_id = messages[0].request_id
             if self._queue_timer is not None and any(
                 m.state >= pb.GENERATE_STATE_SCHEDULED or m.outputs for m in messages
             ):
@@ -176,6 +195,16 @@ class CoreCall:
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def _text_news(self, texts: Sequence[str]) -> None:
+        """Transport side: text-only messages (MultiplexEvent.texts), to the text listener when
+        there is one, else as the GenerateResponses they stand for."""
+        if self.ended:
+            return
+        if self._text_listener is not None and not self._messages:
+            self._text_listener(texts)
+        else:
+            self._news([text_response(self.request_id, text) for text in texts], False, None)
+
     def _finish(self, error: GatewayError | None) -> None:
         self.ended = True
         self.error = error
@@ -185,6 +214,14 @@ class CoreCall:
         if self._queue_timer is not None:
             self._queue_timer.cancel()
             self._queue_timer = None
+
+
+def text_response(request_id: str, text: str) -> spb.GenerateResponse:
+    """The GenerateResponse an entry of MultiplexEvent.texts stands for: new text of sequence 0
+    and nothing else (generate_service.proto)."""
+    response = spb.GenerateResponse(request_id=request_id)
+    response.outputs.add().text = text
+    return response
 
 
 class _Multiplexed:
@@ -287,6 +324,11 @@ class _Multiplexed:
                                     self._end(call, err)
                                     continue
                         try:
+                            texts = ev.texts
+                            if texts:
+                                call._text_news(texts)
+                                if not ended and not ev.responses:
+                                    continue
                             call._news(ev.responses, ended, err)
                         except Exception:
                             log.exception("request %s: rendering failed", call.request.request_id)

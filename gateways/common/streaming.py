@@ -31,7 +31,7 @@ from aiohttp.http import StreamWriter
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.core_client import CoreCall
+from gateways.common.core_client import CoreCall, text_response
 from gateways.common.metrics import TIMER_KEY, client_gone
 from gateways.common.status import GatewayError
 
@@ -171,6 +171,10 @@ class CoreStream:
     def listen(self, listener: Callable[[], None]) -> None:
         """Call `listener()` synchronously as news arrive (now, if some wait already)."""
         self.call.listen(listener)
+
+    def listen_texts(self, listener: Callable[[Sequence[str]], None]) -> None:
+        """Take text-only messages as strings (`CoreCall.listen_texts`)."""
+        self.call.listen_texts(listener)
 
     async def __aiter__(self) -> AsyncIterator[spb.GenerateResponse]:
         while True:
@@ -426,6 +430,7 @@ async def relay(
     headers: Mapping[str, str] | None = None,
     end: Callable[[], bytes] | None = None,
     request_id: str = "",
+    render_text: Callable[[str], bytes | None] | None = None,
 ) -> web.StreamResponse:
     """Answer with an open stream: one write per arriving message (or batch), merged writes
     while the client reads slower.
@@ -447,6 +452,10 @@ async def relay(
         end: the framed bytes after the last item of a complete stream (e.g. a usage chunk,
             `data: [DONE]`), if any.
         request_id: for the log.
+        render_text: for a CoreStream, `render(text_response(request_id, text))` for a
+            text-only message, rendered from the text alone, or None where it needs the message
+            (which is then built and rendered); most tokens of a plain stream arrive as text
+            alone (MultiplexEvent.texts).
 
     Returns:
         The response, ended unless the client went away. The requests are cancelled in all
@@ -459,7 +468,9 @@ async def relay(
         out = ResponseWriter(request, resp)
         pushed: object = stream  # a Stream[T] whose T is GenerateResponse
         if isinstance(pushed, CoreStream):
-            await _relay_pushed(pushed, out, cast(Callable[[spb.GenerateResponse], bytes], render), render_error, end)
+            await _relay_pushed(
+                pushed, out, cast(Callable[[spb.GenerateResponse], bytes], render), render_error, end, render_text
+            )
         else:
             try:
                 async for item in stream:
@@ -481,20 +492,35 @@ async def relay(
     return resp
 
 
+def _no_text(text: str) -> None:
+    """A render_text that leaves every text-only message to the message renderer."""
+    return None
+
+
 async def _relay_pushed(
     stream: CoreStream,
     out: ResponseWriter,
     render: Callable[[spb.GenerateResponse], bytes],
     render_error: Callable[[GatewayError], bytes],
     end: Callable[[], bytes] | None,
+    render_text: Callable[[str], bytes | None] | None,
 ) -> None:
     done = gone = False
     wake: asyncio.Future[None] | None = None
+    text_to_bytes = render_text or _no_text
 
-    def on_news() -> None:
+    def on_news(texts: Sequence[str] = ()) -> None:
         nonlocal done, gone
+        if done:  # ended in-band already: news until the call is cancelled are dropped
+            return
         parts: list[bytes] = []
         try:
+            for text in texts:
+                data = text_to_bytes(text)
+                if data is None:
+                    data = render(text_response(stream.call.request_id, text))
+                if data:
+                    parts.append(data)
             for msg in stream.take():
                 if data := render(msg):
                     parts.append(data)
@@ -521,7 +547,28 @@ async def _relay_pushed(
         if (done or out.waiting) and wake is not None and not wake.done():
             wake.set_result(None)
 
+    def on_texts(texts: Sequence[str]) -> None:
+        """on_news(texts) for the usual case, one text that renders from the text alone."""
+        nonlocal done, gone
+        if done:
+            return
+        try:
+            data = text_to_bytes(texts[0]) if len(texts) == 1 else None
+        except Exception:  # on_news renders it again and ends the response in-band
+            data = None
+        if not data:
+            on_news(texts)
+            return
+        try:
+            out.write(data)
+        except ConnectionResetError:
+            gone = done = True
+        if (done or out.waiting) and wake is not None and not wake.done():
+            wake.set_result(None)
+
     stream.listen(on_news)
+    if render_text is not None:
+        stream.listen_texts(on_texts)
     while not done or out.waiting:
         if out.waiting:
             await out.drain()

@@ -97,21 +97,31 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     except GatewayError as e:
         return errors.render_before_stream(e, names)
 
+    render, render_text = event_renderer(renderer)
     return await relay(
         request,
         stream,
-        event_renderer(renderer),
+        render,
         lambda err: errors.render_in_stream(err, names),
         content_type=SSE_CONTENT_TYPE,
         charset="utf-8",
         request_id=tr.request.request_id,
+        render_text=render_text,
     )
 
 
-def event_renderer(renderer: ResponseRenderer) -> Callable[[spb.GenerateResponse], bytes]:
+def event_renderer(
+    renderer: ResponseRenderer,
+) -> tuple[Callable[[spb.GenerateResponse], bytes], Callable[[str], bytes | None]]:
     """The SSE event of each Generate message of one stream (`renderer.event(msg)`, b"" for
     none), with plain text deltas (`ResponseRenderer.plain_text`, most tokens) filled into a
-    Template encoded once per request; the same bytes."""
+    Template encoded once per request; the same bytes.
+
+    Returns:
+        `(render, render_text)`: `render(msg)` for any message; `render_text(text)` for a
+        text-only message (`relay`'s render_text): its event, or None when it is not a plain
+        text delta (then `render` takes the message).
+    """
     plain = Template(lambda text: sse_event(renderer.text_event(text)))
 
     def render(msg: spb.GenerateResponse) -> bytes:
@@ -121,7 +131,10 @@ def event_renderer(renderer: ResponseRenderer) -> Callable[[spb.GenerateResponse
         event = renderer.event(msg)
         return b"" if event is None else sse_event(event)
 
-    return render
+    def render_text(text: str) -> bytes | None:
+        return plain.fill_text(text) if renderer.plain_ready() else None
+
+    return render, render_text
 
 
 async def live(request: web.Request) -> web.Response:

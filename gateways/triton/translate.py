@@ -343,13 +343,18 @@ class ResponseRenderer:
         """The text when `event(msg)` would be exactly `text_event(text)`, else None (then
         `event` renders it): one unfinished output, no log probs, no prompt text to echo. Most
         messages of a stream, which a route renders from a Template of `text_event`."""
-        if self.logprobs or self._pending_prompt or msg.HasField("prompt_text"):
+        if not self.plain_ready() or msg.HasField("prompt_text"):
             return None
         outputs = msg.outputs
         if len(outputs) != 1:
             return None
         out = outputs[0]
         return None if out.finish_reason else out.text
+
+    def plain_ready(self) -> bool:
+        """Whether a message with text alone renders as `text_event` now (see `plain_text`):
+        no log probs asked for, no prompt text waiting to be echoed."""
+        return not self.logprobs and not self._pending_prompt
 
     def text_event(self, text: str) -> dict[str, Any]:
         """The event of a plain text delta (see `plain_text`)."""

@@ -23,13 +23,14 @@ import functools
 import logging
 import struct
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from gateways.common.app import core_client
-from gateways.common.core_client import CONFIG_KEY, CoreCall, CoreClient
+from gateways.common.core_client import CONFIG_KEY, CoreCall, CoreClient, text_response
 from gateways.common.framing import Template, dump_bytes
 from gateways.common.status import GatewayError
 from gateways.ws import errors, schema, translate
@@ -140,19 +141,29 @@ class Connection:
             progress = Template(lambda text, state=state: dump_bytes(translate.progress_event(state, text)))
             call = self.client.generate(request, hash_key=item.request_id)
             self.prompts[item.request_id] = call
-            call.listen(functools.partial(self._on_news, call, state, progress))
+            on_news = functools.partial(self._on_news, call, state, progress)
+            call.listen(on_news)
+            call.listen_texts(on_news)
 
-    def _on_news(self, call: CoreCall, state: translate.PromptState, progress: Template) -> None:
-        """Render a prompt's new messages (and its end) into events, called as they arrive;
-        plain text deltas (translate.progress_text) are filled into the prompt's PROGRESS
-        `progress` template, encoded once per prompt."""
+    def _on_news(
+        self, call: CoreCall, state: translate.PromptState, progress: Template, texts: Sequence[str] = ()
+    ) -> None:
+        """Render a prompt's new messages (text-only ones as `texts`, then those to take, and
+        its end) into events, called as they arrive; plain text deltas (translate.progress_text,
+        text_progress) are filled into the prompt's PROGRESS `progress` template, encoded once
+        per prompt."""
         events: list[Outgoing] = []
         done = call.ended
         try:
-            for msg in call.take():
-                text = translate.progress_text(msg, state)
-                if text is not None:
+            for text in texts:
+                if translate.text_progress(text, state) is not None:
                     events.append(progress.fill_text(text))
+                else:
+                    events += translate.to_events(text_response(call.request_id, text), state)
+            for msg in call.take():
+                plain = translate.progress_text(msg, state)
+                if plain is not None:
+                    events.append(progress.fill_text(plain))
                 else:
                     events += translate.to_events(msg, state)
             if done:
@@ -207,6 +218,9 @@ class Connection:
         items, self._out = self._out, []
         transport = self._protocol.transport
         if transport is None or transport.is_closing() or self.ws.closed:
+            return
+        if len(items) == 1 and isinstance(event := items[0], bytes):  # one encoded event: most frames
+            transport.write(_text_frame(b"[" + event + b"]"))
             return
         transport.write(b"".join(_text_frame(_array(frame)) for frame in _frames(items)))
 

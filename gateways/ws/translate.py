@@ -166,8 +166,15 @@ def progress_text(msg: spb.GenerateResponse, state: PromptState) -> str | None:
     if len(outputs) != 1:
         return None
     out = outputs[0]
-    text = out.text
-    if out.index or not text or out.finish_reason or msg.HasField("usage"):
+    if out.index or out.finish_reason or msg.HasField("usage"):
+        return None
+    return text_progress(out.text, state)
+
+
+def text_progress(text: str, state: PromptState) -> str | None:
+    """`progress_text` of a message with `text` alone (MultiplexEvent.texts): the text, with
+    the same update of `state`, or None for a prompt that is not streamed or an empty text."""
+    if not state.stream_response or not text:
         return None
     state.parts.append(text)
     return text

@@ -133,6 +133,7 @@ async def measure(
         load_before = _loadavg()
         busy0, mine0 = _busy_cpu_seconds(), me.cpu_times()
         cpu0 = {name: p.cpu_seconds() for name, p in procs.items()}
+        sys0 = _system_seconds(procs)
         t0 = time.perf_counter()
         meter.on = True
         next_report = 2.0
@@ -145,6 +146,7 @@ async def measure(
         meter.on = False
         window = time.perf_counter() - t0
         cpu1 = {name: p.cpu_seconds() for name, p in procs.items()}
+        sys1 = _system_seconds(procs)
         busy1, mine1 = _busy_cpu_seconds(), me.cpu_times()
         load_after = _loadavg()
         if on_window is not None:
@@ -168,6 +170,10 @@ async def measure(
         "errors": len(errors),
         "error_samples": errors[:3],
         "cpu_us_per_token": per_token,
+        # The kernel's part of cpu_us_per_token (mostly the sends of each streamed record).
+        "system_us_per_token": {
+            name: round(1e6 * (sys1[name] - sys0[name]) / tokens, 2) if tokens else None for name in sys1
+        },
         "cpu_cores": {name: round(s / window, 3) for name, s in {**cpu, "others": others}.items()},
         "itl_ms": _ms(meter.itl),
         "itl_above_step_ms": _ms(meter.itl, step_ms),
@@ -182,6 +188,11 @@ async def measure(
     if isinstance(client, WsClient) and "gateway" in cpu and meter.messages:
         run["cpu_us_per_event"] = {"gateway": round(1e6 * cpu["gateway"] / meter.messages, 2)}
     return run
+
+
+def _system_seconds(procs: dict[str, Any]) -> dict[str, float]:
+    """Kernel CPU seconds of the processes that report them (Proc.system_seconds)."""
+    return {name: p.system_seconds() for name, p in procs.items() if hasattr(p, "system_seconds")}
 
 
 def start_core(model: str, step_ms: float, streams: int) -> tuple[Proc, int]:
@@ -484,11 +495,14 @@ def row(target: str, r: dict[str, Any]) -> str:
     """One line per run: tokens/s, CPU per token per process, ITL above step, step achieved."""
     us = r["cpu_us_per_token"]
     gw = _f(us.get("gateway"), 7, 1)
+    kernel = r.get("system_us_per_token", {})
+    gw_sys = f" (kernel {kernel['gateway']:.1f})" if kernel.get("gateway") is not None else ""
     ev = r.get("cpu_us_per_event", {}).get("gateway")
     above = r["itl_above_step_ms"]
     return (
-        f"{target:<7} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {_f(us['core'], 7, 1)}  gateway {gw} "
-        f"µs/token{f' ({ev:.1f} µs/event)' if ev else ''}  client {r['cpu_cores']['client']:.2f} cores  "
+        f"{target:<7} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {_f(us['core'], 7, 1)}  "
+        f"gateway {gw}{gw_sys} µs/token{f' ({ev:.1f} µs/event)' if ev else ''}  "
+        f"client {r['cpu_cores']['client']:.2f} cores  "
         f"ITL-step p50 {_f(above['p50'])} p99 {_f(above['p99'])} ms  step {_f(r['achieved_step_ms'])} ms  "
         f"TTFT p50 {_f(r['ttft_ms']['p50'], 0, 0)} ms  streaming {_f(r['streaming_mean'], 0, 0)}  "
         f"others {r['cpu_cores']['others']:.2f} cores  errors {r['errors']}"

@@ -72,6 +72,11 @@ class Proc:
         t = self.process.cpu_times()
         return t.user + t.system
 
+    def system_seconds(self) -> float:
+        """The kernel's part of `cpu_seconds` (system calls: on loopback a send also runs the
+        receiving side's TCP processing)."""
+        return self.process.cpu_times().system
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+import pytest
 import pytest_asyncio
 from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
@@ -102,12 +103,17 @@ async def test_generate_merges_messages_for_a_slow_reader_and_loses_nothing(fast
     assert len(slow) < len(prompt) - 100
 
 
-async def test_multiplex_sends_what_waits_together_message_for_message(fast_core):
+@pytest.mark.parametrize(
+    "output", [{"logprobs": True, "topLogprobs": 3}, {"tokens": False}], ids=["tokens", "text-only"]
+)
+async def test_multiplex_sends_what_waits_together_message_for_message(fast_core, output):
+    """A text-only request's decode steps travel as MultiplexEvent.texts: what waits goes out
+    as many texts in one event, after the responses before them and before those after them."""
     body = {
         "requestId": "m",
         "text": "Once upon a time",
         "stopping": {"maxNewTokens": TOKENS, "ignoreEos": True},
-        "output": {"logprobs": True, "topLogprobs": 3},
+        "output": output,
     }
     runs = []
     for pause in (False, True):
@@ -130,8 +136,11 @@ async def test_multiplex_sends_what_waits_together_message_for_message(fast_core
         (len(m.outputs), m.outputs[0].text if m.outputs else "") for m in prompt.responses[1]
     ]
     assert _shape(slow.responses[1]) == _shape(prompt.responses[1])
+    assert [m.HasField("usage") for m in slow.responses[1]] == [m.HasField("usage") for m in prompt.responses[1]]
     # Several engine steps of the request went out in one message while the reader paused.
-    assert max(sum(len(ev.responses) for ev in m.events) for m in slow.messages) > 10
+    assert max(sum(len(ev.responses) + len(ev.texts) for ev in m.events) for m in slow.messages) > 10
+    texts = sum(len(ev.texts) for m in slow.messages for ev in m.events)
+    assert texts > TOKENS // 2 if output == {"tokens": False} else texts == 0
 
 
 # --------------------------------------------------------------------------------- HTTP

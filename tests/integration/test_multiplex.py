@@ -20,6 +20,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
+from gateways.common.core_client import text_response
 from gateways.common.status import GatewayError
 from tests.integration.core_helpers import generate, request, sequences, start_core_process, wait_for, wait_idle
 
@@ -49,7 +50,11 @@ class Mux:
                     return
                 self.messages.append(msg)
                 for ev in msg.events:
-                    self.responses.setdefault(ev.id, []).extend(ev.responses)
+                    got = self.responses.setdefault(ev.id, [])
+                    # A text-only message travels as its text (MultiplexEvent.texts), before the
+                    # event's responses; the first message of a request carries its id.
+                    got += [text_response(got[0].request_id, text) for text in ev.texts]
+                    got += ev.responses
                     if ev.HasField("status"):
                         self.status[ev.id] = ev.status
                 if self.slow_until is not None:
@@ -96,9 +101,9 @@ def _shape(msgs: list[spb.GenerateResponse]) -> tuple:
 
 async def test_many_requests_get_what_generate_gives_them(start_mock_core):
     core = await start_mock_core(mock_step_ms=2.0)
-    bodies = [
-        (i, _body(i, output={"logprobs": True, "topLogprobs": 2} if i % 4 == 0 else {})) for i in range(1, 41)
-    ] + [(99, _body(99, sampling={"n": 2, "seed": 5, "doSample": True}))]
+    outputs = {0: {"logprobs": True, "topLogprobs": 2}, 2: {"tokens": False}}  # by i % 4; else the defaults
+    bodies = [(i, _body(i, output=outputs.get(i % 4, {}))) for i in range(1, 41)]
+    bodies += [(99, _body(99, sampling={"n": 2, "seed": 5, "doSample": True}, output={"tokens": False}))]
     mux = Mux(core.address)
     mux.read()
     try:
@@ -112,6 +117,10 @@ async def test_many_requests_get_what_generate_gives_them(start_mock_core):
             assert got[0].state == pb.GENERATE_STATE_QUEUED
             assert all(m.request_id == body["requestId"] for m in got)
             assert _shape(got) == _shape(await generate(stub, body))
+        # Text-only requests' decode steps travel as text alone (MultiplexEvent.texts); requests
+        # with token details, or with several sequences, never do.
+        with_texts = {ev.id for m in mux.messages for ev in m.events if ev.texts}
+        assert with_texts == {rid for rid, _ in bodies if rid % 4 == 2}
         # Events of several requests travel together: one message per engine step, not per token.
         assert any(len({ev.id for ev in m.events}) > 10 for m in mux.messages)
         assert len(mux.messages) < sum(len(r) for r in mux.responses.values()) / 5

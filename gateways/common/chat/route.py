@@ -44,26 +44,41 @@ def encode(chunks: list[dict[str, Any]], framing: str) -> bytes:
     return b"".join(map(frame, chunks))
 
 
-def chunk_renderer(state: translate.StreamState, framing: str) -> Callable[[spb.GenerateResponse], bytes]:
-    """The framed chunks of each Generate message of one stream: `encode(to_chunks(msg,
-    state), framing)`, with plain content deltas (`translate.content_delta`, most tokens)
-    filled into a Template of their chunk, encoded once per choice; the same bytes."""
+def chunk_renderer(
+    state: translate.StreamState, framing: str
+) -> tuple[Callable[[spb.GenerateResponse], bytes], Callable[[str], bytes | None]]:
+    """The framed chunks of one stream's Generate messages, `encode(to_chunks(msg, state),
+    framing)`, with plain content deltas (`translate.content_delta`, most tokens) filled into a
+    Template of their chunk, encoded once per choice; the same bytes.
+
+    Returns:
+        `(render, render_text)`: `render(msg)` for any message; `render_text(text)` for a
+        text-only message of choice 0 (`relay`'s render_text): its chunk, or None when it is not
+        a plain content delta (then `render` takes the message).
+    """
     deltas: dict[int, wire.Template] = {}
+
+    def template(index: int) -> wire.Template:
+        found = deltas.get(index)
+        if found is None:
+            found = deltas[index] = wire.Template(
+                lambda value: encode([translate.content_chunk(state, index, value)], framing)
+            )
+        return found
 
     def render(msg: spb.GenerateResponse) -> bytes:
         delta = translate.content_delta(msg, state)
         if delta is not None:
-            index, text = delta
-            template = deltas.get(index)
-            if template is None:
-                template = deltas[index] = wire.Template(
-                    lambda value: encode([translate.content_chunk(state, index, value)], framing)
-                )
-            return template.fill_text(text)
+            return template(delta[0]).fill_text(delta[1])
         chunks = translate.to_chunks(msg, state)
         return encode(chunks, framing) if chunks else b""
 
-    return render
+    def render_text(text: str) -> bytes | None:
+        if not text or not translate.plain_deltas(state) or 0 not in state.role_sent:
+            return None
+        return template(0).fill_text(text)
+
+    return render, render_text
 
 
 def end_of_stream(framing: str) -> bytes:
@@ -127,7 +142,7 @@ async def handle_chat(
         response = errors.render_before_stream(err, status_overrides)
         response.headers.update(headers)
         return response
-    render = chunk_renderer(state, framing)
+    render, render_text = chunk_renderer(state, framing)
 
     def end() -> bytes:
         usage = encode([translate.usage_chunk(state)], framing) if state.include_usage else b""
@@ -147,4 +162,5 @@ async def handle_chat(
         headers=headers,
         end=end,
         request_id=completion_id,
+        render_text=render_text,
     )

@@ -284,7 +284,7 @@ def content_delta(msg: spb.GenerateResponse, state: StreamState) -> tuple[int, s
     request without logprobs and tools; not the final message. Most tokens of a stream are
     such a delta, so a route renders them from a Template of `content_chunk`; `state` needs no
     update for them."""
-    if state.logprobs or state.tool_calls is not None:
+    if not plain_deltas(state):
         return None
     outputs = msg.outputs
     if len(outputs) != 1:
@@ -295,6 +295,12 @@ def content_delta(msg: spb.GenerateResponse, state: StreamState) -> tuple[int, s
         return None
     index = out.index
     return (index, text) if index in state.role_sent else None
+
+
+def plain_deltas(state: StreamState) -> bool:
+    """Whether the stream's content deltas may be plain ones (`content_delta`): no logprobs to
+    render and no tool calls to parse out of the text."""
+    return not state.logprobs and state.tool_calls is None
 
 
 def content_chunk(state: StreamState, index: int, text: str) -> dict[str, Any]:

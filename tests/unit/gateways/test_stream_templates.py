@@ -2,12 +2,13 @@
 byte for byte the records of the general path (translate + orjson), for every schema and for
 awkward token text: quotes, backslashes, control characters, line separators, non-BMP
 characters, the replacement character of a lone byte, and `%` (the template's own format
-character), in the text and in the constant parts."""
+character), in the text and in the constant parts. Text-only messages rendered from their text
+alone (`render_text`, for MultiplexEvent.texts) are the same bytes too."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from trellis.generate.v1 import generate_pb2 as pb
@@ -17,6 +18,7 @@ from gateways.common import framing
 from gateways.common.chat import route as chat_route
 from gateways.common.chat import translate as chat
 from gateways.common.chat.schema import parse_chat_request
+from gateways.common.core_client import text_response
 from gateways.lmi.routes import record_renderer
 from gateways.lmi.translate import RenderOptions, StreamRenderer
 from gateways.triton.routes import event_renderer
@@ -60,9 +62,26 @@ QUEUED = spb.GenerateResponse(request_id="r", state=pb.GENERATE_STATE_QUEUED)
 SCHEDULED = spb.GenerateResponse(request_id="r", state=pb.GENERATE_STATE_SCHEDULED)
 
 
-def _same_bytes(fast: Callable[[spb.GenerateResponse], bytes], general: Callable[[spb.GenerateResponse], bytes], msgs):
+def _text_only(m: spb.GenerateResponse) -> str | None:
+    """The text of a message that an entry of MultiplexEvent.texts stands for, else None."""
+    return m.outputs[0].text if len(m.outputs) == 1 and m == text_response(m.request_id, m.outputs[0].text) else None
+
+
+def _same_bytes(
+    fast: Callable[[spb.GenerateResponse], bytes],
+    general: Callable[[spb.GenerateResponse], bytes],
+    msgs: list[spb.GenerateResponse],
+    fast_text: Callable[[str], bytes | None] | None = None,
+) -> int:
+    """Assert the fast path renders every message as the general one does, text-only messages
+    through `fast_text` (as relay's render_text) when given; returns how many it rendered."""
+    by_text = 0
     for m in msgs:
-        assert fast(m) == general(m), m
+        text = _text_only(m) if fast_text is not None else None
+        data = None if text is None else cast(Callable[[str], bytes | None], fast_text)(text)
+        by_text += data is not None
+        assert (fast(m) if data is None else data) == general(m), m
+    return by_text
 
 
 # ---------------------------------------------------------------------------------- Template
@@ -114,7 +133,8 @@ def _chat_stream() -> list[spb.GenerateResponse]:
 @pytest.mark.parametrize("framing_name", ["sse", "jsonlines"])
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("model", ["demo", 'odd "model" %b\n😀'])
-def test_chat_chunks_from_templates_are_the_general_chunks(framing_name, include_usage, model):
+@pytest.mark.parametrize("texts", [False, True], ids=["messages", "texts"])
+def test_chat_chunks_from_templates_are_the_general_chunks(framing_name, include_usage, model, texts):
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "n": 2}
     if include_usage:
         body["stream_options"] = {"include_usage": True}
@@ -124,16 +144,17 @@ def test_chat_chunks_from_templates_are_the_general_chunks(framing_name, include
         return chat.state_for(req, completion_id="chatcmpl-1%", created=5, model=model)
 
     fast_state, general_state = state(), state()
-    fast = chat_route.chunk_renderer(fast_state, framing_name)
+    fast, fast_text = chat_route.chunk_renderer(fast_state, framing_name)
 
     def general(m: spb.GenerateResponse) -> bytes:
         chunks = chat.to_chunks(m, general_state)
         return chat_route.encode(chunks, framing_name) if chunks else b""
 
     msgs = _chat_stream()
-    _same_bytes(fast, general, msgs)
+    by_text = _same_bytes(fast, general, msgs, fast_text if texts else None)
     plain = [m for m in msgs if chat.content_delta(m, fast_state) is not None]
     assert len(plain) >= len(AWKWARD)  # the templates did render most tokens
+    assert by_text == (len(AWKWARD) if texts else 0)  # the first delta carries the role: a message
     assert chat.usage_chunk(fast_state) == chat.usage_chunk(general_state)
 
 
@@ -193,6 +214,7 @@ def _triton_stream() -> list[spb.GenerateResponse]:
     out = pb.SequenceOutput
     msgs = [QUEUED, _msg(prompt_text="echo %b "), _msg(out(text="first", tokens=[_tok(1, "first")]))]
     msgs += [_msg(out(text=t, tokens=[_tok(i + 2, t, -0.5)])) for i, t in enumerate(AWKWARD)]
+    msgs += [_msg(out(text=t)) for t in AWKWARD]  # text alone, as a request without token details gets it
     msgs += [
         _msg(out(text="")),
         _msg(out(text="last", tokens=[_tok(50, "last")], finish_reason=pb.FINISH_REASON_EOS), final=True),
@@ -202,19 +224,21 @@ def _triton_stream() -> list[spb.GenerateResponse]:
 
 @pytest.mark.parametrize("client_id", [None, 'id "1" %b'])
 @pytest.mark.parametrize("logprobs", [False, True])
-def test_triton_events_from_templates_are_the_general_events(client_id, logprobs):
+@pytest.mark.parametrize("texts", [False, True], ids=["messages", "texts"])
+def test_triton_events_from_templates_are_the_general_events(client_id, logprobs, texts):
     def renderer() -> ResponseRenderer:
         return ResponseRenderer("demo%", "1", client_id=client_id, logprobs=logprobs)
 
     fast_renderer, general_renderer = renderer(), renderer()
-    fast = event_renderer(fast_renderer)
+    fast, fast_text = event_renderer(fast_renderer)
 
     def general(m: spb.GenerateResponse) -> bytes:
         event = general_renderer.event(m)
         return b"" if event is None else framing.sse_event(event)
 
     msgs = _triton_stream()
-    _same_bytes(fast, general, msgs)
+    by_text = _same_bytes(fast, general, msgs, fast_text if texts else None)
+    assert by_text == (len(AWKWARD) + 1 if texts and not logprobs else 0)  # + the empty text
     assert (renderer().plain_text(msgs[3]) is not None) is not logprobs
 
 
@@ -235,7 +259,8 @@ def _ws_stream() -> list[spb.GenerateResponse]:
 
 @pytest.mark.parametrize("stream_response", [True, False])
 @pytest.mark.parametrize("request_id", ["r1", 'id "1" %b 😀'])
-def test_ws_progress_from_templates_is_the_general_frame(stream_response, request_id):
+@pytest.mark.parametrize("texts", [False, True], ids=["messages", "texts"])
+def test_ws_progress_from_templates_is_the_general_frame(stream_response, request_id, texts):
     def state() -> ws_translate.PromptState:
         return ws_translate.PromptState(request_id, only_new_tokens=False, stream_response=stream_response)
 
@@ -243,7 +268,11 @@ def test_ws_progress_from_templates_is_the_general_frame(stream_response, reques
     progress = framing.Template(lambda text: framing.dump_bytes(ws_translate.progress_event(fast_state, text)))
     plain = 0
     for m in _ws_stream():
-        text = ws_translate.progress_text(m, fast_state)
+        only = _text_only(m) if texts else None
+        if only is not None:  # as Connection._on_news takes an entry of MultiplexEvent.texts
+            text = ws_translate.text_progress(only, fast_state)
+        else:
+            text = ws_translate.progress_text(m, fast_state)
         plain += text is not None
         fast = [progress.fill_text(text)] if text is not None else ws_translate.to_events(m, fast_state)
         general = ws_translate.to_events(m, general_state)

@@ -79,14 +79,16 @@ class MultiplexGenerateResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[MultiplexEvent, _Mapping]]] = ...) -> None: ...
 
 class MultiplexEvent(_message.Message):
-    __slots__ = ("id", "responses", "status")
+    __slots__ = ("id", "responses", "status", "texts")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     responses: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
     status: Status
-    def __init__(self, id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., texts: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Status(_message.Message):
     __slots__ = ("code", "message", "details")

@@ -1,0 +1,181 @@
+#!/usr/bin/env python
+"""The gateway's own Python per streamed token, without sockets or a core: CPU µs per token of
+the path from a MultiplexGenerate message to the bytes handed to each response's transport.
+
+A fake MultiplexGenerate call hands the real stream reader (`core_client._Multiplexed._read`)
+pre-serialized core messages, parsed as grpc would (`FromString`): one message per engine step
+carrying one event per stream, the first with QUEUED, SCHEDULED and the first token as
+responses, then one text per step (MultiplexEvent.texts, or `--responses`: GenerateResponses
+as a core before texts sent them), then the final message and the OK status. Each stream is
+relayed by the real `streaming._relay_pushed` with the route's real renderers (OpenAI chat SSE,
+Triton SSE) into a transport that only counts bytes. What this leaves out is what the overhead
+benchmark (overhead.py) adds: HTTP parsing, gRPC, the event loop's I/O and the send system calls.
+
+Usage: python scripts/bench/gateway_path.py [--streams 256] [--tokens 64] [--rounds 5] [--responses]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from typing import Any
+
+from aiohttp.http_writer import StreamWriter
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.chat import route as chat_route
+from gateways.common.chat import translate as chat
+from gateways.common.chat.schema import parse_chat_request
+from gateways.common.core_client import CoreCall, CoreClient, _Multiplexed
+from gateways.common.streaming import CoreStream, ResponseWriter, _relay_pushed
+from gateways.triton.routes import event_renderer
+from gateways.triton.translate import ResponseRenderer
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def write(self, data: bytes) -> None:
+        self.bytes += len(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _Protocol:
+    writing_paused = False
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+
+
+class _Request(dict):
+    """What ResponseWriter reads of an aiohttp request: its protocol and chunked writer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.protocol = _Protocol()
+        self.writer = StreamWriter(self.protocol, loop)  # type: ignore[arg-type]
+        self.writer.enable_chunking()
+
+
+class _Call:
+    """A MultiplexGenerate call that reads the given serialized messages, then EOF."""
+
+    def __init__(self, messages: list[bytes]) -> None:
+        self.messages = iter(messages)
+
+    async def read(self) -> Any:
+        import grpc
+
+        await asyncio.sleep(0)  # as a real read, let the relays run between messages
+        raw = next(self.messages, None)
+        return grpc.aio.EOF if raw is None else spb.MultiplexGenerateResponse.FromString(raw)
+
+    async def write(self, msg: Any) -> None:
+        pass
+
+    async def done_writing(self) -> None:
+        pass
+
+
+class _Stub:
+    def __init__(self, messages: list[bytes]) -> None:
+        self.messages = messages
+
+    def MultiplexGenerate(self, metadata: Any = None) -> _Call:
+        return _Call(self.messages)
+
+
+def core_messages(streams: int, tokens: int, texts: bool) -> list[bytes]:
+    """The serialized messages of `streams` requests of `tokens` tokens each, one per step."""
+
+    def rid(i: int) -> str:
+        return f"chatcmpl-{i:032x}"
+
+    out: list[bytes] = []
+    first = spb.MultiplexGenerateResponse()
+    for i in range(streams):
+        ev = first.events.add(id=i + 1)
+        ev.responses.add(request_id=rid(i), state=pb.GENERATE_STATE_QUEUED)
+        ev.responses.add(request_id=rid(i), state=pb.GENERATE_STATE_SCHEDULED)
+        ev.responses.add(request_id=rid(i), state=pb.GENERATE_STATE_GENERATING).outputs.add(text="Once")
+    out.append(first.SerializeToString())
+    for step in range(tokens - 2):
+        msg = spb.MultiplexGenerateResponse()
+        for i in range(streams):
+            ev = msg.events.add(id=i + 1)
+            if texts:
+                ev.texts.append(f" word{step}")
+            else:
+                ev.responses.add(request_id=rid(i)).outputs.add(text=f" word{step}")
+        out.append(msg.SerializeToString())
+    last = spb.MultiplexGenerateResponse()
+    for i in range(streams):
+        ev = last.events.add(id=i + 1)
+        final = ev.responses.add(request_id=rid(i))
+        final.outputs.add(text=" end", finish_reason=pb.FINISH_REASON_LENGTH)
+        final.usage.prompt_tokens, final.usage.completion_tokens = 5, tokens
+        ev.status.SetInParent()
+    out.append(last.SerializeToString())
+    return out
+
+
+def _renderers(schema: str) -> tuple[Any, Any, Any]:
+    if schema == "openai":
+        req = parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "stream": True})
+        state = chat.state_for(req, completion_id="chatcmpl-1", created=5, model="demo")
+        render, render_text = chat_route.chunk_renderer(state, "sse")
+        return render, render_text, lambda: chat_route.end_of_stream("sse")
+    render, render_text = event_renderer(ResponseRenderer("demo", "1", client_id=None, logprobs=False))
+    return render, render_text, None
+
+
+async def one_round(schema: str, streams: int, tokens: int, texts: bool) -> float:
+    """CPU µs per token of relaying `streams` x `tokens` tokens (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    messages = core_messages(streams, tokens, texts)
+    client = CoreClient("127.0.0.1:1")
+    t0 = time.process_time()
+    mux = _Multiplexed(client, _Stub(messages))  # its reader starts at the next await
+    relays = []
+    for i in range(streams):
+        call = CoreCall(spb.GenerateRequest(request_id=f"chatcmpl-{i:032x}"), lambda: None)
+        mux.open[i + 1] = call
+        render, render_text, end = _renderers(schema)
+        out = ResponseWriter(_Request(loop), None)  # type: ignore[arg-type]
+        relays.append(
+            asyncio.create_task(_relay_pushed(CoreStream(call), out, render, lambda e: b"", end, render_text))
+        )
+    await asyncio.gather(*relays)
+    cpu = time.process_time() - t0
+    await client.close()
+    return 1e6 * cpu / (streams * tokens)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--streams", type=int, default=256)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--schemas", default="openai,triton")
+    p.add_argument("--responses", action="store_true", help="tokens as GenerateResponses, not texts")
+    args = p.parse_args()
+    for schema in args.schemas.split(","):
+        runs = [
+            asyncio.run(one_round(schema, args.streams, args.tokens, not args.responses)) for _ in range(args.rounds)
+        ]
+        kind = "responses" if args.responses else "texts"
+        print(
+            f"{schema:<7} {kind:<9} {args.streams} streams x {args.tokens} tokens: CPU µs per token "
+            f"median {statistics.median(runs):.2f} (min {min(runs):.2f}, max {max(runs):.2f})",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

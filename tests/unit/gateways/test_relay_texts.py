@@ -1,0 +1,119 @@
+"""`relay` takes text-only messages (MultiplexEvent.texts) as strings: each renders from its
+text alone where the route's render_text can, else as the GenerateResponse it stands for, in
+order with the other messages; a render_text that fails ends the response in-band, as a failing
+message renderer does, and never the stream reader. A real aiohttp server on loopback relays a
+CoreCall that the test feeds as the multiplexed stream's reader would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.core_client import CoreCall
+from gateways.common.status import GatewayError
+from gateways.common.streaming import CoreStream, relay
+
+CALLS = web.AppKey("calls", asyncio.Queue)
+
+
+def render(msg: spb.GenerateResponse) -> bytes:
+    text = "".join(o.text for o in msg.outputs)
+    final = b"usage\n" if msg.HasField("usage") else b""
+    return (f"M:{msg.request_id}:{text}\n".encode() if msg.outputs else b"") + final
+
+
+def render_text(text: str) -> bytes | None:
+    if text == "boom":
+        raise RuntimeError("a rendering bug")
+    return None if text.startswith("raw") else f"T:{text}\n".encode()
+
+
+def render_error(err: GatewayError) -> bytes:
+    return f"E:{err.code.name}:{err.message}\n".encode()
+
+
+async def handler(request: web.Request) -> web.StreamResponse:
+    call = CoreCall(spb.GenerateRequest(request_id="r1"), lambda: None)
+    call._news([spb.GenerateResponse(request_id="r1", state=pb.GENERATE_STATE_QUEUED)], False, None)
+    await request.app[CALLS].put(call)
+    return await relay(
+        request,
+        CoreStream(call),
+        render,
+        render_error,
+        content_type="text/plain",
+        end=lambda: b"END\n",
+        render_text=render_text,
+    )
+
+
+@pytest.fixture
+async def served():
+    app = web.Application()
+    app[CALLS] = asyncio.Queue()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield app, session, f"http://127.0.0.1:{port}/"
+    finally:
+        await runner.cleanup()
+
+
+async def _body(served, feed) -> bytes:
+    app, session, url = served
+    async with session.get(url) as resp:
+        call = await app[CALLS].get()
+        feed(call)
+        return await resp.read()
+
+
+async def test_texts_render_in_order_with_the_messages(served):
+    def feed(call: CoreCall) -> None:
+        call._text_news(["a"])
+        call._text_news(["raw1"])  # render_text declines: rendered as the message it stands for
+        call._text_news(["b", "raw2", "c"])
+        call._news([spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text="z")])], False, None)
+        call._text_news(["d"])
+        final = spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text=".")])
+        final.usage.completion_tokens = 7
+        call._news([final], True, None)
+
+    body = await _body(served, feed)
+    assert body == b"T:a\nM:r1:raw1\nT:b\nM:r1:raw2\nT:c\nM:r1:z\nT:d\nM:r1:.\nusage\nEND\n"
+
+
+async def test_a_failing_text_render_ends_the_response_in_band(served):
+    def feed(call: CoreCall) -> None:
+        call._text_news(["a"])
+        call._text_news(["boom"])  # raises in render_text: must not reach the reader
+        call._text_news(["after"])  # the response has ended: nothing more is written
+        call._news([spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text="late")])], False, None)
+
+    body = await _body(served, feed)
+    assert body == b"T:a\nE:INTERNAL:Internal error in the gateway.\n"
+
+
+async def test_texts_wait_behind_messages_not_yet_taken():
+    """Without a text listener, or while messages wait to be taken, texts become the messages
+    they stand for, in order (the request id is the core's, from its first message)."""
+    call = CoreCall(spb.GenerateRequest(), lambda: None)
+    call._news([spb.GenerateResponse(request_id="core-id", state=pb.GENERATE_STATE_QUEUED)], False, None)
+    seen: list[list[str]] = []
+    call.listen_texts(lambda texts: seen.append(list(texts)))
+    call._text_news(["x", "y"])
+    assert seen == []  # the QUEUED message waits: the texts queue behind it
+    msgs = call.take()
+    assert [m.state for m in msgs] == [pb.GENERATE_STATE_QUEUED, 0, 0]
+    assert [(m.request_id, [o.text for o in m.outputs]) for m in msgs[1:]] == [("core-id", ["x"]), ("core-id", ["y"])]
+    call._text_news(["w"])
+    assert seen == [["w"]]
