@@ -108,10 +108,11 @@ def engine_cpus(
     Why: a step of the model is one torch thread per engine CPU running flat out; the serving
     threads (gRPC, the request pipeline) wake up for every token, and where they share a CPU
     with the engine they preempt its thread and evict its caches. Measured on 2 cores at 32
-    streams (scripts/bench/run_all.py --only static): the engine on a CPU of its own and
-    serving on the other made 10-25 % more tokens/s than the two left to the scheduler, at a
-    lower engine CPU cost per token. vLLM's CPU backend binds its OpenMP threads to cores the
-    same way (VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_NUM_OF_RESERVED_CPU).
+    streams over gRPC, one core, alternating 6 s windows (the load generator on the serving
+    CPU when serving is pinned): 1,822 vs 1,587 tokens/s (median of 4 windows each) and 1,617
+    vs 1,490 in a noisier series, at a lower engine CPU cost per token (555 vs 611 µs). vLLM's
+    CPU backend binds its OpenMP threads to cores the same way (VLLM_CPU_OMP_THREADS_BIND,
+    VLLM_CPU_NUM_OF_RESERVED_CPU).
 
     Raises:
         ValueError: a CPU list naming a CPU this process may not run on.
