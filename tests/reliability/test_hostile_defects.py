@@ -200,9 +200,14 @@ async def test_a_core_stopped_mid_stream_reaches_openai_clients_in_documented_wo
         await resp.content.readline()
         await core.stop(0)
         text = (await resp.read()).decode()
-    error = next(json.loads(line[6:])["error"] for line in text.splitlines() if line.startswith('data: {"error"'))
-    assert error["message"] in (CLOSED, CANCELLED)
-    assert error["code"] is not None
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    errors = [e["error"] for e in events if "error" in e]
+    if errors:  # the stream broke under the request
+        assert errors[0]["message"] in (CLOSED, CANCELLED)
+        assert errors[0]["code"] is not None
+    else:  # the core ended the request itself while stopping: OpenAI's word for it (vLLM's)
+        finishes = [c["finish_reason"] for e in events for c in e.get("choices", []) if c["finish_reason"]]
+        assert finishes == ["abort"], text[-500:]
     assert text.rstrip().endswith("data: [DONE]")
 
 
