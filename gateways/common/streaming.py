@@ -45,6 +45,11 @@ T_co = TypeVar("T_co", covariant=True)
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+#: A renderer of Generate messages (what `relay` renders for a CoreStream); a prebuilt alias, as
+#: `cast` evaluates a subscripted type on every call.
+_RenderMessage = Callable[[spb.GenerateResponse], bytes]
+
+
 class Stream(Protocol[T_co]):
     """What `relay` answers with: items to render, and a way to cancel the calls behind them."""
 
@@ -468,9 +473,7 @@ async def relay(
         out = ResponseWriter(request, resp)
         pushed: object = stream  # a Stream[T] whose T is GenerateResponse
         if isinstance(pushed, CoreStream):
-            await _relay_pushed(
-                pushed, out, cast(Callable[[spb.GenerateResponse], bytes], render), render_error, end, render_text
-            )
+            await _relay_pushed(pushed, out, cast(_RenderMessage, render), render_error, end, render_text or _no_text)
         else:
             try:
                 async for item in stream:
@@ -500,14 +503,13 @@ def _no_text(text: str) -> None:
 async def _relay_pushed(
     stream: CoreStream,
     out: ResponseWriter,
-    render: Callable[[spb.GenerateResponse], bytes],
+    render: _RenderMessage,
     render_error: Callable[[GatewayError], bytes],
     end: Callable[[], bytes] | None,
-    render_text: Callable[[str], bytes | None] | None,
+    render_text: Callable[[str], bytes | None],
 ) -> None:
     done = gone = False
     wake: asyncio.Future[None] | None = None
-    text_to_bytes = render_text or _no_text
 
     def on_news(texts: Sequence[str] = ()) -> None:
         nonlocal done, gone
@@ -516,7 +518,7 @@ async def _relay_pushed(
         parts: list[bytes] = []
         try:
             for text in texts:
-                data = text_to_bytes(text)
+                data = render_text(text)
                 if data is None:
                     data = render(text_response(stream.call.request_id, text))
                 if data:
@@ -553,7 +555,7 @@ async def _relay_pushed(
         if done:
             return
         try:
-            data = text_to_bytes(texts[0]) if len(texts) == 1 else None
+            data = render_text(texts[0]) if len(texts) == 1 else None
         except Exception:  # on_news renders it again and ends the response in-band
             data = None
         if not data:
@@ -567,8 +569,7 @@ async def _relay_pushed(
             wake.set_result(None)
 
     stream.listen(on_news)
-    if render_text is not None:
-        stream.listen_texts(on_texts)
+    stream.listen_texts(on_texts)
     while not done or out.waiting:
         if out.waiting:
             await out.drain()

@@ -133,7 +133,7 @@ async def measure(
         load_before = _loadavg()
         busy0, mine0 = _busy_cpu_seconds(), me.cpu_times()
         cpu0 = {name: p.cpu_seconds() for name, p in procs.items()}
-        sys0 = _system_seconds(procs)
+        sys0 = {name: p.system_seconds() for name, p in procs.items()}
         t0 = time.perf_counter()
         meter.on = True
         next_report = 2.0
@@ -146,7 +146,7 @@ async def measure(
         meter.on = False
         window = time.perf_counter() - t0
         cpu1 = {name: p.cpu_seconds() for name, p in procs.items()}
-        sys1 = _system_seconds(procs)
+        sys1 = {name: p.system_seconds() for name, p in procs.items()}
         busy1, mine1 = _busy_cpu_seconds(), me.cpu_times()
         load_after = _loadavg()
         if on_window is not None:
@@ -172,7 +172,7 @@ async def measure(
         "cpu_us_per_token": per_token,
         # The kernel's part of cpu_us_per_token (mostly the sends of each streamed record).
         "system_us_per_token": {
-            name: round(1e6 * (sys1[name] - sys0[name]) / tokens, 2) if tokens else None for name in sys1
+            name: round(1e6 * (sys1[name] - sys0[name]) / tokens, 2) if tokens else None for name in procs
         },
         "cpu_cores": {name: round(s / window, 3) for name, s in {**cpu, "others": others}.items()},
         "itl_ms": _ms(meter.itl),
@@ -188,11 +188,6 @@ async def measure(
     if isinstance(client, WsClient) and "gateway" in cpu and meter.messages:
         run["cpu_us_per_event"] = {"gateway": round(1e6 * cpu["gateway"] / meter.messages, 2)}
     return run
-
-
-def _system_seconds(procs: dict[str, Any]) -> dict[str, float]:
-    """Kernel CPU seconds of the processes that report them (Proc.system_seconds)."""
-    return {name: p.system_seconds() for name, p in procs.items() if hasattr(p, "system_seconds")}
 
 
 def start_core(model: str, step_ms: float, streams: int) -> tuple[Proc, int]:

@@ -329,11 +329,17 @@ class EngineProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds the core's children have used so far."""
+        return self._seconds(lambda t: t.user + t.system)
+
+    def system_seconds(self) -> float:
+        """The kernel's part of `cpu_seconds`."""
+        return self._seconds(lambda t: t.system)
+
+    def _seconds(self, part) -> float:
         total = 0.0
         for child in self.children():
             with contextlib.suppress(psutil.Error):
-                t = child.cpu_times()
-                total += t.user + t.system
+                total += part(child.cpu_times())
         return total
 
     def peak_rss_mb(self) -> float:
