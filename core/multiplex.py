@@ -49,9 +49,12 @@ class CallOutput:
         self.pending += deltas
         self._wake()
 
-    def deliver_text(self, job: Job, text: str) -> None:
-        """Queue the next text of the job's only sequence (Consumer protocol)."""
-        self.pending.append(ResponseDelta(sequences=[SequenceDelta(0, text)]))
+    def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
+        """Queue the next text of the job's only sequence, and its token (Consumer protocol)."""
+        delta = SequenceDelta(0, text)
+        if token_id is not None:
+            delta.tokens.append(job.p.token_info(token_id, logprob, None))
+        self.pending.append(ResponseDelta(sequences=[delta]))
         self._wake()
 
     def finish(self, job: Job, error: CoreError | None) -> None:
@@ -167,7 +170,7 @@ class MultiplexSession:
                     self._malformed = req.error("MultiplexGenerate")
                     break
                 for start in req.starts:
-                    self._start(start.id, start.request)
+                    self._start(start.id, start.request, start.compact_tokens)
                 for rid in req.cancels:
                     job = self.jobs.pop(rid, None)
                     if job is not None:
@@ -178,7 +181,7 @@ class MultiplexSession:
             self._closed = True
             self._wake()
 
-    def _start(self, rid: int, request: spb.GenerateRequest) -> None:
+    def _start(self, rid: int, request: spb.GenerateRequest, compact_tokens: bool = False) -> None:
         request_id = request.request_id or uuid.uuid4().hex
         try:
             if self.draining:
@@ -187,9 +190,10 @@ class MultiplexSession:
                 raise InvalidArgument(f"Request id {rid} is already open on this stream.", field="id")
             req = convert.to_generation_request(request, request_id)
             if self.pipeline.tokenizes_off_loop(req):
-                self.jobs[rid] = _Preparing(asyncio.create_task(self._start_off_loop(rid, request_id, req)))
+                task = self._start_off_loop(rid, request_id, req, compact_tokens)
+                self.jobs[rid] = _Preparing(asyncio.create_task(task))
                 return
-            job = self.pipeline.start(self.pipeline.prepare(req), self, rid)
+            job = self.pipeline.start(self.pipeline.prepare(req), self, rid, compact_tokens)
         except CoreError as e:
             self._status(rid, request_id, e)
             return
@@ -201,7 +205,7 @@ class MultiplexSession:
         if not job.done:
             self.jobs[rid] = job
 
-    async def _start_off_loop(self, rid: int, request_id: str, req: GenerationRequest) -> None:
+    async def _start_off_loop(self, rid: int, request_id: str, req: GenerationRequest, compact_tokens: bool) -> None:
         """Start a request whose long prompt is tokenized off the event loop; the other
         requests of the stream are started and streamed meanwhile. A cancel while it is
         prepared cancels this task (the tokenization's result is dropped)."""
@@ -211,7 +215,7 @@ class MultiplexSession:
                 self.pipeline.discard(prep)
                 return
             del self.jobs[rid]
-            job = self.pipeline.start(prep, self, rid)
+            job = self.pipeline.start(prep, self, rid, compact_tokens)
         except CoreError as e:
             self.jobs.pop(rid, None)
             self._status(rid, request_id, e)
@@ -235,15 +239,20 @@ class MultiplexSession:
         for delta in deltas:
             convert.fill_response(responses.add(), delta, request_id)
 
-    def deliver_text(self, job: Job, text: str) -> None:
+    def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
         """Add the next text of the job's only sequence to the message being filled, as an entry
         of its event's `texts` (what stands for the GenerateResponse {request_id, outputs:
-        [{index: 0, text}]} `convert.fill_response` would make of it)."""
+        [{index: 0, text}]} `convert.fill_response` would make of it), with its token in
+        `token_ids` and `logprobs` for a compact_tokens request."""
         rid = job.tag
         event = self._last
         if event is None or self._last_id != rid or self._texts_closed:
             event = self._event(rid, fresh=True)
         event.texts.append(text)
+        if token_id is not None:
+            event.token_ids.append(token_id)
+            if logprob is not None:
+                event.logprobs.append(logprob)
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """Add the job's terminal status (OK, or its error)."""

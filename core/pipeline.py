@@ -290,16 +290,18 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ run
 
-    def start(self, prep: PreparedRequest, consumer: Consumer, tag: int = 0) -> Job:
+    def start(self, prep: PreparedRequest, consumer: Consumer, tag: int = 0, compact_tokens: bool = False) -> Job:
         """Submit a prepared request to the engine; its ResponseDeltas go to `consumer` as the
         engine produces them (see Job). Whatever the engine has already put (its QUEUED output)
-        is delivered before this returns.
+        is delivered before this returns. `compact_tokens`: the consumer reads only the id and
+        logprob of generated tokens (MultiplexStart.compact_tokens), so plain decode steps may
+        reach it through `Consumer.deliver_text` with their token.
 
         Raises:
             CoreError: admission (Overloaded, NotReady, EngineDead, InvalidArgument); the
                 request's session is released again.
         """
-        job = Job(self, prep, consumer, tag)
+        job = Job(self, prep, consumer, tag, compact_tokens)
         job.start()
         return job
 
@@ -338,9 +340,11 @@ class Consumer(Protocol):
     def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
         """The next ResponseDeltas of `job`, in order (the last has `final` set when it ends)."""
 
-    def deliver_text(self, job: Job, text: str) -> None:
+    def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
         """The next text of `job`'s only sequence: what `deliver` would say with one delta
-        holding only that (`ResponseDelta(sequences=[SequenceDelta(0, text)])`)."""
+        holding only that (`ResponseDelta(sequences=[SequenceDelta(0, text)])`); with
+        `token_id` (a job started with compact_tokens) that delta also holds the one token
+        (`Job.compact_token`), with `logprob` when the request asked for logprobs."""
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """`job` ended: None after its final delta, else the error that ends it (before or
@@ -367,7 +371,14 @@ class Job:
         done: no more deliveries will come.
     """
 
-    def __init__(self, pipeline: RequestPipeline, prep: PreparedRequest, consumer: Consumer, tag: int = 0):
+    def __init__(
+        self,
+        pipeline: RequestPipeline,
+        prep: PreparedRequest,
+        consumer: Consumer,
+        tag: int = 0,
+        compact_tokens: bool = False,
+    ):
         self.p = pipeline
         self.prep = prep
         self.consumer = consumer
@@ -386,9 +397,17 @@ class Job:
         self.unfinished = req.num_sequences
         self.want_tokens = prep.request.output.tokens is not False
         self.want_logprobs = prep.request.output.logprobs
-        # One sequence streamed as text alone, with no stop strings to hold text back for and
-        # no time limit: its decode steps take `_on_decode_step`.
-        self._plain = req.num_sequences == 1 and not self.want_tokens and not prep.stops and prep.deadline is None
+        # One sequence streamed as text alone (or with tokens the consumer reads only the id and
+        # logprob of), with no stop strings to hold text back for and no time limit: its decode
+        # steps take `_on_decode_step`.
+        self._compact = self.want_tokens and compact_tokens and not prep.engine_request.top_logprobs
+        self._plain = (
+            req.num_sequences == 1
+            and (not self.want_tokens or self._compact)
+            and not prep.stops
+            and prep.deadline is None
+        )
+        self._is_special = pipeline.tokenizer.is_special
         self.done = False
         self.last_token_time = 0.0  # of the last step that gave tokens; 0.0: none yet
         self._itl = pipeline.metrics.itl
@@ -437,6 +456,7 @@ class Job:
                 and len(out.sequences) == 1
                 and out.sequences[0].finish_reason is None
                 and self.sent_states == len(_STATE_ORDER)
+                and (not self._compact or self._compact_step(out.sequences[0]))
             ):
                 self._on_decode_step(out, out.sequences[0])
                 return
@@ -516,10 +536,21 @@ class Job:
             deltas.append(d)
         return deltas
 
+    def _compact_step(self, step: SequenceStep) -> bool:
+        """Whether a step of a compact_tokens job can go as text and token id: one ordinary
+        (not special) token, with its logprob when logprobs were asked for."""
+        ids = step.token_ids
+        return (
+            len(ids) == 1
+            and not self._is_special(ids[0])
+            and (not self.want_logprobs or (step.logprobs is not None and step.logprobs[0] is not None))
+        )
+
     def _on_decode_step(self, out: EngineOutput, step: SequenceStep) -> None:
         """`_on_output` for the bulk of a plain stream's outputs (see `_plain`): a decode step
         that neither enters a state nor ends the sequence. Its text goes to the consumer as
-        it is (`Consumer.deliver_text`), without building deltas."""
+        it is (`Consumer.deliver_text`), without building deltas; for a compact_tokens job
+        with its one token (`_compact_step`), even when the text is empty."""
         seq = self.seqs[0]
         ids = step.token_ids
         if out.cached_tokens > self.cached_tokens:
@@ -534,7 +565,10 @@ class Job:
         self._itl.observe(now - self.last_token_time)
         self.last_token_time = now
         text = seq.detok.push(ids)
-        if text:  # else a character is incomplete: nothing to send yet
+        if self._compact:
+            logprob = step.logprobs[0] if self.want_logprobs and step.logprobs is not None else None
+            self.consumer.deliver_text(self, text, ids[0], logprob)
+        elif text:  # else a character is incomplete: nothing to send yet
             self.consumer.deliver_text(self, text)
 
     def _on_output(self, out: EngineOutput) -> list[ResponseDelta]:

@@ -7,9 +7,11 @@ requests share one MultiplexGenerate stream: the core sends one message per engi
 news of every request on it, and a reader task hands each request's messages to its CoreCall in
 one pass, which passes them on synchronously to a listener (the relay that writes the HTTP
 response, the WebSocket connection) or wakes the one coroutine waiting on it. Most messages of a
-plain text stream arrive as text alone (MultiplexEvent.texts): a listener that renders text
-takes them as strings (`listen_texts`); for everyone else they become the GenerateResponse each
-stands for (`text_response`). A core without
+plain text stream arrive as text alone (MultiplexEvent.texts), and so do the ordinary tokens
+of a request that reads only their ids and logprobs (`generate(..., compact_tokens=True)`, with
+MultiplexEvent.token_ids): a listener that renders from those takes them as they are
+(`listen_texts`); for everyone else they become the GenerateResponse each stands for
+(`text_response`). A core without
 MultiplexGenerate (UNIMPLEMENTED) is served with one Generate call per request instead, the
 requests waiting on the refused stream included.
 
@@ -71,7 +73,7 @@ class CoreCall:
     The transport feeds it (`_news`, `_text_news`); its owner either waits (`wait()`, then
     `take()`) or registers a listener (`listen(fn)`), called synchronously every time news
     arrive: new messages to `take()`, or the end (`ended`, with `error` None for OK), and may
-    also take text-only messages as strings (`listen_texts`). A listener must not raise (the
+    also take text-only (and compact token) messages as they arrive (`listen_texts`). A listener must not raise (the
     reader task logs it and cancels the request).
 
     Attributes:
@@ -83,6 +85,7 @@ class CoreCall:
         started: a message of it arrived.
         attempts: times it was sent (a refused request is resent to another core).
         hash_key: what keeps it on its session's core, if anything.
+        compact_tokens: its tokens may arrive in compact form (MultiplexStart.compact_tokens).
     """
 
     __slots__ = (
@@ -94,6 +97,7 @@ class CoreCall:
         "_timer",
         "_waiter",
         "attempts",
+        "compact_tokens",
         "ended",
         "error",
         "hash_key",
@@ -109,11 +113,12 @@ class CoreCall:
         self.started = False  # a message arrived: the request can no longer be resent
         self.attempts = 1
         self.hash_key: str | None = None
+        self.compact_tokens = False
         self.error: GatewayError | None = None
         self._messages: list[spb.GenerateResponse] = []
         self._cancel = cancel
         self._listener: Callable[[], None] | None = None
-        self._text_listener: Callable[[Sequence[str]], None] | None = None
+        self._text_listener: TextListener | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._queue_timer: asyncio.TimerHandle | None = None
@@ -138,11 +143,12 @@ class CoreCall:
         if self._messages or self.ended:
             listener()
 
-    def listen_texts(self, listener: Callable[[Sequence[str]], None]) -> None:
-        """Call `listener(texts)` for text-only messages (each string stands for
-        `text_response(request_id, text)`, in order with the other messages) instead of
-        handing them to `take()`; with `listen()`, whose listener has taken every message
-        before."""
+    def listen_texts(self, listener: TextListener) -> None:
+        """Call `listener(texts, token_ids, logprobs)` for text-only and compact token
+        messages (entry i stands for `text_response(request_id, texts[i], token_ids[i],
+        logprobs[i])`, token_ids and logprobs empty when the messages have no token or no
+        logprob; in order with the other messages) instead of handing them to `take()`; with
+        `listen()`, whose listener has taken every message before."""
         self._text_listener = listener
 
     def cancel(self) -> None:
@@ -195,15 +201,18 @@ class CoreCall:
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def _text_news(self, texts: Sequence[str]) -> None:
-        """Transport side: text-only messages (MultiplexEvent.texts), to the text listener when
-        there is one, else as the GenerateResponses they stand for."""
+    def _text_news(self, texts: Sequence[str], token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> None:
+        """Transport side: text-only or compact token messages (MultiplexEvent.texts,
+        token_ids, logprobs), to the text listener when there is one, else as the
+        GenerateResponses they stand for."""
         if self.ended:
             return
         if self._text_listener is not None and not self._messages:
-            self._text_listener(texts)
+            self._text_listener(texts, token_ids, logprobs)
         else:
-            self._news([text_response(self.request_id, text) for text in texts], False, None)
+            rid, none = self.request_id, [None] * len(texts)
+            parts = zip(texts, token_ids or none, logprobs or none, strict=True)
+            self._news([text_response(rid, text, tok, lp) for text, tok, lp in parts], False, None)
 
     def _finish(self, error: GatewayError | None) -> None:
         self.ended = True
@@ -216,11 +225,23 @@ class CoreCall:
             self._queue_timer = None
 
 
-def text_response(request_id: str, text: str) -> spb.GenerateResponse:
+#: `CoreCall.listen_texts`'s listener: (texts, token_ids, logprobs) of MultiplexEvent.
+TextListener = Callable[[Sequence[str], Sequence[int], Sequence[float]], None]
+
+
+def text_response(
+    request_id: str, text: str, token_id: int | None = None, logprob: float | None = None
+) -> spb.GenerateResponse:
     """The GenerateResponse an entry of MultiplexEvent.texts stands for: new text of sequence 0
-    and nothing else (generate_service.proto)."""
+    and, for a compact token (token_ids), its one token {id, logprob} (generate_service.proto)."""
     response = spb.GenerateResponse(request_id=request_id)
-    response.outputs.add().text = text
+    out = response.outputs.add()
+    out.text = text
+    if token_id is not None:
+        tok = out.tokens.add()
+        tok.id = token_id
+        if logprob is not None:
+            tok.logprob = logprob
     return response
 
 
@@ -252,7 +273,7 @@ class _Multiplexed:
         rid = next(self._ids)
         call._cancel = lambda: self._cancel(rid)
         self.open[rid] = call
-        start = spb.MultiplexStart(id=rid)
+        start = spb.MultiplexStart(id=rid, compact_tokens=call.compact_tokens)
         start.request.CopyFrom(call.request)
         self._starts.append(start)
         self._wake()
@@ -326,7 +347,10 @@ class _Multiplexed:
                         try:
                             texts = ev.texts
                             if texts:
-                                call._text_news(texts)
+                                if call.compact_tokens:
+                                    call._text_news(texts, ev.token_ids, ev.logprobs)
+                                else:  # reading the empty fields costs a wrapper each
+                                    call._text_news(texts)
                                 if not ended and not ev.responses:
                                     continue
                             call._news(ev.responses, ended, err)
@@ -488,7 +512,9 @@ class CoreClient:
         for task in list(self._unary):
             task.cancel()
 
-    def generate(self, request: spb.GenerateRequest, *, hash_key: str | None = None) -> CoreCall:
+    def generate(
+        self, request: spb.GenerateRequest, *, hash_key: str | None = None, compact_tokens: bool = False
+    ) -> CoreCall:
         """Start a Generate request; cancel its CoreCall (in a `finally`) when giving it up.
 
         Every schema served renders token records (ids, token text, bytes) only with logprobs,
@@ -498,6 +524,9 @@ class CoreClient:
         Args:
             request: the request (not modified).
             hash_key: what should keep requests on the same core (a session id), if anything.
+            compact_tokens: the caller reads only `id` and `logprob` of generated tokens, so
+                they may arrive in compact form (MultiplexStart.compact_tokens; a per-request
+                Generate call sends whole tokens, which read the same).
         """
         if not request.output.logprobs and not request.output.HasField("tokens"):
             sent = spb.GenerateRequest()
@@ -507,6 +536,7 @@ class CoreClient:
         if self._multiplex:
             call = CoreCall(request, lambda: None)
             call.hash_key = hash_key
+            call.compact_tokens = compact_tokens
             self._stream_for(hash_key).start(call)
         else:
             call = self._start_unary(request)

@@ -31,7 +31,7 @@ from aiohttp.http import StreamWriter
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.core_client import CoreCall, text_response
+from gateways.common.core_client import CoreCall, TextListener, text_response
 from gateways.common.metrics import TIMER_KEY, client_gone
 from gateways.common.status import GatewayError
 
@@ -177,8 +177,8 @@ class CoreStream:
         """Call `listener()` synchronously as news arrive (now, if some wait already)."""
         self.call.listen(listener)
 
-    def listen_texts(self, listener: Callable[[Sequence[str]], None]) -> None:
-        """Take text-only messages as strings (`CoreCall.listen_texts`)."""
+    def listen_texts(self, listener: TextListener) -> None:
+        """Take text-only and compact token messages as they arrive (`CoreCall.listen_texts`)."""
         self.call.listen_texts(listener)
 
     async def __aiter__(self) -> AsyncIterator[spb.GenerateResponse]:
@@ -436,6 +436,7 @@ async def relay(
     end: Callable[[], bytes] | None = None,
     request_id: str = "",
     render_text: Callable[[str], bytes | None] | None = None,
+    render_token: Callable[[str, int, float | None], bytes | None] | None = None,
 ) -> web.StreamResponse:
     """Answer with an open stream: one write per arriving message (or batch), merged writes
     while the client reads slower.
@@ -461,6 +462,9 @@ async def relay(
             text-only message, rendered from the text alone, or None where it needs the message
             (which is then built and rendered); most tokens of a plain stream arrive as text
             alone (MultiplexEvent.texts).
+        render_token: likewise `render(text_response(request_id, text, token_id, logprob))`
+            from those values, for a request sent with compact_tokens (its ordinary tokens
+            arrive so: MultiplexEvent.token_ids), or None where it needs the message.
 
     Returns:
         The response, ended unless the client went away. The requests are cancelled in all
@@ -473,7 +477,15 @@ async def relay(
         out = ResponseWriter(request, resp)
         pushed: object = stream  # a Stream[T] whose T is GenerateResponse
         if isinstance(pushed, CoreStream):
-            await _relay_pushed(pushed, out, cast(_RenderMessage, render), render_error, end, render_text or _no_text)
+            await _relay_pushed(
+                pushed,
+                out,
+                cast(_RenderMessage, render),
+                render_error,
+                end,
+                render_text or _no_text,
+                render_token or _no_token,
+            )
         else:
             try:
                 async for item in stream:
@@ -500,6 +512,11 @@ def _no_text(text: str) -> None:
     return None
 
 
+def _no_token(text: str, token_id: int, logprob: float | None) -> None:
+    """A render_token that leaves every compact token message to the message renderer."""
+    return None
+
+
 async def _relay_pushed(
     stream: CoreStream,
     out: ResponseWriter,
@@ -507,20 +524,23 @@ async def _relay_pushed(
     render_error: Callable[[GatewayError], bytes],
     end: Callable[[], bytes] | None,
     render_text: Callable[[str], bytes | None],
+    render_token: Callable[[str, int, float | None], bytes | None],
 ) -> None:
     done = gone = False
     wake: asyncio.Future[None] | None = None
 
-    def on_news(texts: Sequence[str] = ()) -> None:
+    def on_news(texts: Sequence[str] = (), token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> None:
         nonlocal done, gone
         if done:  # ended in-band already: news until the call is cancelled are dropped
             return
         parts: list[bytes] = []
         try:
-            for text in texts:
-                data = render_text(text)
+            for i, text in enumerate(texts):
+                tok = token_ids[i] if token_ids else None
+                lp = logprobs[i] if logprobs else None
+                data = render_text(text) if tok is None else render_token(text, tok, lp)
                 if data is None:
-                    data = render(text_response(stream.call.request_id, text))
+                    data = render(text_response(stream.call.request_id, text, tok, lp))
                 if data:
                     parts.append(data)
             for msg in stream.take():
@@ -549,17 +569,23 @@ async def _relay_pushed(
         if (done or out.waiting) and wake is not None and not wake.done():
             wake.set_result(None)
 
-    def on_texts(texts: Sequence[str]) -> None:
-        """on_news(texts) for the usual case, one text that renders from the text alone."""
+    def on_texts(texts: Sequence[str], token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        """on_news(texts, ...) for the usual case, one text (or compact token) that renders
+        from its values alone."""
         nonlocal done, gone
         if done:
             return
-        try:
-            data = render_text(texts[0]) if len(texts) == 1 else None
-        except Exception:  # on_news renders it again and ends the response in-band
-            data = None
+        data = None
+        if len(texts) == 1:
+            try:
+                if not token_ids:
+                    data = render_text(texts[0])
+                else:
+                    data = render_token(texts[0], token_ids[0], logprobs[0] if logprobs else None)
+            except Exception:  # on_news renders it again and ends the response in-band
+                data = None
         if not data:
-            on_news(texts)
+            on_news(texts, token_ids, logprobs)
             return
         try:
             out.write(data)

@@ -149,12 +149,13 @@ async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model
         return web.Response(text=dumps(result), content_type="application/json")
 
     try:
-        stream = await CoreStream.open(client.generate(grpc_req))
+        # Streamed records read only each token's id and logprob, unless they list alternatives.
+        stream = await CoreStream.open(client.generate(grpc_req, compact_tokens=not opts.top_tokens))
     except GatewayError as e:
         return _fail(client_error(e, client_names(params)))
     sse = _sse(request, settings)
     frame = sse_event if sse else jsonline
-    render = record_renderer(StreamRenderer(opts), frame)
+    render, render_token = record_renderer(StreamRenderer(opts), frame)
 
     def render_error(err: GatewayError) -> bytes:
         return frame(render_in_stream(client_error(err, client_names(params)), tgi_compat=settings.tgi_compat))
@@ -166,13 +167,22 @@ async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model
         render_error,
         content_type=SSE_CONTENT_TYPE if sse else JSONLINES_CONTENT_TYPE,
         request_id=grpc_req.request_id,
+        render_token=render_token,
     )
 
 
-def record_renderer(renderer: StreamRenderer, frame: Callable[[Any], bytes]) -> Callable[[spb.GenerateResponse], bytes]:
-    """The framed records of each Generate message of one rolling-batch stream: the records of
-    `renderer.feed(msg)`, each framed, with plain token records (`StreamRenderer.plain_token`,
-    most tokens) filled into a Template encoded once per request; the same bytes."""
+def record_renderer(
+    renderer: StreamRenderer, frame: Callable[[Any], bytes]
+) -> tuple[Callable[[spb.GenerateResponse], bytes], Callable[[str, int, float | None], bytes | None]]:
+    """The framed records of one rolling-batch stream, with plain token records
+    (`StreamRenderer.plain_token`, most tokens) filled into a Template encoded once per request;
+    the same bytes as framing each record of `renderer.feed(msg)`.
+
+    Returns:
+        `(render, render_token)`: `render(msg)` for any Generate message; `render_token(text,
+        token_id, logprob)` for a compact token message (`relay`'s render_token): its record,
+        or None when it needs the message.
+    """
     plain = Template(lambda *values: frame(renderer.plain_record(*values)), 3)
 
     def render(msg: spb.GenerateResponse) -> bytes:
@@ -182,7 +192,11 @@ def record_renderer(renderer: StreamRenderer, frame: Callable[[Any], bytes]) -> 
         records = renderer.feed(msg)
         return frame(records[0]) if len(records) == 1 else b"".join(map(frame, records))
 
-    return render
+    def render_token(text: str, token_id: int, logprob: float | None) -> bytes | None:
+        values = renderer.token(text, token_id, logprob)
+        return None if values is None else plain.fill(*values)
+
+    return render, render_token
 
 
 # ------------------------------------------------------------------------------ dynamic batch

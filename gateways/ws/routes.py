@@ -146,12 +146,19 @@ class Connection:
             call.listen_texts(on_news)
 
     def _on_news(
-        self, call: CoreCall, state: translate.PromptState, progress: Template, texts: Sequence[str] = ()
+        self,
+        call: CoreCall,
+        state: translate.PromptState,
+        progress: Template,
+        texts: Sequence[str] = (),
+        token_ids: Sequence[int] = (),
+        logprobs: Sequence[float] = (),
     ) -> None:
         """Render a prompt's new messages (text-only ones as `texts`, then those to take, and
         its end) into events, called as they arrive; plain text deltas (translate.progress_text,
         text_progress) are filled into the prompt's PROGRESS `progress` template, encoded once
-        per prompt."""
+        per prompt. Its requests are never sent with compact_tokens, so token_ids and
+        logprobs (CoreCall.listen_texts) are empty."""
         events: list[Outgoing] = []
         done = call.ended
         try:

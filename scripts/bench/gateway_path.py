@@ -5,13 +5,16 @@ the path from a MultiplexGenerate message to the bytes handed to each response's
 A fake MultiplexGenerate call hands the real stream reader (`core_client._Multiplexed._read`)
 pre-serialized core messages, parsed as grpc would (`FromString`): one message per engine step
 carrying one event per stream, the first with QUEUED, SCHEDULED and the first token as
-responses, then one text per step (MultiplexEvent.texts, or `--responses`: GenerateResponses
-as a core before texts sent them), then the final message and the OK status. Each stream is
-relayed by the real `streaming._relay_pushed` with the route's real renderers (OpenAI chat SSE,
-Triton SSE) into a transport that only counts bytes. What this leaves out is what the overhead
-benchmark (overhead.py) adds: HTTP parsing, gRPC, the event loop's I/O and the send system calls.
+responses, then one text per step (MultiplexEvent.texts; for LMI, whose records carry each
+token's id and logprob, a compact token: texts with token_ids and logprobs; or `--responses`:
+GenerateResponses as a core before texts sent them), then the final message and the OK status.
+Each stream is relayed by the real `streaming._relay_pushed` with the route's real renderers
+(OpenAI chat SSE, Triton SSE, LMI jsonlines) into a transport that only counts bytes. What this
+leaves out is what the overhead benchmark (overhead.py) adds: HTTP parsing, gRPC, the event
+loop's I/O and the send system calls.
 
-Usage: python scripts/bench/gateway_path.py [--streams 256] [--tokens 64] [--rounds 5] [--responses]
+Usage: python scripts/bench/gateway_path.py [--streams 256] [--tokens 64] [--rounds 5] [--schemas openai,triton,lmi]
+       [--responses]
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from gateways.common.chat import route as chat_route
 from gateways.common.chat import translate as chat
 from gateways.common.chat.schema import parse_chat_request
 from gateways.common.core_client import CoreCall, CoreClient, _Multiplexed
+from gateways.common.framing import jsonline
 from gateways.common.streaming import CoreStream, ResponseWriter, _relay_pushed
+from gateways.lmi.routes import record_renderer
+from gateways.lmi.translate import RenderOptions, StreamRenderer
 from gateways.triton.routes import event_renderer
 from gateways.triton.translate import ResponseRenderer
 
@@ -91,11 +97,17 @@ class _Stub:
         return _Call(self.messages)
 
 
-def core_messages(streams: int, tokens: int, texts: bool) -> list[bytes]:
-    """The serialized messages of `streams` requests of `tokens` tokens each, one per step."""
+def core_messages(streams: int, tokens: int, texts: bool, with_tokens: bool) -> list[bytes]:
+    """The serialized messages of `streams` requests of `tokens` tokens each, one per step;
+    `with_tokens`: each with its token's id and logprob (as LMI asks for them)."""
 
     def rid(i: int) -> str:
         return f"chatcmpl-{i:032x}"
+
+    def output(msg: spb.GenerateResponse, text: str, **fields: Any) -> None:
+        out = msg.outputs.add(text=text, **fields)
+        if with_tokens:
+            out.tokens.add(id=100, text=text, bytes=text.encode(), logprob=-0.5)
 
     out: list[bytes] = []
     first = spb.MultiplexGenerateResponse()
@@ -103,7 +115,7 @@ def core_messages(streams: int, tokens: int, texts: bool) -> list[bytes]:
         ev = first.events.add(id=i + 1)
         ev.responses.add(request_id=rid(i), state=pb.GENERATE_STATE_QUEUED)
         ev.responses.add(request_id=rid(i), state=pb.GENERATE_STATE_SCHEDULED)
-        ev.responses.add(request_id=rid(i), state=pb.GENERATE_STATE_GENERATING).outputs.add(text="Once")
+        output(ev.responses.add(request_id=rid(i), state=pb.GENERATE_STATE_GENERATING), "Once")
     out.append(first.SerializeToString())
     for step in range(tokens - 2):
         msg = spb.MultiplexGenerateResponse()
@@ -111,34 +123,45 @@ def core_messages(streams: int, tokens: int, texts: bool) -> list[bytes]:
             ev = msg.events.add(id=i + 1)
             if texts:
                 ev.texts.append(f" word{step}")
+                if with_tokens:
+                    ev.token_ids.append(100 + step)
+                    ev.logprobs.append(-0.5)
             else:
-                ev.responses.add(request_id=rid(i)).outputs.add(text=f" word{step}")
+                output(ev.responses.add(request_id=rid(i)), f" word{step}")
         out.append(msg.SerializeToString())
     last = spb.MultiplexGenerateResponse()
     for i in range(streams):
         ev = last.events.add(id=i + 1)
         final = ev.responses.add(request_id=rid(i))
-        final.outputs.add(text=" end", finish_reason=pb.FINISH_REASON_LENGTH)
+        output(final, " end", finish_reason=pb.FINISH_REASON_LENGTH)
         final.usage.prompt_tokens, final.usage.completion_tokens = 5, tokens
         ev.status.SetInParent()
     out.append(last.SerializeToString())
     return out
 
 
-def _renderers(schema: str) -> tuple[Any, Any, Any]:
+def _no_token(text: str, token_id: int, logprob: float | None) -> None:
+    return None
+
+
+def _renderers(schema: str) -> tuple[Any, Any, Any, Any]:
+    """(render, render_text, render_token, end) of one stream of `schema`, as its route makes them."""
     if schema == "openai":
         req = parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "stream": True})
         state = chat.state_for(req, completion_id="chatcmpl-1", created=5, model="demo")
         render, render_text = chat_route.chunk_renderer(state, "sse")
-        return render, render_text, lambda: chat_route.end_of_stream("sse")
+        return render, render_text, _no_token, lambda: chat_route.end_of_stream("sse")
+    if schema == "lmi":
+        render, render_token = record_renderer(StreamRenderer(RenderOptions(inputs="hi", stream=True)), jsonline)
+        return render, lambda text: None, render_token, None
     render, render_text = event_renderer(ResponseRenderer("demo", "1", client_id=None, logprobs=False))
-    return render, render_text, None
+    return render, render_text, _no_token, None
 
 
 async def one_round(schema: str, streams: int, tokens: int, texts: bool) -> float:
     """CPU µs per token of relaying `streams` x `tokens` tokens (see the module docstring)."""
     loop = asyncio.get_running_loop()
-    messages = core_messages(streams, tokens, texts)
+    messages = core_messages(streams, tokens, texts, with_tokens=schema == "lmi")
     client = CoreClient("127.0.0.1:1")
     t0 = time.process_time()
     mux = _Multiplexed(client, _Stub(messages))  # its reader starts at the next await
@@ -146,11 +169,10 @@ async def one_round(schema: str, streams: int, tokens: int, texts: bool) -> floa
     for i in range(streams):
         call = CoreCall(spb.GenerateRequest(request_id=f"chatcmpl-{i:032x}"), lambda: None)
         mux.open[i + 1] = call
-        render, render_text, end = _renderers(schema)
+        render, render_text, render_token, end = _renderers(schema)
         out = ResponseWriter(_Request(loop), None)  # type: ignore[arg-type]
-        relays.append(
-            asyncio.create_task(_relay_pushed(CoreStream(call), out, render, lambda e: b"", end, render_text))
-        )
+        relay = _relay_pushed(CoreStream(call), out, render, lambda e: b"", end, render_text, render_token)
+        relays.append(asyncio.create_task(relay))
     await asyncio.gather(*relays)
     cpu = time.process_time() - t0
     await client.close()
@@ -162,7 +184,7 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=256)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--schemas", default="openai,triton")
+    p.add_argument("--schemas", default="openai,triton,lmi")
     p.add_argument("--responses", action="store_true", help="tokens as GenerateResponses, not texts")
     args = p.parse_args()
     for schema in args.schemas.split(","):

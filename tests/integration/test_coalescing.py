@@ -104,11 +104,14 @@ async def test_generate_merges_messages_for_a_slow_reader_and_loses_nothing(fast
 
 
 @pytest.mark.parametrize(
-    "output", [{"logprobs": True, "topLogprobs": 3}, {"tokens": False}], ids=["tokens", "text-only"]
+    ("output", "compact"),
+    [({"logprobs": True, "topLogprobs": 3}, False), ({"tokens": False}, False), ({"logprobs": True}, True)],
+    ids=["tokens", "text-only", "compact-tokens"],
 )
-async def test_multiplex_sends_what_waits_together_message_for_message(fast_core, output):
-    """A text-only request's decode steps travel as MultiplexEvent.texts: what waits goes out
-    as many texts in one event, after the responses before them and before those after them."""
+async def test_multiplex_sends_what_waits_together_message_for_message(fast_core, output, compact):
+    """A text-only request's decode steps travel as MultiplexEvent.texts, a compact_tokens
+    request's with their token ids and logprobs: what waits goes out as many of them in one
+    event, after the responses before them and before those after them."""
     body = {
         "requestId": "m",
         "text": "Once upon a time",
@@ -122,7 +125,7 @@ async def test_multiplex_sends_what_waits_together_message_for_message(fast_core
             mux.slow_until = asyncio.Event()
         mux.read()
         try:
-            await mux.start((1, body))
+            await mux.start((1, body), compact=frozenset({1} if compact else ()))
             if pause:
                 await _stall(fast_core, PAUSE_S)
                 mux.slow_until.set()
@@ -140,7 +143,9 @@ async def test_multiplex_sends_what_waits_together_message_for_message(fast_core
     # Several engine steps of the request went out in one message while the reader paused.
     assert max(sum(len(ev.responses) + len(ev.texts) for ev in m.events) for m in slow.messages) > 10
     texts = sum(len(ev.texts) for m in slow.messages for ev in m.events)
-    assert texts > TOKENS // 2 if output == {"tokens": False} else texts == 0
+    assert texts > TOKENS // 2 if output == {"tokens": False} or compact else texts == 0
+    assert sum(len(ev.token_ids) for m in slow.messages for ev in m.events) == (texts if compact else 0)
+    assert sum(len(ev.logprobs) for m in slow.messages for ev in m.events) == (texts if compact else 0)
 
 
 # --------------------------------------------------------------------------------- HTTP

@@ -20,8 +20,12 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
+from core.server import start_core
+from core.types import EngineOutput, EngineRequest, FinishReason, SequenceStep
 from gateways.common.core_client import text_response
 from gateways.common.status import GatewayError
+from tests.conftest import core_config
+from tests.fakes.scripted_engine import ScriptedEngine
 from tests.integration.core_helpers import generate, request, sequences, start_core_process, wait_for, wait_idle
 
 
@@ -51,9 +55,14 @@ class Mux:
                 self.messages.append(msg)
                 for ev in msg.events:
                     got = self.responses.setdefault(ev.id, [])
-                    # A text-only message travels as its text (MultiplexEvent.texts), before the
-                    # event's responses; the first message of a request carries its id.
-                    got += [text_response(got[0].request_id, text) for text in ev.texts]
+                    # A text-only message travels as its text (MultiplexEvent.texts), a compact
+                    # token with its id and logprob, before the event's responses; the first
+                    # message of a request carries its id.
+                    ids, lps = ev.token_ids, ev.logprobs
+                    got += [
+                        text_response(got[0].request_id, text, ids[i] if ids else None, lps[i] if lps else None)
+                        for i, text in enumerate(ev.texts)
+                    ]
                     got += ev.responses
                     if ev.HasField("status"):
                         self.status[ev.id] = ev.status
@@ -62,8 +71,10 @@ class Mux:
         except grpc.RpcError as e:
             self.ended = e
 
-    async def start(self, *bodies: tuple[int, dict]) -> None:
-        starts = [spb.MultiplexStart(id=rid, request=request(body)) for rid, body in bodies]
+    async def start(self, *bodies: tuple[int, dict], compact: frozenset[int] = frozenset()) -> None:
+        starts = [
+            spb.MultiplexStart(id=rid, request=request(body), compact_tokens=rid in compact) for rid, body in bodies
+        ]
         await self.call.write(spb.MultiplexGenerateRequest(starts=starts))
 
     async def cancel(self, *ids: int) -> None:
@@ -101,14 +112,15 @@ def _shape(msgs: list[spb.GenerateResponse]) -> tuple:
 
 async def test_many_requests_get_what_generate_gives_them(start_mock_core):
     core = await start_mock_core(mock_step_ms=2.0)
-    outputs = {0: {"logprobs": True, "topLogprobs": 2}, 2: {"tokens": False}}  # by i % 4; else the defaults
+    outputs = {0: {"logprobs": True, "topLogprobs": 2}, 2: {"tokens": False}, 3: {"logprobs": True}}  # by i % 4
     bodies = [(i, _body(i, output=outputs.get(i % 4, {}))) for i in range(1, 41)]
-    bodies += [(99, _body(99, sampling={"n": 2, "seed": 5, "doSample": True}, output={"tokens": False}))]
+    bodies += [(99, _body(99, sampling={"n": 2, "seed": 5, "doSample": True}, output={"logprobs": True}))]
+    compact = frozenset(i for i in range(1, 41) if i % 8 >= 4) | {99}
     mux = Mux(core.address)
     mux.read()
     try:
-        await mux.start(*bodies[:20])
-        await mux.start(*bodies[20:])
+        await mux.start(*bodies[:20], compact=compact)
+        await mux.start(*bodies[20:], compact=compact)
         await mux.ended_all(*(rid for rid, _ in bodies))
         stub = spb_grpc.GenerateServiceStub(mux.channel)
         for rid, body in bodies:
@@ -117,15 +129,66 @@ async def test_many_requests_get_what_generate_gives_them(start_mock_core):
             assert got[0].state == pb.GENERATE_STATE_QUEUED
             assert all(m.request_id == body["requestId"] for m in got)
             assert _shape(got) == _shape(await generate(stub, body))
-        # Text-only requests' decode steps travel as text alone (MultiplexEvent.texts); requests
-        # with token details, or with several sequences, never do.
+        # Text-only requests' decode steps travel as text alone (MultiplexEvent.texts), and so do
+        # those of compact_tokens requests with their token (and logprob, when asked); requests
+        # with other token details, with alternatives or with several sequences never do.
         with_texts = {ev.id for m in mux.messages for ev in m.events if ev.texts}
-        assert with_texts == {rid for rid, _ in bodies if rid % 4 == 2}
+        with_tokens = {ev.id for m in mux.messages for ev in m.events if ev.token_ids}
+        assert with_tokens == {rid for rid in compact if rid % 4 in (1, 3) and rid != 99}
+        assert with_texts == with_tokens | {rid for rid, _ in bodies if rid % 4 == 2}
+        for ev in (ev for m in mux.messages for ev in m.events if ev.token_ids):
+            assert len(ev.token_ids) == len(ev.texts)
+            assert len(ev.logprobs) == (len(ev.texts) if ev.id % 4 == 3 else 0)  # logprobs asked by i % 4 == 3
         # Events of several requests travel together: one message per engine step, not per token.
         assert any(len({ev.id for ev in m.events}) > 10 for m in mux.messages)
         assert len(mux.messages) < sum(len(r) for r in mux.responses.values()) / 5
     finally:
         await mux.close()
+
+
+async def test_compact_tokens_carry_generates_tokens(tiny_model_dir, tokenizer):
+    """A compact_tokens request gets Generate's text, token ids, logprobs and finish, one
+    message per engine step; a special token, a step of two tokens and a step without a
+    logprob travel whole, and a byte token that completes no character travels with empty
+    text."""
+    ids = tokenizer.encode("Hi 中文 there", add_special_tokens=False)
+    special = min(tokenizer.special_ids - tokenizer.eos_token_ids)
+    steps = [[i] for i in ids[:4]] + [[special]] + [[i] for i in ids[4:-3]] + [ids[-3:-1], [ids[-1]]]
+
+    def script(req: EngineRequest) -> list[EngineOutput]:
+        outs = [
+            EngineOutput(req.request_id, sequences=[SequenceStep(0, t, logprobs=[-0.25 * (k + 1)] * len(t))])
+            for k, t in enumerate(steps)
+        ]
+        outs[2].sequences[0].logprobs = [None]  # an engine that could not learn this one
+        outs[-1].sequences[0].finish_reason = FinishReason.LENGTH
+        outs[-1].finished = True
+        return outs
+
+    server = await start_core(
+        core_config(tiny_model_dir), engine=ScriptedEngine(tokenizer.vocab_size, script), tokenizer=tokenizer
+    )
+    mux = Mux(server.address)
+    mux.read()
+    try:
+        body = {"requestId": "c", "text": "hello", "output": {"logprobs": True}}
+        await mux.start((1, body), compact=frozenset({1}))
+        await mux.ended_all(1)
+        assert mux.status[1].code == 0
+        whole = await generate(spb_grpc.GenerateServiceStub(mux.channel), body)
+        assert _shape(mux.responses[1]) == _shape(whole)
+        assert len([m for m in mux.responses[1] if m.outputs]) == len(steps)
+        compact = [(t, i) for m in mux.messages for ev in m.events for t, i in zip(ev.texts, ev.token_ids, strict=True)]
+        assert len(compact) == len(steps) - 5  # the first step, the special, no logprob, two tokens, the last
+        assert "" in [t for t, _ in compact]
+        sent_whole = [
+            t for m in mux.messages for ev in m.events for r in ev.responses for o in r.outputs for t in o.tokens
+        ]
+        assert [t.id for t in sent_whole if t.special] == [special]
+        assert all(t.text and t.bytes for t in sent_whole)  # whole tokens keep their text and bytes
+    finally:
+        await mux.close()
+        await server.stop(0)
 
 
 async def test_errors_before_the_first_message_are_generates_statuses(start_mock_core, mock_core):

@@ -1,6 +1,7 @@
-"""`relay` takes text-only messages (MultiplexEvent.texts) as strings: each renders from its
-text alone where the route's render_text can, else as the GenerateResponse it stands for, in
-order with the other messages; a render_text that fails ends the response in-band, as a failing
+"""`relay` takes text-only messages (MultiplexEvent.texts) as strings, and compact tokens
+(MultiplexEvent.token_ids) as their values: each renders from those alone where the route's
+render_text (render_token) can, else as the GenerateResponse it stands for, in order with the
+other messages; a render_text that fails ends the response in-band, as a failing
 message renderer does, and never the stream reader. A real aiohttp server on loopback relays a
 CoreCall that the test feeds as the multiplexed stream's reader would."""
 
@@ -23,14 +24,19 @@ CALLS = web.AppKey("calls", asyncio.Queue)
 
 def render(msg: spb.GenerateResponse) -> bytes:
     text = "".join(o.text for o in msg.outputs)
+    tokens = "".join(f":{t.id}/{t.logprob if t.HasField('logprob') else None}" for o in msg.outputs for t in o.tokens)
     final = b"usage\n" if msg.HasField("usage") else b""
-    return (f"M:{msg.request_id}:{text}\n".encode() if msg.outputs else b"") + final
+    return (f"M:{msg.request_id}:{text}{tokens}\n".encode() if msg.outputs else b"") + final
 
 
 def render_text(text: str) -> bytes | None:
     if text == "boom":
         raise RuntimeError("a rendering bug")
     return None if text.startswith("raw") else f"T:{text}\n".encode()
+
+
+def render_token(text: str, token_id: int, logprob: float | None) -> bytes | None:
+    return None if text.startswith("raw") else f"K:{text}:{token_id}/{logprob}\n".encode()
 
 
 def render_error(err: GatewayError) -> bytes:
@@ -49,6 +55,7 @@ async def handler(request: web.Request) -> web.StreamResponse:
         content_type="text/plain",
         end=lambda: b"END\n",
         render_text=render_text,
+        render_token=render_token,
     )
 
 
@@ -92,6 +99,23 @@ async def test_texts_render_in_order_with_the_messages(served):
     assert body == b"T:a\nM:r1:raw1\nT:b\nM:r1:raw2\nT:c\nM:r1:z\nT:d\nM:r1:.\nusage\nEND\n"
 
 
+async def test_compact_tokens_render_in_order_with_the_messages(served):
+    def feed(call: CoreCall) -> None:
+        call._text_news(["a"], [5], [-0.5])
+        call._text_news(["raw1"], [6], [-1.0])  # render_token declines: the message with its token
+        call._text_news(["b", "", "c"], [7, 8, 9])  # no logprobs asked
+        call._news([spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text="z")])], False, None)
+        call._text_news(["d"], [10], [-2.0])
+        final = spb.GenerateResponse(request_id="r1")
+        final.usage.completion_tokens = 7
+        call._news([final], True, None)
+
+    body = await _body(served, feed)
+    assert body == (
+        b"K:a:5/-0.5\nM:r1:raw1:6/-1.0\nK:b:7/None\nK::8/None\nK:c:9/None\nM:r1:z\nK:d:10/-2.0\nusage\nEND\n"
+    )
+
+
 async def test_a_failing_text_render_ends_the_response_in_band(served):
     def feed(call: CoreCall) -> None:
         call._text_news(["a"])
@@ -108,12 +132,21 @@ async def test_texts_wait_behind_messages_not_yet_taken():
     they stand for, in order (the request id is the core's, from its first message)."""
     call = CoreCall(spb.GenerateRequest(), lambda: None)
     call._news([spb.GenerateResponse(request_id="core-id", state=pb.GENERATE_STATE_QUEUED)], False, None)
-    seen: list[list[str]] = []
-    call.listen_texts(lambda texts: seen.append(list(texts)))
+    seen: list[tuple[list[str], list[int], list[float]]] = []
+    call.listen_texts(lambda texts, ids, lps: seen.append((list(texts), list(ids), list(lps))))
     call._text_news(["x", "y"])
+    call._text_news(["t"], [4], [-0.25])
     assert seen == []  # the QUEUED message waits: the texts queue behind it
     msgs = call.take()
-    assert [m.state for m in msgs] == [pb.GENERATE_STATE_QUEUED, 0, 0]
-    assert [(m.request_id, [o.text for o in m.outputs]) for m in msgs[1:]] == [("core-id", ["x"]), ("core-id", ["y"])]
+    assert [m.state for m in msgs] == [pb.GENERATE_STATE_QUEUED, 0, 0, 0]
+    assert [(m.request_id, [o.text for o in m.outputs]) for m in msgs[1:]] == [
+        ("core-id", ["x"]),
+        ("core-id", ["y"]),
+        ("core-id", ["t"]),
+    ]
+    assert [len(m.outputs[0].tokens) for m in msgs[1:]] == [0, 0, 1]
+    token = msgs[3].outputs[0].tokens[0]
+    assert (token.id, token.logprob, token.text, token.bytes, token.special) == (4, -0.25, "", b"", False)
     call._text_news(["w"])
-    assert seen == [["w"]]
+    call._text_news(["v"], [3])
+    assert seen == [(["w"], [], []), (["v"], [3], [])]

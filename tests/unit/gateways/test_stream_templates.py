@@ -3,7 +3,8 @@ byte for byte the records of the general path (translate + orjson), for every sc
 awkward token text: quotes, backslashes, control characters, line separators, non-BMP
 characters, the replacement character of a lone byte, and `%` (the template's own format
 character), in the text and in the constant parts. Text-only messages rendered from their text
-alone (`render_text`, for MultiplexEvent.texts) are the same bytes too."""
+alone (`render_text`, for MultiplexEvent.texts) and LMI's token records rendered from a compact
+token's values (`render_token`, for MultiplexEvent.token_ids) are the same bytes too."""
 
 from __future__ import annotations
 
@@ -185,26 +186,52 @@ def _lmi_stream() -> list[spb.GenerateResponse]:
     return msgs
 
 
+def _compact(m: spb.GenerateResponse) -> tuple[str, int, float | None] | None:
+    """(text, token_id, logprob) of the compact token (MultiplexEvent.texts with token_ids) a
+    core sends for `m` under compact_tokens, else None: new text of sequence 0 with one ordinary
+    token and nothing else."""
+    if len(m.outputs) != 1 or m.HasField("usage") or m.state:
+        return None
+    out = m.outputs[0]
+    if out.index or out.finish_reason or len(out.tokens) != 1 or out.tokens[0].special:
+        return None
+    tok = out.tokens[0]
+    return out.text, tok.id, tok.logprob if tok.HasField("logprob") else None
+
+
 @pytest.mark.parametrize("tgi_compat", [False, True])
 @pytest.mark.parametrize("details", [False, True])
 @pytest.mark.parametrize("frame", [framing.jsonline, framing.sse_event])
-def test_lmi_records_from_templates_are_the_general_records(tgi_compat, details, frame):
+@pytest.mark.parametrize("compact", ["messages", "tokens", "token messages"])
+def test_lmi_records_from_templates_are_the_general_records(tgi_compat, details, frame, compact):
+    """Each message renders as the general path does: whole (`messages`), or, for those a
+    core sends as compact tokens, from the token's values (`tokens`, relay's render_token) or
+    as the message the compact token stands for (`token messages`, text_response: its token
+    has no text, bytes or special flag)."""
     opts = RenderOptions(inputs='say "hi" %b', stream=True, tgi_compat=tgi_compat, details=details)
     fast_renderer, general_renderer = StreamRenderer(opts), StreamRenderer(opts)
-    fast = record_renderer(fast_renderer, frame)
-
-    def general(m: spb.GenerateResponse) -> bytes:
-        return b"".join(map(frame, general_renderer.feed(m)))
-
-    msgs = _lmi_stream()
-    _same_bytes(fast, general, msgs)
+    fast, fast_token = record_renderer(fast_renderer, frame)
+    by_token = 0
+    for m in _lmi_stream():
+        values = _compact(m) if compact != "messages" else None
+        if values is None:
+            data = fast(m)
+        elif compact == "tokens":
+            data = fast_token(*values)
+            by_token += 1
+        else:
+            data = fast(text_response(m.request_id, *values))
+        assert data == b"".join(map(frame, general_renderer.feed(m))), m
     assert fast_renderer.generated_text == general_renderer.generated_text
-    assert StreamRenderer(opts).plain_token(msgs[2]) is not None  # the templates did render tokens
+    assert StreamRenderer(opts).plain_token(_lmi_stream()[2]) is not None  # the templates did render tokens
+    assert by_token == (len(AWKWARD) + 3 if compact == "tokens" else 0)  # first, the lone byte, over
 
 
 def test_lmi_top_tokens_take_the_general_path():
     renderer = StreamRenderer(RenderOptions(inputs="hi", stream=True, top_tokens=True))
     assert renderer.plain_token(_msg(pb.SequenceOutput(text="a", tokens=[_tok(1, "a")]))) is None
+    assert renderer.token("a", 1, -0.5) is None
+    assert record_renderer(renderer, framing.jsonline)[1]("a", 1, -0.5) is None
 
 
 # ---------------------------------------------------------------------------------- Triton
