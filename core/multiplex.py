@@ -181,7 +181,7 @@ class MultiplexSession:
             self._closed = True
             self._wake()
 
-    def _start(self, rid: int, request: spb.GenerateRequest, compact_tokens: bool = False) -> None:
+    def _start(self, rid: int, request: spb.GenerateRequest, compact_tokens: bool) -> None:
         request_id = request.request_id or uuid.uuid4().hex
         try:
             if self.draining:

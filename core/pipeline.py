@@ -343,8 +343,8 @@ class Consumer(Protocol):
     def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
         """The next text of `job`'s only sequence: what `deliver` would say with one delta
         holding only that (`ResponseDelta(sequences=[SequenceDelta(0, text)])`); with
-        `token_id` (a job started with compact_tokens) that delta also holds the one token
-        (`Job.compact_token`), with `logprob` when the request asked for logprobs."""
+        `token_id` (a job started with compact_tokens, for a step of one ordinary token) that
+        delta also holds that token, with `logprob` when the request asked for logprobs."""
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """`job` ended: None after its final delta, else the error that ends it (before or

@@ -407,7 +407,7 @@ class StreamRenderer:
         makes for it, which this makes too; else None, with nothing changed (`feed` then
         renders the message). That is one ordinary token of sequence 0, not its last: most
         messages of a stream, which a route renders from a Template of `plain_record`."""
-        if self.opts.top_tokens or msg.HasField("usage") or msg.HasField("prompt_text") or msg.prompt_tokens:
+        if msg.HasField("usage") or msg.HasField("prompt_text") or msg.prompt_tokens:
             return None
         outputs = msg.outputs
         if len(outputs) != 1:
