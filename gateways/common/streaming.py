@@ -529,6 +529,10 @@ async def _relay_pushed(
     done = gone = False
     wake: asyncio.Future[None] | None = None
 
+    def render_entry(text: str, tok: int | None, lp: float | None) -> bytes | None:
+        """One text-only or compact token entry from its values alone, or None."""
+        return render_text(text) if tok is None else render_token(text, tok, lp)
+
     def on_news(texts: Sequence[str] = (), token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> None:
         nonlocal done, gone
         if done:  # ended in-band already: news until the call is cancelled are dropped
@@ -538,7 +542,7 @@ async def _relay_pushed(
             for i, text in enumerate(texts):
                 tok = token_ids[i] if token_ids else None
                 lp = logprobs[i] if logprobs else None
-                data = render_text(text) if tok is None else render_token(text, tok, lp)
+                data = render_entry(text, tok, lp)
                 if data is None:
                     data = render(text_response(stream.call.request_id, text, tok, lp))
                 if data:
@@ -578,10 +582,7 @@ async def _relay_pushed(
         data = None
         if len(texts) == 1:
             try:
-                if not token_ids:
-                    data = render_text(texts[0])
-                else:
-                    data = render_token(texts[0], token_ids[0], logprobs[0] if logprobs else None)
+                data = render_entry(texts[0], token_ids[0] if token_ids else None, logprobs[0] if logprobs else None)
             except Exception:  # on_news renders it again and ends the response in-band
                 data = None
         if not data:

@@ -168,6 +168,7 @@ async def one_round(schema: str, streams: int, tokens: int, texts: bool) -> floa
     relays = []
     for i in range(streams):
         call = CoreCall(spb.GenerateRequest(request_id=f"chatcmpl-{i:032x}"), lambda: None)
+        call.compact_tokens = schema == "lmi"  # as the LMI route asks (CoreClient.generate)
         mux.open[i + 1] = call
         render, render_text, render_token, end = _renderers(schema)
         out = ResponseWriter(_Request(loop), None)  # type: ignore[arg-type]

@@ -20,6 +20,8 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
+from core import convert
+from core.multiplex import CallOutput
 from core.server import start_core
 from core.types import EngineOutput, EngineRequest, FinishReason, SequenceStep
 from gateways.common.core_client import text_response
@@ -181,6 +183,15 @@ async def test_compact_tokens_carry_generates_tokens(tiny_model_dir, tokenizer):
         compact = [(t, i) for m in mux.messages for ev in m.events for t, i in zip(ev.texts, ev.token_ids, strict=True)]
         assert len(compact) == len(steps) - 5  # the first step, the special, no logprob, two tokens, the last
         assert "" in [t for t, _ in compact]
+        # A Generate call's consumer given the same compact steps queues them with their token.
+        pipeline, out = server.servicer.pipeline, CallOutput()
+        pipeline.start(pipeline.prepare(convert.to_generation_request(request(body), "g")), out, compact_tokens=True)
+        queued: list[spb.GenerateResponse] = []
+        while deltas := await out.take():
+            for delta in deltas:
+                convert.fill_response(msg := spb.GenerateResponse(), delta, "g")
+                queued.append(msg)
+        assert _shape(queued) == _shape(whole)
         sent_whole = [
             t for m in mux.messages for ev in m.events for r in ev.responses for o in r.outputs for t in o.tokens
         ]
