@@ -92,19 +92,24 @@ class FieldTable:
         for row in self.rows:
             if row.path is not None:
                 self._first.setdefault(row.path, row.name)
+        # Every request runs `apply`: its rows' keys and split paths are worked out once here.
+        self._settable = tuple(
+            (row.key, row.transform, *_split(row.path))
+            for row in self.rows
+            if row.path is not None and row.transform is not None
+        )
 
     def apply(self, values: Mapping[str, Any], target: Message) -> None:
         """Set the contract fields of `target` (a GenerateRequest) from the client's `values` (by
-        row key; None or absent: not given, so the core's engine default applies)."""
-        for row in self.rows:
-            if row.path is None or row.transform is None:
-                continue
-            value = values.get(row.key)
+        row key, e.g. a parsed model's `vars()`; None or absent: not given, so the core's engine
+        default applies)."""
+        for key, transform, groups, leaf in self._settable:
+            value = values.get(key)
             if value is None:
                 continue
-            converted = row.transform(value)
+            converted = transform(value)
             if converted is not None:
-                set_path(target, row.path, converted)
+                _set(target, groups, leaf, converted)
 
     def names(self, given: Collection[str] = ()) -> dict[str, str]:
         """Contract path -> the client's name for it, for the fields in `given` (keys or aliases
@@ -119,13 +124,18 @@ class FieldTable:
         return out
 
 
-def set_path(target: Message, path: str, value: Any) -> None:
-    """Set the field at `path` ("sampling.top_p") of a message: a list extends a repeated
-    field, a mapping updates a map field (an empty one changes nothing, not even the presence
-    of the enclosing message), anything else is assigned."""
+def _split(path: str) -> tuple[tuple[str, ...], str]:
+    """`"sampling.top_p"` -> `(("sampling",), "top_p")`."""
+    *groups, leaf = path.split(".")
+    return tuple(groups), leaf
+
+
+def _set(target: Message, groups: tuple[str, ...], leaf: str, value: Any) -> None:
+    """Set `leaf` of the message at `groups` under `target`: a list extends a repeated field, a
+    mapping updates a map field (an empty one changes nothing, not even the presence of the
+    enclosing message), anything else is assigned."""
     if isinstance(value, list | tuple | Mapping) and not value:
         return
-    *groups, leaf = path.split(".")
     for group in groups:
         target = getattr(target, group)
     if isinstance(value, list | tuple):

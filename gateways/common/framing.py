@@ -160,7 +160,11 @@ class Template:
 
     def fill(self, *values: Any) -> bytes:
         """The record with `values` (str, int, float, bool or None) in their places."""
-        return self._format % tuple(map(orjson.dumps, values))
+        dumps = orjson.dumps
+        if len(values) == 3:  # LMI's token records (id, text, logprob): spelled out, 0.3 µs less than map
+            a, b, c = values
+            return self._format % (dumps(a), dumps(b), dumps(c))
+        return self._format % tuple(map(dumps, values))
 
     def fill_text(self, text: str) -> bytes:
         """`fill(text)` for a one-value template (the common case: a token's text)."""

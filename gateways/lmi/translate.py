@@ -225,7 +225,7 @@ def to_generate_request(
     req = spb.GenerateRequest(request_id=request_id, text=inputs)
     if model:
         req.model = model
-    FIELDS.apply(dict(p), req)
+    FIELDS.apply(vars(p), req)
     s, st, o = req.sampling, req.stopping, req.output
     if opts.tgi_compat and p.do_sample is False:
         s.ClearField("do_sample")

@@ -67,7 +67,7 @@ def to_generate_requests(req: CompletionRequest, *, completion_id: str) -> list[
         stopping=pb.StoppingParams(max_new_tokens=DEFAULT_MAX_TOKENS),
         output=pb.OutputOptions(logprobs=req.logprobs is not None),
     )
-    FIELDS.apply(dict(req), base)
+    FIELDS.apply(vars(req), base)
     out = []
     for i, prompt in enumerate(req.prompts):
         one = spb.GenerateRequest()

@@ -141,9 +141,30 @@ class Connection:
             progress = Template(lambda text, state=state: dump_bytes(translate.progress_event(state, text)))
             call = self.client.generate(request, hash_key=item.request_id)
             self.prompts[item.request_id] = call
-            on_news = functools.partial(self._on_news, call, state, progress)
-            call.listen(on_news)
-            call.listen_texts(on_news)
+            call.listen(functools.partial(self._on_news, call, state, progress))
+            call.listen_texts(functools.partial(self._on_texts, call, state, progress))
+
+    def _on_texts(
+        self,
+        call: CoreCall,
+        state: translate.PromptState,
+        progress: Template,
+        texts: Sequence[str],
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+    ) -> None:
+        """Text-only messages (CoreCall.listen_texts), rendered as `_on_news` renders them;
+        but the one PROGRESS of a socket's only prompt in flight, with nothing waiting to be
+        sent, goes out at once in its own frame, since no other prompt can add to this core
+        message's frame (most events of a socket with one prompt in flight). Its requests are
+        never sent with compact_tokens, so token_ids and logprobs are empty."""
+        alone = len(texts) == 1 and len(self.prompts) == 1 and not self._out and self._drainer is None
+        if alone and not self._protocol.writing_paused:
+            text = translate.text_progress(texts[0], state)
+            if text is not None:
+                self._write(_text_frame(b"[" + progress.fill_text(text) + b"]"))
+                return
+        self._on_news(call, state, progress, texts)
 
     def _on_news(
         self,
@@ -151,14 +172,11 @@ class Connection:
         state: translate.PromptState,
         progress: Template,
         texts: Sequence[str] = (),
-        token_ids: Sequence[int] = (),
-        logprobs: Sequence[float] = (),
     ) -> None:
         """Render a prompt's new messages (text-only ones as `texts`, then those to take, and
         its end) into events, called as they arrive; plain text deltas (translate.progress_text,
         text_progress) are filled into the prompt's PROGRESS `progress` template, encoded once
-        per prompt. Its requests are never sent with compact_tokens, so token_ids and
-        logprobs (CoreCall.listen_texts) are empty."""
+        per prompt."""
         events: list[Outgoing] = []
         done = call.ended
         try:
@@ -223,13 +241,16 @@ class Connection:
     def _send(self) -> None:
         """Write every waiting item, ready events together as one array per frame."""
         items, self._out = self._out, []
-        transport = self._protocol.transport
-        if transport is None or transport.is_closing() or self.ws.closed:
-            return
         if len(items) == 1 and isinstance(event := items[0], bytes):  # one encoded event: most frames
-            transport.write(_text_frame(b"[" + event + b"]"))
-            return
-        transport.write(b"".join(_text_frame(_array(frame)) for frame in _frames(items)))
+            self._write(_text_frame(b"[" + event + b"]"))
+        else:
+            self._write(b"".join(_text_frame(_array(frame)) for frame in _frames(items)))
+
+    def _write(self, data: bytes) -> None:
+        """Hand `data` to the connection unless it is closed or closing."""
+        transport = self._protocol.transport
+        if transport is not None and not transport.is_closing() and not self.ws.closed:
+            transport.write(data)
 
     async def _drain(self) -> None:
         try:

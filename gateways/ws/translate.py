@@ -21,6 +21,7 @@ No I/O, clocks or ids in here: the route owns the socket and passes `PromptState
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,15 +64,12 @@ FIELDS = FieldTable(
 NAMES = FIELDS.names()
 
 
-def effective_config(given: GenerationConfig | None, defaults: GenerationConfig) -> GenerationConfig:
-    """Each field: the client's value if set, else the default's (which may be unset too)."""
+def effective_config(given: GenerationConfig | None, defaults: GenerationConfig) -> Mapping[str, Any]:
+    """Field name -> the client's value if set, else the default's (None: unset in both)."""
+    fallback = vars(defaults)
     if given is None:
-        return defaults
-    merged = {name: getattr(given, name) for name in GenerationConfig.model_fields}
-    for name, value in merged.items():
-        if value is None:
-            merged[name] = getattr(defaults, name)
-    return GenerationConfig.model_construct(**merged)
+        return fallback
+    return {name: fallback[name] if value is None else value for name, value in vars(given).items()}
 
 
 def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationConfig) -> spb.GenerateRequest:
@@ -87,7 +85,7 @@ def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationC
     req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id)
     if item.prompt:
         req.text = item.prompt
-    FIELDS.apply(dict(cfg), req)
+    FIELDS.apply(cfg, req)
     if not body.new_tokens_only:
         req.output.echo = True
     return req

@@ -111,7 +111,7 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
         stopping=pb.StoppingParams(),
         output=pb.OutputOptions(),
     )
-    FIELDS.apply(dict(req), out)
+    FIELDS.apply(vars(req), out)
     mode = tool_mode(req)
     if mode is not None:
         out.messages.tools.extend(

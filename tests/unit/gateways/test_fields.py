@@ -7,7 +7,7 @@ import grpc
 import pytest
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.fields import Field, FieldTable, client_error, set_path, true_or_unset
+from gateways.common.fields import Field, FieldTable, client_error, true_or_unset
 from gateways.common.status import GatewayError
 
 TABLE = FieldTable(
@@ -53,14 +53,24 @@ def test_the_later_given_row_wins_and_names_the_path():
     assert TABLE.names()["text"] == "inputs"
 
 
-def test_set_path_assigns_extends_and_updates():
+def test_apply_assigns_extends_and_updates_nested_and_top_level_fields():
+    table = FieldTable(
+        (
+            Field("temperature", "sampling.temperature"),
+            Field("stop_token_ids", "stopping.stop_token_ids"),
+            Field("logit_bias", "sampling.logit_bias"),
+            Field("model", "model"),
+            Field("stop", "stopping.stop"),
+        )
+    )
     req = spb.GenerateRequest()
-    set_path(req, "sampling.temperature", 0.5)
-    set_path(req, "stopping.stop_token_ids", (1, 2))
-    set_path(req, "sampling.logit_bias", {3: -1.0})
-    set_path(req, "model", "m")
+    table.apply({"temperature": 0.5, "stop_token_ids": (1, 2), "logit_bias": {3: -1.0}, "model": "m", "stop": []}, req)
     assert (req.sampling.temperature, list(req.stopping.stop_token_ids), req.model) == (0.5, [1, 2], "m")
     assert dict(req.sampling.logit_bias) == {3: -1.0}
+    # An empty list or mapping changes nothing, not even the enclosing message's presence.
+    req = spb.GenerateRequest()
+    table.apply({"stop": [], "logit_bias": {}}, req)
+    assert not req.HasField("stopping") and not req.HasField("sampling")
 
 
 NAMES = TABLE.names(["max_new_tokens"])

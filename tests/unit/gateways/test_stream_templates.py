@@ -105,6 +105,14 @@ def test_template_fills_several_values(values):
     assert framing.Template(render, 3).fill(*values) == render(*values)
 
 
+@pytest.mark.parametrize("values", [(5, "a"), (1, "%b", None, True)])
+def test_template_fills_two_or_four_values(values):
+    def render(*v: Any) -> bytes:
+        return framing.sse_event({"v": list(v), "k": "%%"})
+
+    assert framing.Template(render, len(values)).fill(*values) == render(*values)
+
+
 def test_template_refuses_a_value_that_is_not_rendered_once():
     with pytest.raises(ValueError, match="exactly once"):
         framing.Template(lambda text: framing.sse_event({"a": 1}))
