@@ -162,7 +162,7 @@ class Connection:
         if alone and not self._protocol.writing_paused:
             text = translate.text_progress(texts[0], state)
             if text is not None:
-                self._write(_text_frame(b"[" + progress.fill_text(text) + b"]"))
+                self._write(_event_frame(progress.fill_text(text)))
                 return
         self._on_news(call, state, progress, texts)
 
@@ -242,7 +242,7 @@ class Connection:
         """Write every waiting item, ready events together as one array per frame."""
         items, self._out = self._out, []
         if len(items) == 1 and isinstance(event := items[0], bytes):  # one encoded event: most frames
-            self._write(_text_frame(b"[" + event + b"]"))
+            self._write(_event_frame(event))
         else:
             self._write(b"".join(_text_frame(_array(frame)) for frame in _frames(items)))
 
@@ -275,6 +275,11 @@ def _text_frame(payload: bytes) -> bytes:
     else:
         header = struct.pack("!BBQ", 0x81, 127, n)
     return header + payload
+
+
+def _event_frame(event: bytes) -> bytes:
+    """The text frame of one encoded event: `_text_frame(_array([event]))`, without the join."""
+    return _text_frame(b"[" + event + b"]")
 
 
 def _array(events: list[dict[str, Any]] | list[dict[str, Any] | bytes]) -> bytes:
