@@ -98,6 +98,13 @@ async def test_golden(core, stub, path, mode):
     request = json_format.ParseDict(case["request"], spb.GenerateRequest())
     if mode == "streamed":
         got = await _streamed(stub, request)
+        # A reader that fell behind (a loaded machine) gets the waiting steps merged into fewer
+        # messages (core.pipeline.merge_deltas), which the golden stream does not show: the
+        # message-for-message match needs a run that kept up, so a merged one runs again.
+        for _ in range(3):
+            if len(got.get("stream", ())) >= len(case.get("stream", ())):
+                break
+            got = await _streamed(stub, request)
     else:
         got = await asyncio.to_thread(_collected, core.address, request)
     check(path, case, got)
