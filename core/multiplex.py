@@ -4,11 +4,11 @@
 Both are fed synchronously by the pipeline while an engine step is delivered, and only wake
 their writer coroutine; the writer runs once the whole step was processed. A MultiplexSession
 therefore sends one message per engine step carrying the news of every request on the stream,
-built in place as protobuf (`core.convert.fill_response`), and a Generate call one message per
-step. While a write is in flight (HTTP/2 flow control: the reader is slower than the engine),
-what arrives meanwhile waits and goes out together: in the next MultiplexGenerateResponse, or
-merged into as few GenerateResponses as keep their meaning (`core.pipeline.merge_deltas`).
-Nothing is dropped or reordered.
+built in place as protobuf (`core.convert.fill_response`) with its text-only steps in columns
+(TextSteps), and a Generate call one message per step. While a write is in flight (HTTP/2 flow
+control: the reader is slower than the engine), what arrives meanwhile waits and goes out
+together: in the next MultiplexGenerateResponse, or merged into as few GenerateResponses as keep
+their meaning (`core.pipeline.merge_deltas`). Nothing is dropped or reordered.
 """
 
 from __future__ import annotations
@@ -32,6 +32,51 @@ log = logging.getLogger(__name__)
 #: Events per MultiplexGenerateResponse before another message is started, so a stream far
 #: behind its reader never builds one message near the gRPC size limit.
 MAX_EVENTS_PER_MESSAGE = 4096
+
+
+_NAN = float("nan")
+
+
+class _Outgoing:
+    """A MultiplexGenerateResponse being filled: its events in protobuf, its TextSteps as
+    lists until it is sent (one `extend` per column costs less than an append each)."""
+
+    __slots__ = (
+        "add_event",
+        "compact",
+        "evented",
+        "ids",
+        "logprobs",
+        "msg",
+        "size",
+        "texts",
+        "token_ids",
+        "with_logprobs",
+    )
+
+    def __init__(self) -> None:
+        self.msg = spb.MultiplexGenerateResponse()
+        self.add_event: Callable[[], spb.MultiplexEvent] = self.msg.events.add
+        self.size = 0  # events and TextSteps entries (MAX_EVENTS_PER_MESSAGE)
+        self.evented: set[int] = set()  # requests with an event here: their texts join it
+        self.ids: list[int] = []
+        self.texts: list[str] = []
+        self.token_ids: list[int] = []  # -1 for an entry that is no compact token
+        self.logprobs: list[float] = []  # NaN for an entry without a logprob
+        self.compact = False  # some entry is a compact token
+        self.with_logprobs = False  # some entry has a logprob
+
+    def message(self) -> spb.MultiplexGenerateResponse:
+        """The message with its TextSteps filled in (TextSteps in generate_service.proto)."""
+        if self.ids:
+            steps = self.msg.steps
+            steps.ids.extend(self.ids)
+            steps.texts.extend(self.texts)
+            if self.compact:
+                steps.token_ids.extend(self.token_ids)
+                if self.with_logprobs:
+                    steps.logprobs.extend(self.logprobs)
+        return self.msg
 
 
 class CallOutput:
@@ -117,13 +162,11 @@ class MultiplexSession:
         self.context = context
         self.draining = draining
         self.jobs: dict[int, Job | _Preparing] = {}
-        self._pending: list[spb.MultiplexGenerateResponse] = []
-        self._filling: spb.MultiplexGenerateResponse | None = None
-        self._filling_events = 0
-        self._last: spb.MultiplexEvent | None = None
+        self._pending: list[_Outgoing] = []
+        self._filling: _Outgoing | None = None  # the last of `_pending`, while news joins it
+        self._last: spb.MultiplexEvent | None = None  # the last event of `_filling`
         self._last_id = 0  # the id of `_last` (read back from protobuf, it costs more)
         self._texts_closed = False  # `_last` has responses: texts after them need a new event
-        self._add_event: Callable[[], spb.MultiplexEvent]  # `_filling.events.add`, set with it
         self._closed = False  # the client half-closed, or its stream broke
         self._end_when_idle = False  # drain() was called
         self._malformed: CoreError | None = None  # the client sent a message that did not parse
@@ -140,10 +183,10 @@ class MultiplexSession:
                     log.info("%s %s", self._malformed.code.name, self._malformed.message)
                     await self.context.abort_with_status(self._malformed.to_status())
                 if self._pending:
-                    msg = self._pending.pop(0)
-                    if msg is self._filling:
+                    out = self._pending.pop(0)
+                    if out is self._filling:
                         self._filling, self._last = None, None
-                    await self.context.write(msg)
+                    await self.context.write(out.message())
                 elif (self._closed or self._end_when_idle) and not self.jobs:
                     return
                 else:
@@ -240,19 +283,39 @@ class MultiplexSession:
             convert.fill_response(responses.add(), delta, request_id)
 
     def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
-        """Add the next text of the job's only sequence to the message being filled, as an entry
-        of its event's `texts` (what stands for the GenerateResponse {request_id, outputs:
-        [{index: 0, text}]} `convert.fill_response` would make of it), with its token in
-        `token_ids` and `logprobs` for a compact_tokens request."""
+        """Add the next text of the job's only sequence to the message being filled (what
+        stands for the GenerateResponse {request_id, outputs: [{index: 0, text}]}
+        `convert.fill_response` would make of it), with its token and logprob for a
+        compact_tokens request: as an entry of the message's TextSteps, or of the job's event's
+        `texts` when the job has an event in the message already (its texts follow it)."""
         rid = job.tag
-        event = self._last
-        if event is None or self._last_id != rid or self._texts_closed:
-            event = self._event(rid, fresh=True)
-        event.texts.append(text)
-        if token_id is not None:
-            event.token_ids.append(token_id)
-            if logprob is not None:
-                event.logprobs.append(logprob)
+        out = self._filling
+        if out is not None and rid in out.evented:
+            event = self._last
+            if event is None or self._last_id != rid or self._texts_closed:
+                event = self._event(rid, fresh=True)
+            event.texts.append(text)
+            if token_id is not None:
+                event.token_ids.append(token_id)
+                if logprob is not None:
+                    event.logprobs.append(logprob)
+            return
+        if out is None or out.size >= MAX_EVENTS_PER_MESSAGE:
+            out = self._start_message()
+        out.size += 1
+        out.ids.append(rid)
+        out.texts.append(text)
+        if token_id is None:
+            out.token_ids.append(-1)
+            out.logprobs.append(_NAN)
+            return
+        out.token_ids.append(token_id)
+        out.compact = True
+        if logprob is None:
+            out.logprobs.append(_NAN)
+        else:
+            out.logprobs.append(logprob)
+            out.with_logprobs = True
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """Add the job's terminal status (OK, or its error)."""
@@ -275,17 +338,22 @@ class MultiplexSession:
         if last is not None and self._last_id == rid and not fresh:
             return last
         self._texts_closed = False
-        msg = self._filling
-        if msg is None or self._filling_events >= MAX_EVENTS_PER_MESSAGE:
-            msg = self._filling = spb.MultiplexGenerateResponse()
-            self._add_event = msg.events.add
-            self._filling_events = 0
-            self._pending.append(msg)
-            self._wake()
-        self._filling_events += 1
-        last = self._last = self._add_event()
+        out = self._filling
+        if out is None or out.size >= MAX_EVENTS_PER_MESSAGE:
+            out = self._start_message()
+        out.size += 1
+        out.evented.add(rid)
+        last = self._last = out.add_event()
         last.id = self._last_id = rid
         return last
+
+    def _start_message(self) -> _Outgoing:
+        """Start the next message to fill (and wake the writer)."""
+        out = self._filling = _Outgoing()
+        self._last = None  # news of a request in the new message must not join the old one
+        self._pending.append(out)
+        self._wake()
+        return out
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

@@ -7,9 +7,9 @@ requests share one MultiplexGenerate stream: the core sends one message per engi
 news of every request on it, and a reader task hands each request's messages to its CoreCall in
 one pass, which passes them on synchronously to a listener (the relay that writes the HTTP
 response, the WebSocket connection) or wakes the one coroutine waiting on it. Most messages of a
-plain text stream arrive as text alone (MultiplexEvent.texts), and so do the ordinary tokens
-of a request that reads only their ids and logprobs (`generate(..., compact_tokens=True)`, with
-MultiplexEvent.token_ids): a listener that renders from those takes them as they are
+plain text stream arrive as text alone (TextSteps, or MultiplexEvent.texts), and so do the
+ordinary tokens of a request that reads only their ids and logprobs (`generate(...,
+compact_tokens=True)`, with their token_ids): a listener that renders from those takes them as they are
 (`listen_texts`); for everyone else they become the GenerateResponse each stands for
 (`text_response`). A core without
 MultiplexGenerate (UNIMPLEMENTED) is served with one Generate call per request instead, the
@@ -202,8 +202,8 @@ class CoreCall:
             self._waiter.set_result(None)
 
     def _text_news(self, texts: Sequence[str], token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> None:
-        """Transport side: text-only or compact token messages (MultiplexEvent.texts,
-        token_ids, logprobs), to the text listener when there is one, else as the
+        """Transport side: text-only or compact token messages (entries of TextSteps or of
+        MultiplexEvent.texts, with their token_ids and logprobs), to the text listener when there is one, else as the
         GenerateResponses they stand for."""
         if self.ended:
             return
@@ -225,14 +225,14 @@ class CoreCall:
             self._queue_timer = None
 
 
-#: `CoreCall.listen_texts`'s listener: (texts, token_ids, logprobs) of MultiplexEvent.
+#: `CoreCall.listen_texts`'s listener: (texts, token_ids, logprobs) of one request's entries.
 TextListener = Callable[[Sequence[str], Sequence[int], Sequence[float]], None]
 
 
 def text_response(
     request_id: str, text: str, token_id: int | None = None, logprob: float | None = None
 ) -> spb.GenerateResponse:
-    """The GenerateResponse an entry of MultiplexEvent.texts stands for: new text of sequence 0
+    """The GenerateResponse a TextSteps (or MultiplexEvent.texts) entry stands for: new text of sequence 0
     and, for a compact token (token_ids), its one token {id, logprob} (generate_service.proto)."""
     response = spb.GenerateResponse(request_id=request_id)
     out = response.outputs.add()
@@ -243,6 +243,26 @@ def text_response(
         if logprob is not None:
             tok.logprob = logprob
     return response
+
+
+def _give_steps(call: CoreCall, texts: Sequence[str], token_ids: list[int], logprobs: list[float]) -> None:
+    """Hand `call` its TextSteps entries; token_ids and logprobs are the entries' columns
+    (empty when the message has none; -1 and NaN stand for none, and a request's entries all
+    have one or none: see TextSteps)."""
+    try:
+        if not token_ids or token_ids[0] < 0:
+            call._text_news(texts)
+        elif logprobs and logprobs[0] == logprobs[0]:  # not NaN
+            call._text_news(texts, token_ids, logprobs)
+        else:
+            call._text_news(texts, token_ids)
+    except Exception:
+        _rendering_failed(call)
+
+
+def _rendering_failed(call: CoreCall) -> None:
+    log.exception("request %s: rendering failed", call.request.request_id)
+    call.cancel()
 
 
 class _Multiplexed:
@@ -318,6 +338,30 @@ class _Multiplexed:
             return
         call._news((), True, error)
 
+    @staticmethod
+    def _take_steps(steps: spb.TextSteps, open_calls: dict[int, CoreCall]) -> None:
+        """Hand each request its entries of a message's TextSteps (generate_service.proto), as
+        an event's `texts`, `token_ids` and `logprobs`: several entries of one request (a
+        request behind, whose steps the core sent together) in one call."""
+        ids = steps.ids
+        texts = list(steps.texts)
+        token_ids = list(steps.token_ids)
+        logprobs = list(steps.logprobs)
+        if len(set(ids)) == len(ids):
+            for i, rid in enumerate(ids):
+                call = open_calls.get(rid)
+                if call is not None:
+                    _give_steps(call, (texts[i],), token_ids[i : i + 1], logprobs[i : i + 1])
+            return
+        runs: dict[int, list[int]] = {}
+        for i, rid in enumerate(ids):
+            runs.setdefault(rid, []).append(i)
+        for rid, run in runs.items():
+            call = open_calls.get(rid)
+            if call is not None:
+                tokens = [token_ids[i] for i in run] if token_ids else []
+                _give_steps(call, [texts[i] for i in run], tokens, [logprobs[i] for i in run] if logprobs else [])
+
     async def _read(self) -> None:
         """Hand every event to its request; at the stream's end, end the requests left."""
         error = GatewayError(grpc.StatusCode.UNAVAILABLE, "The model server closed the connection; retry.")
@@ -330,6 +374,8 @@ class _Multiplexed:
                 open_calls = self.open
                 self.client._delivering = True
                 try:
+                    if msg.HasField("steps"):
+                        self._take_steps(msg.steps, open_calls)
                     for ev in msg.events:
                         call = open_calls.get(ev.id)
                         if call is None:  # cancelled by the gateway: late news
@@ -355,8 +401,7 @@ class _Multiplexed:
                                     continue
                             call._news(ev.responses, ended, err)
                         except Exception:
-                            log.exception("request %s: rendering failed", call.request.request_id)
-                            call.cancel()
+                            _rendering_failed(call)
                 finally:
                     self.client._delivered()
                 if self.retired and not open_calls:

@@ -461,10 +461,10 @@ async def relay(
         render_text: for a CoreStream, `render(text_response(request_id, text))` for a
             text-only message, rendered from the text alone, or None where it needs the message
             (which is then built and rendered); most tokens of a plain stream arrive as text
-            alone (MultiplexEvent.texts).
+            alone (TextSteps).
         render_token: likewise `render(text_response(request_id, text, token_id, logprob))`
             from those values, for a request sent with compact_tokens (its ordinary tokens
-            arrive so: MultiplexEvent.token_ids), or None where it needs the message.
+            arrive so: TextSteps.token_ids), or None where it needs the message.
 
     Returns:
         The response, ended unless the client went away. The requests are cancelled in all

@@ -423,7 +423,7 @@ class StreamRenderer:
 
     def token(self, text: str, token_id: int, logprob: float | None) -> tuple[int, str, float | None] | None:
         """`plain_token` from the values of its message: new `text` of sequence 0 with one
-        ordinary token (a compact token of MultiplexEvent.token_ids); None, with nothing
+        ordinary token (a compact token of TextSteps.token_ids); None, with nothing
         changed, when its record needs more (`top_tokens`)."""
         if self.opts.top_tokens:
             return None

@@ -170,7 +170,7 @@ def progress_text(msg: spb.GenerateResponse, state: PromptState) -> str | None:
 
 
 def text_progress(text: str, state: PromptState) -> str | None:
-    """`progress_text` of a message with `text` alone (MultiplexEvent.texts): the text, with
+    """`progress_text` of a message with `text` alone (a TextSteps entry): the text, with
     the same update of `state`, or None for a prompt that is not streamed or an empty text."""
     if not state.stream_response or not text:
         return None

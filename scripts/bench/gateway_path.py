@@ -5,16 +5,18 @@ the path from a MultiplexGenerate message to the bytes handed to each response's
 A fake MultiplexGenerate call hands the real stream reader (`core_client._Multiplexed._read`)
 pre-serialized core messages, parsed as grpc would (`FromString`): one message per engine step
 carrying one event per stream, the first with QUEUED, SCHEDULED and the first token as
-responses, then one text per step (MultiplexEvent.texts; for LMI, whose records carry each
-token's id and logprob, a compact token: texts with token_ids and logprobs; or `--responses`:
-GenerateResponses as a core before texts sent them), then the final message and the OK status.
+responses, then one text per step (a TextSteps entry, as the core sends it; for LMI, whose
+records carry each token's id and logprob, a compact token: text, token id and logprob; or
+`--form events`: MultiplexEvent.texts, an event each, as a core before TextSteps sent them;
+`--form responses`: GenerateResponses, as a core before texts sent them), then the final
+message and the OK status.
 Each stream is relayed by the real `streaming._relay_pushed` with the route's real renderers
 (OpenAI chat SSE, Triton SSE, LMI jsonlines) into a transport that only counts bytes. What this
 leaves out is what the overhead benchmark (overhead.py) adds: HTTP parsing, gRPC, the event
 loop's I/O and the send system calls.
 
 Usage: python scripts/bench/gateway_path.py [--streams 256] [--tokens 64] [--rounds 5] [--schemas openai,triton,lmi]
-       [--responses]
+       [--form steps|events|responses]
 """
 
 from __future__ import annotations
@@ -97,9 +99,10 @@ class _Stub:
         return _Call(self.messages)
 
 
-def core_messages(streams: int, tokens: int, texts: bool, with_tokens: bool) -> list[bytes]:
-    """The serialized messages of `streams` requests of `tokens` tokens each, one per step;
-    `with_tokens`: each with its token's id and logprob (as LMI asks for them)."""
+def core_messages(streams: int, tokens: int, form: str, with_tokens: bool) -> list[bytes]:
+    """The serialized messages of `streams` requests of `tokens` tokens each, one per step, the
+    middle steps in `form` (see the module docstring); `with_tokens`: each with its token's id
+    and logprob (as LMI asks for them)."""
 
     def rid(i: int) -> str:
         return f"chatcmpl-{i:032x}"
@@ -120,8 +123,15 @@ def core_messages(streams: int, tokens: int, texts: bool, with_tokens: bool) -> 
     for step in range(tokens - 2):
         msg = spb.MultiplexGenerateResponse()
         for i in range(streams):
+            if form == "steps":
+                msg.steps.ids.append(i + 1)
+                msg.steps.texts.append(f" word{step}")
+                if with_tokens:
+                    msg.steps.token_ids.append(100 + step)
+                    msg.steps.logprobs.append(-0.5)
+                continue
             ev = msg.events.add(id=i + 1)
-            if texts:
+            if form == "events":
                 ev.texts.append(f" word{step}")
                 if with_tokens:
                     ev.token_ids.append(100 + step)
@@ -158,10 +168,10 @@ def _renderers(schema: str) -> tuple[Any, Any, Any, Any]:
     return render, render_text, _no_token, None
 
 
-async def one_round(schema: str, streams: int, tokens: int, texts: bool) -> float:
+async def one_round(schema: str, streams: int, tokens: int, form: str) -> float:
     """CPU µs per token of relaying `streams` x `tokens` tokens (see the module docstring)."""
     loop = asyncio.get_running_loop()
-    messages = core_messages(streams, tokens, texts, with_tokens=schema == "lmi")
+    messages = core_messages(streams, tokens, form, with_tokens=schema == "lmi")
     client = CoreClient("127.0.0.1:1")
     t0 = time.process_time()
     mux = _Multiplexed(client, _Stub(messages))  # its reader starts at the next await
@@ -186,15 +196,12 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--schemas", default="openai,triton,lmi")
-    p.add_argument("--responses", action="store_true", help="tokens as GenerateResponses, not texts")
+    p.add_argument("--form", choices=("steps", "events", "responses"), default="steps", help="how middle steps travel")
     args = p.parse_args()
     for schema in args.schemas.split(","):
-        runs = [
-            asyncio.run(one_round(schema, args.streams, args.tokens, not args.responses)) for _ in range(args.rounds)
-        ]
-        kind = "responses" if args.responses else "texts"
+        runs = [asyncio.run(one_round(schema, args.streams, args.tokens, args.form)) for _ in range(args.rounds)]
         print(
-            f"{schema:<7} {kind:<9} {args.streams} streams x {args.tokens} tokens: CPU µs per token "
+            f"{schema:<7} {args.form:<9} {args.streams} streams x {args.tokens} tokens: CPU µs per token "
             f"median {statistics.median(runs):.2f} (min {min(runs):.2f}, max {max(runs):.2f})",
             flush=True,
         )

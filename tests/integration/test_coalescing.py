@@ -109,9 +109,10 @@ async def test_generate_merges_messages_for_a_slow_reader_and_loses_nothing(fast
     ids=["tokens", "text-only", "compact-tokens"],
 )
 async def test_multiplex_sends_what_waits_together_message_for_message(fast_core, output, compact):
-    """A text-only request's decode steps travel as MultiplexEvent.texts, a compact_tokens
-    request's with their token ids and logprobs: what waits goes out as many of them in one
-    event, after the responses before them and before those after them."""
+    """A text-only request's decode steps travel as TextSteps entries (or MultiplexEvent.texts
+    after an event of the request), a compact_tokens request's with their token ids and
+    logprobs: what waits goes out as many of them in one message, after the responses before
+    them and before those after them."""
     body = {
         "requestId": "m",
         "text": "Once upon a time",
@@ -141,11 +142,13 @@ async def test_multiplex_sends_what_waits_together_message_for_message(fast_core
     assert _shape(slow.responses[1]) == _shape(prompt.responses[1])
     assert [m.HasField("usage") for m in slow.responses[1]] == [m.HasField("usage") for m in prompt.responses[1]]
     # Several engine steps of the request went out in one message while the reader paused.
-    assert max(sum(len(ev.responses) + len(ev.texts) for ev in m.events) for m in slow.messages) > 10
-    texts = sum(len(ev.texts) for m in slow.messages for ev in m.events)
+    assert max(len(m.steps.ids) + sum(len(ev.responses) + len(ev.texts) for ev in m.events) for m in slow.messages) > 10
+    texts = sum(len(m.steps.ids) + sum(len(ev.texts) for ev in m.events) for m in slow.messages)
     assert texts > TOKENS // 2 if output == {"tokens": False} or compact else texts == 0
-    assert sum(len(ev.token_ids) for m in slow.messages for ev in m.events) == (texts if compact else 0)
-    assert sum(len(ev.logprobs) for m in slow.messages for ev in m.events) == (texts if compact else 0)
+    tokens = sum(len(m.steps.token_ids) + sum(len(ev.token_ids) for ev in m.events) for m in slow.messages)
+    assert tokens == (texts if compact else 0)
+    logprobs = sum(len(m.steps.logprobs) + sum(len(ev.logprobs) for ev in m.events) for m in slow.messages)
+    assert logprobs == (texts if compact else 0)
 
 
 # --------------------------------------------------------------------------------- HTTP

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import signal
 
 import aiohttp
@@ -29,6 +30,22 @@ from gateways.common.status import GatewayError
 from tests.conftest import core_config
 from tests.fakes.scripted_engine import ScriptedEngine
 from tests.integration.core_helpers import generate, request, sequences, start_core_process, wait_for, wait_idle
+
+
+def step_entries(msg: spb.MultiplexGenerateResponse) -> list[tuple]:
+    """A message's TextSteps entries as (id, text, token id, logprob), None where the column
+    is empty or holds its stand-in for none (-1, NaN)."""
+    steps = msg.steps
+    tokens, lps = steps.token_ids, steps.logprobs
+    return [
+        (
+            rid,
+            text,
+            tokens[i] if tokens and tokens[i] >= 0 else None,
+            lps[i] if lps and not math.isnan(lps[i]) else None,
+        )
+        for i, (rid, text) in enumerate(zip(steps.ids, steps.texts, strict=True))
+    ]
 
 
 class Mux:
@@ -55,6 +72,11 @@ class Mux:
                     self.ended = msg
                     return
                 self.messages.append(msg)
+                # Text-only (and compact token) steps in columns come first; each stands for
+                # the message text_response builds (the first message of a request carries its id).
+                for rid, text, tok, lp in step_entries(msg):
+                    got = self.responses[rid]
+                    got.append(text_response(got[0].request_id, text, tok, lp))
                 for ev in msg.events:
                     got = self.responses.setdefault(ev.id, [])
                     # A text-only message travels as its text (MultiplexEvent.texts), a compact
@@ -131,16 +153,23 @@ async def test_many_requests_get_what_generate_gives_them(start_mock_core):
             assert got[0].state == pb.GENERATE_STATE_QUEUED
             assert all(m.request_id == body["requestId"] for m in got)
             assert _shape(got) == _shape(await generate(stub, body))
-        # Text-only requests' decode steps travel as text alone (MultiplexEvent.texts), and so do
-        # those of compact_tokens requests with their token (and logprob, when asked); requests
-        # with other token details, with alternatives or with several sequences never do.
-        with_texts = {ev.id for m in mux.messages for ev in m.events if ev.texts}
+        # Text-only requests' decode steps travel as text alone (TextSteps, or MultiplexEvent.texts
+        # after an event of the request), and so do those of compact_tokens requests with their
+        # token (and logprob, when asked); requests with other token details, with alternatives
+        # or with several sequences never do.
+        entries = [e for m in mux.messages for e in step_entries(m)]
+        with_texts = {ev.id for m in mux.messages for ev in m.events if ev.texts} | {e[0] for e in entries}
         with_tokens = {ev.id for m in mux.messages for ev in m.events if ev.token_ids}
+        with_tokens |= {rid for rid, _, tok, _ in entries if tok is not None}
         assert with_tokens == {rid for rid in compact if rid % 4 in (1, 3) and rid != 99}
         assert with_texts == with_tokens | {rid for rid, _ in bodies if rid % 4 == 2}
         for ev in (ev for m in mux.messages for ev in m.events if ev.token_ids):
             assert len(ev.token_ids) == len(ev.texts)
             assert len(ev.logprobs) == (len(ev.texts) if ev.id % 4 == 3 else 0)  # logprobs asked by i % 4 == 3
+        for rid, _, tok, lp in entries:
+            assert (tok is not None) == (rid in with_tokens)
+            assert (lp is not None) == (tok is not None and rid % 4 == 3)
+        assert sum(len(m.steps.ids) for m in mux.messages) > sum(len(ev.texts) for m in mux.messages for ev in m.events)
         # Events of several requests travel together: one message per engine step, not per token.
         assert any(len({ev.id for ev in m.events}) > 10 for m in mux.messages)
         assert len(mux.messages) < sum(len(r) for r in mux.responses.values()) / 5
@@ -181,6 +210,7 @@ async def test_compact_tokens_carry_generates_tokens(tiny_model_dir, tokenizer):
         assert _shape(mux.responses[1]) == _shape(whole)
         assert len([m for m in mux.responses[1] if m.outputs]) == len(steps)
         compact = [(t, i) for m in mux.messages for ev in m.events for t, i in zip(ev.texts, ev.token_ids, strict=True)]
+        compact += [(t, i) for m in mux.messages for _, t, i, _ in step_entries(m)]
         assert len(compact) == len(steps) - 5  # the first step, the special, no logprob, two tokens, the last
         assert "" in [t for t, _ in compact]
         # A Generate call's consumer given the same compact steps queues them with their token.

@@ -75,10 +75,24 @@ class MultiplexStart(_message.Message):
     def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., compact_tokens: _Optional[bool] = ...) -> None: ...
 
 class MultiplexGenerateResponse(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "steps")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[MultiplexEvent]
-    def __init__(self, events: _Optional[_Iterable[_Union[MultiplexEvent, _Mapping]]] = ...) -> None: ...
+    steps: TextSteps
+    def __init__(self, events: _Optional[_Iterable[_Union[MultiplexEvent, _Mapping]]] = ..., steps: _Optional[_Union[TextSteps, _Mapping]] = ...) -> None: ...
+
+class TextSteps(_message.Message):
+    __slots__ = ("ids", "texts", "token_ids", "logprobs")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class MultiplexEvent(_message.Message):
     __slots__ = ("id", "responses", "status", "texts", "token_ids", "logprobs")
