@@ -29,8 +29,8 @@ from core.wire import Malformed
 
 log = logging.getLogger(__name__)
 
-#: Events per MultiplexGenerateResponse before another message is started, so a stream far
-#: behind its reader never builds one message near the gRPC size limit.
+#: Events and TextSteps entries per MultiplexGenerateResponse before another message is
+#: started, so a stream far behind its reader never builds one message near the gRPC size limit.
 MAX_EVENTS_PER_MESSAGE = 4096
 
 

@@ -9,11 +9,10 @@ one pass, which passes them on synchronously to a listener (the relay that write
 response, the WebSocket connection) or wakes the one coroutine waiting on it. Most messages of a
 plain text stream arrive as text alone (TextSteps, or MultiplexEvent.texts), and so do the
 ordinary tokens of a request that reads only their ids and logprobs (`generate(...,
-compact_tokens=True)`, with their token_ids): a listener that renders from those takes them as they are
-(`listen_texts`); for everyone else they become the GenerateResponse each stands for
-(`text_response`). A core without
-MultiplexGenerate (UNIMPLEMENTED) is served with one Generate call per request instead, the
-requests waiting on the refused stream included.
+compact_tokens=True)`, with their token_ids): a listener that renders from those takes them as
+they are (`listen_texts`); for everyone else they become the GenerateResponse each stands for
+(`text_response`). A core without MultiplexGenerate (UNIMPLEMENTED) is served with one
+Generate call per request instead, the requests waiting on the refused stream included.
 
 Many cores (`--core` a list or a dns:/// target; gateways.common.targets): a stream is one
 HTTP/2 stream, pinned to the core its channel's balancer picked when it opened, so the client
@@ -203,8 +202,8 @@ class CoreCall:
 
     def _text_news(self, texts: Sequence[str], token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> None:
         """Transport side: text-only or compact token messages (entries of TextSteps or of
-        MultiplexEvent.texts, with their token_ids and logprobs), to the text listener when there is one, else as the
-        GenerateResponses they stand for."""
+        MultiplexEvent.texts, with their token_ids and logprobs), to the text listener when
+        there is one, else as the GenerateResponses they stand for."""
         if self.ended:
             return
         if self._text_listener is not None and not self._messages:
@@ -232,8 +231,9 @@ TextListener = Callable[[Sequence[str], Sequence[int], Sequence[float]], None]
 def text_response(
     request_id: str, text: str, token_id: int | None = None, logprob: float | None = None
 ) -> spb.GenerateResponse:
-    """The GenerateResponse a TextSteps (or MultiplexEvent.texts) entry stands for: new text of sequence 0
-    and, for a compact token (token_ids), its one token {id, logprob} (generate_service.proto)."""
+    """The GenerateResponse a TextSteps (or MultiplexEvent.texts) entry stands for: new text of
+    sequence 0 and, for a compact token (token_ids), its one token {id, logprob}
+    (generate_service.proto)."""
     response = spb.GenerateResponse(request_id=request_id)
     out = response.outputs.add()
     out.text = text
@@ -343,7 +343,7 @@ class _Multiplexed:
         """Hand each request its entries of a message's TextSteps (generate_service.proto), as
         an event's `texts`, `token_ids` and `logprobs`: several entries of one request (a
         request behind, whose steps the core sent together) in one call."""
-        ids = steps.ids
+        ids = list(steps.ids)
         texts = list(steps.texts)
         token_ids = list(steps.token_ids)
         logprobs = list(steps.logprobs)

@@ -24,6 +24,7 @@ from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
+from core import multiplex
 from gateways.common import streaming
 from gateways.common.config import GatewayConfig, load
 from tests.integration.core_helpers import generate, request, wait_idle
@@ -104,15 +105,26 @@ async def test_generate_merges_messages_for_a_slow_reader_and_loses_nothing(fast
 
 
 @pytest.mark.parametrize(
-    ("output", "compact"),
-    [({"logprobs": True, "topLogprobs": 3}, False), ({"tokens": False}, False), ({"logprobs": True}, True)],
-    ids=["tokens", "text-only", "compact-tokens"],
+    ("output", "compact", "max_entries"),
+    [
+        ({"logprobs": True, "topLogprobs": 3}, False, None),
+        ({"tokens": False}, False, None),
+        ({"logprobs": True}, True, None),
+        ({"tokens": False}, False, 50),
+        ({"logprobs": True}, True, 50),
+    ],
+    ids=["tokens", "text-only", "compact-tokens", "text-only-bounded", "compact-tokens-bounded"],
 )
-async def test_multiplex_sends_what_waits_together_message_for_message(fast_core, output, compact):
+async def test_multiplex_sends_what_waits_together_message_for_message(
+    fast_core, monkeypatch, output, compact, max_entries
+):
     """A text-only request's decode steps travel as TextSteps entries (or MultiplexEvent.texts
     after an event of the request), a compact_tokens request's with their token ids and
     logprobs: what waits goes out as many of them in one message, after the responses before
-    them and before those after them."""
+    them and before those after them; `max_entries`: what waits fills several messages of at
+    most that many events and entries (MAX_EVENTS_PER_MESSAGE), still in order."""
+    if max_entries is not None:
+        monkeypatch.setattr(multiplex, "MAX_EVENTS_PER_MESSAGE", max_entries)
     body = {
         "requestId": "m",
         "text": "Once upon a time",
@@ -149,6 +161,8 @@ async def test_multiplex_sends_what_waits_together_message_for_message(fast_core
     assert tokens == (texts if compact else 0)
     logprobs = sum(len(m.steps.logprobs) + sum(len(ev.logprobs) for ev in m.events) for m in slow.messages)
     assert logprobs == (texts if compact else 0)
+    if max_entries is not None:
+        assert max(len(m.steps.ids) + len(m.events) for m in slow.messages) == max_entries
 
 
 # --------------------------------------------------------------------------------- HTTP
