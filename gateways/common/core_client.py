@@ -245,10 +245,11 @@ def text_response(
     return response
 
 
-def _give_steps(call: CoreCall, texts: Sequence[str], token_ids: list[int], logprobs: list[float]) -> None:
-    """Hand `call` its TextSteps entries; token_ids and logprobs are the entries' columns
-    (empty when the message has none; -1 and NaN stand for none, and a request's entries all
-    have one or none: see TextSteps)."""
+def _give_texts(call: CoreCall, texts: Sequence[str], token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    """Hand `call` its text entries (of TextSteps, or of an event's `texts`); token_ids and
+    logprobs are the entries' columns (empty when there are none; in TextSteps -1 and NaN
+    stand for none, and a request's entries all have one or none). A failing listener
+    cancels the request only."""
     try:
         if not token_ids or token_ids[0] < 0:
             call._text_news(texts)
@@ -351,7 +352,7 @@ class _Multiplexed:
             for i, rid in enumerate(ids):
                 call = open_calls.get(rid)
                 if call is not None:
-                    _give_steps(call, (texts[i],), token_ids[i : i + 1], logprobs[i : i + 1])
+                    _give_texts(call, (texts[i],), token_ids[i : i + 1], logprobs[i : i + 1])
             return
         runs: dict[int, list[int]] = {}
         for i, rid in enumerate(ids):
@@ -360,7 +361,7 @@ class _Multiplexed:
             call = open_calls.get(rid)
             if call is not None:
                 tokens = [token_ids[i] for i in run] if token_ids else []
-                _give_steps(call, [texts[i] for i in run], tokens, [logprobs[i] for i in run] if logprobs else [])
+                _give_texts(call, [texts[i] for i in run], tokens, [logprobs[i] for i in run] if logprobs else [])
 
     async def _read(self) -> None:
         """Hand every event to its request; at the stream's end, end the requests left."""
@@ -393,10 +394,7 @@ class _Multiplexed:
                         try:
                             texts = ev.texts
                             if texts:
-                                if call.compact_tokens:
-                                    call._text_news(texts, ev.token_ids, ev.logprobs)
-                                else:  # reading the empty fields costs a wrapper each
-                                    call._text_news(texts)
+                                _give_texts(call, texts, ev.token_ids, ev.logprobs)
                                 if not ended and not ev.responses:
                                     continue
                             call._news(ev.responses, ended, err)
