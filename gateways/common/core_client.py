@@ -65,6 +65,8 @@ from gateways.common.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 
+_NAN = float("nan")
+
 
 class CoreCall:
     """One Generate request as the gateway sees it.
@@ -89,6 +91,7 @@ class CoreCall:
 
     __slots__ = (
         "_cancel",
+        "_entry_listener",
         "_listener",
         "_messages",
         "_queue_timer",
@@ -118,6 +121,7 @@ class CoreCall:
         self._cancel = cancel
         self._listener: Callable[[], None] | None = None
         self._text_listener: TextListener | None = None
+        self._entry_listener: EntryListener | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._queue_timer: asyncio.TimerHandle | None = None
@@ -142,13 +146,16 @@ class CoreCall:
         if self._messages or self.ended:
             listener()
 
-    def listen_texts(self, listener: TextListener) -> None:
+    def listen_texts(self, listener: TextListener, entry: EntryListener | None = None) -> None:
         """Call `listener(texts, token_ids, logprobs)` for text-only and compact token
         messages (entry i stands for `text_response(request_id, texts[i], token_ids[i],
         logprobs[i])`, token_ids and logprobs empty when the messages have no token or no
         logprob; in order with the other messages) instead of handing them to `take()`; with
-        `listen()`, whose listener has taken every message before."""
+        `listen()`, whose listener has taken every message before. `entry(text, token_id,
+        logprob)`, when given, takes a core message's one entry of the request instead (most
+        steps), without a sequence built for it (token_id and logprob None when absent)."""
         self._text_listener = listener
+        self._entry_listener = entry
 
     def cancel(self) -> None:
         """Give the request up: the core aborts it within an engine step (no-op once ended)."""
@@ -213,6 +220,15 @@ class CoreCall:
             parts = zip(texts, token_ids or none, logprobs or none, strict=True)
             self._news([text_response(rid, text, tok, lp) for text, tok, lp in parts], False, None)
 
+    def _entry_news(self, text: str, token_id: int | None, logprob: float | None) -> None:
+        """Transport side: `_text_news` of one entry, to the entry listener when there is one."""
+        if self.ended:
+            return
+        if self._entry_listener is not None and not self._messages:
+            self._entry_listener(text, token_id, logprob)
+        else:
+            self._text_news((text,), () if token_id is None else (token_id,), () if logprob is None else (logprob,))
+
     def _finish(self, error: GatewayError | None) -> None:
         self.ended = True
         self.error = error
@@ -226,6 +242,10 @@ class CoreCall:
 
 #: `CoreCall.listen_texts`'s listener: (texts, token_ids, logprobs) of one request's entries.
 TextListener = Callable[[Sequence[str], Sequence[int], Sequence[float]], None]
+
+#: `CoreCall.listen_texts`'s entry listener: (text, token_id, logprob) of one entry, None for
+#: an absent token or logprob.
+EntryListener = Callable[[str, int | None, float | None], None]
 
 
 def text_response(
@@ -351,8 +371,14 @@ class _Multiplexed:
         if len(set(ids)) == len(ids):
             for i, rid in enumerate(ids):
                 call = open_calls.get(rid)
-                if call is not None:
-                    _give_texts(call, (texts[i],), token_ids[i : i + 1], logprobs[i : i + 1])
+                if call is None:
+                    continue
+                tok = token_ids[i] if token_ids else -1
+                lp = logprobs[i] if logprobs else _NAN
+                try:
+                    call._entry_news(texts[i], None if tok < 0 else tok, lp if lp == lp else None)  # NaN: none
+                except Exception:
+                    _rendering_failed(call)
             return
         runs: dict[int, list[int]] = {}
         for i, rid in enumerate(ids):

@@ -31,7 +31,7 @@ from aiohttp.http import StreamWriter
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.core_client import CoreCall, TextListener, text_response
+from gateways.common.core_client import CoreCall, EntryListener, TextListener, text_response
 from gateways.common.metrics import TIMER_KEY, client_gone
 from gateways.common.status import GatewayError
 
@@ -177,9 +177,9 @@ class CoreStream:
         """Call `listener()` synchronously as news arrive (now, if some wait already)."""
         self.call.listen(listener)
 
-    def listen_texts(self, listener: TextListener) -> None:
+    def listen_texts(self, listener: TextListener, entry: EntryListener | None = None) -> None:
         """Take text-only and compact token messages as they arrive (`CoreCall.listen_texts`)."""
-        self.call.listen_texts(listener)
+        self.call.listen_texts(listener, entry)
 
     async def __aiter__(self) -> AsyncIterator[spb.GenerateResponse]:
         while True:
@@ -398,10 +398,18 @@ class ResponseWriter:
         Raises:
             ConnectionResetError: the connection is closed.
         """
-        if self.waiting or self._protocol.writing_paused:
+        protocol = self._protocol
+        if self.waiting or protocol.writing_paused:
             self.waiting.append(data)
             return
-        self._send(data)
+        transport = protocol.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        WRITES.writes += 1
+        if self._timer is not None:
+            self._timer.wrote()
+            self._timer = None
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
 
     async def drain(self) -> None:
         """Send what waits, merged into one write, as the connection takes it."""
@@ -411,17 +419,7 @@ class ResponseWriter:
             if len(pieces) > 1:
                 WRITES.merged_writes += 1
                 WRITES.merged_pieces += len(pieces)
-            self._send(b"".join(pieces))
-
-    def _send(self, data: bytes) -> None:
-        transport = self._protocol.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        WRITES.writes += 1
-        if self._timer is not None:
-            self._timer.wrote()
-            self._timer = None
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+            self.write(b"".join(pieces))  # kept again if the connection paused meanwhile
 
 
 async def relay(
@@ -573,20 +571,18 @@ async def _relay_pushed(
         if (done or out.waiting) and wake is not None and not wake.done():
             wake.set_result(None)
 
-    def on_texts(texts: Sequence[str], token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
-        """on_news(texts, ...) for the usual case, one text (or compact token) that renders
-        from its values alone."""
+    def on_entry(text: str, tok: int | None, lp: float | None) -> None:
+        """on_news((text,), ...) for the usual case, one entry that renders from its values
+        alone."""
         nonlocal done, gone
         if done:
             return
-        data = None
-        if len(texts) == 1:
-            try:
-                data = render_entry(texts[0], token_ids[0] if token_ids else None, logprobs[0] if logprobs else None)
-            except Exception:  # on_news renders it again and ends the response in-band
-                data = None
+        try:
+            data = render_text(text) if tok is None else render_token(text, tok, lp)
+        except Exception:  # on_news renders it again and ends the response in-band
+            data = None
         if not data:
-            on_news(texts, token_ids, logprobs)
+            on_news((text,), () if tok is None else (tok,), () if lp is None else (lp,))
             return
         try:
             out.write(data)
@@ -596,7 +592,7 @@ async def _relay_pushed(
             wake.set_result(None)
 
     stream.listen(on_news)
-    stream.listen_texts(on_texts)
+    stream.listen_texts(on_news, on_entry)
     while not done or out.waiting:
         if out.waiting:
             await out.drain()

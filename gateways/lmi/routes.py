@@ -193,8 +193,8 @@ def record_renderer(
         return frame(records[0]) if len(records) == 1 else b"".join(map(frame, records))
 
     def render_token(text: str, token_id: int, logprob: float | None) -> bytes | None:
-        values = renderer.token(text, token_id, logprob)
-        return None if values is None else plain.fill(*values)
+        record_text = renderer.token_text(text)
+        return None if record_text is None else plain.fill(token_id, record_text, logprob)
 
     return render, render_token
 

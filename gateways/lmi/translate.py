@@ -419,19 +419,21 @@ class StreamRenderer:
         tok = tokens[0]
         if tok.special:
             return None
-        return self.token(out.text, tok.id, tok.logprob if tok.HasField("logprob") else None)
+        text = self.token_text(out.text)
+        return None if text is None else (tok.id, text, tok.logprob if tok.HasField("logprob") else None)
 
-    def token(self, text: str, token_id: int, logprob: float | None) -> tuple[int, str, float | None] | None:
-        """`plain_token` from the values of its message: new `text` of sequence 0 with one
-        ordinary token (a compact token of TextSteps.token_ids); None, with nothing
-        changed, when its record needs more (`top_tokens`)."""
+    def token_text(self, text: str) -> str | None:
+        """The text of `plain_token`'s record for new `text` of sequence 0 with one ordinary
+        token (a compact token of TextSteps.token_ids, whose id and logprob the record takes
+        as they are), with `plain_token`'s state update; None, with nothing changed, when its
+        record needs more (`top_tokens`)."""
         if self.opts.top_tokens:
             return None
         self._parts.append(text)
         self._generated += 1
         if self._carry:
             text, self._carry = self._carry + text, ""
-        return token_id, text, logprob
+        return text
 
     def plain_record(self, token_id: Any, text: Any, logprob: Any) -> dict[str, Any]:
         """The record `plain_token` stands for."""

@@ -73,10 +73,13 @@ def chunk_renderer(
         chunks = translate.to_chunks(msg, state)
         return encode(chunks, framing) if chunks else b""
 
+    # Whether deltas may be plain is the request's to say (its options), the same on every message.
+    first = template(0) if translate.plain_deltas(state) else None
+
     def render_text(text: str) -> bytes | None:
-        if not text or not translate.plain_deltas(state) or 0 not in state.role_sent:
+        if not text or first is None or 0 not in state.role_sent:
             return None
-        return template(0).fill_text(text)
+        return first.fill_text(text)
 
     return render, render_text
 

@@ -1,5 +1,6 @@
 """`relay` takes text-only messages (MultiplexEvent.texts) as strings, and compact tokens
-(MultiplexEvent.token_ids) as their values: each renders from those alone where the route's
+(MultiplexEvent.token_ids) as their values, one entry alone (`CoreCall._entry_news`, the reader's
+usual case) or several at once (`CoreCall._text_news`): each renders from those alone where the route's
 render_text (render_token) can, else as the GenerateResponse it stands for, in order with the
 other messages; a render_text that fails ends the response in-band, as a failing
 message renderer does, and never the stream reader. A real aiohttp server on loopback relays a
@@ -8,6 +9,7 @@ CoreCall that the test feeds as the multiplexed stream's reader would."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import aiohttp
 import pytest
@@ -76,6 +78,19 @@ async def served():
         await runner.cleanup()
 
 
+@pytest.fixture(params=["lists", "entries"])
+def texts(request):
+    """How the reader hands a request its entries: always as lists, or one entry alone as values."""
+
+    def give(call: CoreCall, texts: list[str], ids: Sequence[int] = (), lps: Sequence[float] = ()) -> None:
+        if request.param == "entries" and len(texts) == 1:
+            call._entry_news(texts[0], ids[0] if ids else None, lps[0] if lps else None)
+        else:
+            call._text_news(texts, ids, lps)
+
+    return give
+
+
 async def _body(served, feed) -> bytes:
     app, session, url = served
     async with session.get(url) as resp:
@@ -84,13 +99,13 @@ async def _body(served, feed) -> bytes:
         return await resp.read()
 
 
-async def test_texts_render_in_order_with_the_messages(served):
+async def test_texts_render_in_order_with_the_messages(served, texts):
     def feed(call: CoreCall) -> None:
-        call._text_news(["a"])
-        call._text_news(["raw1"])  # render_text declines: rendered as the message it stands for
-        call._text_news(["b", "raw2", "c"])
+        texts(call, ["a"])
+        texts(call, ["raw1"])  # render_text declines: rendered as the message it stands for
+        texts(call, ["b", "raw2", "c"])
         call._news([spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text="z")])], False, None)
-        call._text_news(["d"])
+        texts(call, ["d"])
         final = spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text=".")])
         final.usage.completion_tokens = 7
         call._news([final], True, None)
@@ -99,13 +114,13 @@ async def test_texts_render_in_order_with_the_messages(served):
     assert body == b"T:a\nM:r1:raw1\nT:b\nM:r1:raw2\nT:c\nM:r1:z\nT:d\nM:r1:.\nusage\nEND\n"
 
 
-async def test_compact_tokens_render_in_order_with_the_messages(served):
+async def test_compact_tokens_render_in_order_with_the_messages(served, texts):
     def feed(call: CoreCall) -> None:
-        call._text_news(["a"], [5], [-0.5])
-        call._text_news(["raw1"], [6], [-1.0])  # render_token declines: the message with its token
-        call._text_news(["b", "", "c"], [7, 8, 9])  # no logprobs asked
+        texts(call, ["a"], [5], [-0.5])
+        texts(call, ["raw1"], [6], [-1.0])  # render_token declines: the message with its token
+        texts(call, ["b", "", "c"], [7, 8, 9])  # no logprobs asked
         call._news([spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text="z")])], False, None)
-        call._text_news(["d"], [10], [-2.0])
+        texts(call, ["d"], [10], [-2.0])
         final = spb.GenerateResponse(request_id="r1")
         final.usage.completion_tokens = 7
         call._news([final], True, None)
@@ -116,11 +131,11 @@ async def test_compact_tokens_render_in_order_with_the_messages(served):
     )
 
 
-async def test_a_failing_text_render_ends_the_response_in_band(served):
+async def test_a_failing_text_render_ends_the_response_in_band(served, texts):
     def feed(call: CoreCall) -> None:
-        call._text_news(["a"])
-        call._text_news(["boom"])  # raises in render_text: must not reach the reader
-        call._text_news(["after"])  # the response has ended: nothing more is written
+        texts(call, ["a"])
+        texts(call, ["boom"])  # raises in render_text: must not reach the reader
+        texts(call, ["after"])  # the response has ended: nothing more is written
         call._news([spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text="late")])], False, None)
 
     body = await _body(served, feed)

@@ -238,7 +238,7 @@ def test_lmi_records_from_templates_are_the_general_records(tgi_compat, details,
 def test_lmi_top_tokens_take_the_general_path():
     renderer = StreamRenderer(RenderOptions(inputs="hi", stream=True, top_tokens=True))
     assert renderer.plain_token(_msg(pb.SequenceOutput(text="a", tokens=[_tok(1, "a")]))) is None
-    assert renderer.token("a", 1, -0.5) is None
+    assert renderer.token_text("a") is None
     assert record_renderer(renderer, framing.jsonline)[1]("a", 1, -0.5) is None
 
 

@@ -20,18 +20,24 @@ NAN = math.nan
 class Listened:
     """A CoreCall as a relay listens to it: every listener call recorded, the cancels counted."""
 
-    def __init__(self, rid: int, fail: bool = False):
+    def __init__(self, rid: int, fail: bool = False, entry: bool = False):
         self.got: list[tuple[list[str], list[int], list[float]]] = []
+        self.entries: list[tuple[str, int | None, float | None]] = []
         self.cancels = 0
         self.fail = fail
         self.call = CoreCall(spb.GenerateRequest(request_id=f"r{rid}"), self._cancel)
         self.call.listen(lambda: None)
-        self.call.listen_texts(self._texts)
+        self.call.listen_texts(self._texts, self._entry if entry else None)
 
     def _texts(self, texts, token_ids, logprobs) -> None:
         if self.fail:
             raise RuntimeError("a rendering bug")
         self.got.append((list(texts), list(token_ids), list(logprobs)))
+
+    def _entry(self, text, token_id, logprob) -> None:
+        if self.fail:
+            raise RuntimeError("a rendering bug")
+        self.entries.append((text, token_id, logprob))
 
     def _cancel(self) -> None:
         self.cancels += 1
@@ -87,6 +93,25 @@ def test_a_failing_renderer_cancels_its_request_only(grouped):
     take(steps(*entries), ok, bad)
     assert ok.got == [(["a", "c"] if grouped else ["a"], [], [])]
     assert (bad.cancels, bad.call.ended, ok.cancels) == (1, True, 0)
+
+
+def test_an_entry_listener_takes_a_requests_one_entry_as_values():
+    plain, compact, no_logprob = (Listened(i, entry=True) for i in (1, 2, 3))
+    take(steps((1, "a", -1, NAN), (2, "b", 7, -0.5), (3, "", 9, NAN)), plain, compact, no_logprob)
+    assert plain.entries == [("a", None, None)]
+    assert (compact.entries, no_logprob.entries) == ([("b", 7, -0.5)], [("", 9, None)])
+    assert (plain.got, compact.got, no_logprob.got) == ([], [], [])
+    # A message where a request has several entries hands each request its entries as lists.
+    take(steps((1, "x", -1, NAN), (2, "y", 8, -1.0), (2, "z", 9, -2.0)), plain, compact, no_logprob)
+    assert (plain.got, compact.got, len(plain.entries)) == ([(["x"], [], [])], [(["y", "z"], [8, 9], [-1.0, -2.0])], 1)
+
+
+def test_a_failing_entry_listener_cancels_its_request_only():
+    ok, bad = Listened(1, entry=True), Listened(2, fail=True, entry=True)
+    take(steps((1, "a", -1, NAN), (2, "b", -1, NAN)), ok, bad)
+    take(steps((1, "c", -1, NAN), (2, "d", -1, NAN)), ok, bad)
+    assert ok.entries == [("a", None, None), ("c", None, None)]
+    assert (bad.entries, bad.cancels, bad.call.ended, ok.cancels) == ([], 1, True, 0)
 
 
 def test_a_request_without_a_text_listener_gets_the_messages_they_stand_for():
