@@ -71,10 +71,10 @@ _NAN = float("nan")
 class CoreCall:
     """One Generate request as the gateway sees it.
 
-    The transport feeds it (`_news`, `_text_news`); its owner either waits (`wait()`, then
-    `take()`) or registers a listener (`listen(fn)`), called synchronously every time news
-    arrive: new messages to `take()`, or the end (`ended`, with `error` None for OK), and may
-    also take text-only (and compact token) messages as they arrive (`listen_texts`). A
+    The transport feeds it (`_news`, `_text_news`, `_entry_news`); its owner either waits
+    (`wait()`, then `take()`) or registers a listener (`listen(fn)`), called synchronously every
+    time news arrive: new messages to `take()`, or the end (`ended`, with `error` None for OK),
+    and may also take text-only (and compact token) messages as they arrive (`listen_texts`). A
     listener must not raise (the reader task logs it and cancels the request).
 
     Attributes:
