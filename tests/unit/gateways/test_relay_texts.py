@@ -165,3 +165,20 @@ async def test_texts_wait_behind_messages_not_yet_taken():
     call._text_news(["w"])
     call._text_news(["v"], [3])
     assert seen == [(["w"], [], []), (["v"], [3], [])]
+
+
+async def test_entries_wait_behind_messages_not_yet_taken():
+    """An entry listener takes an entry only once the messages before it were taken; until then
+    entries become the messages they stand for, in order."""
+    call = CoreCall(spb.GenerateRequest(), lambda: None)
+    call._news([spb.GenerateResponse(request_id="core-id", state=pb.GENERATE_STATE_QUEUED)], False, None)
+    entries: list[tuple[str, int | None, float | None]] = []
+    call.listen_texts(lambda texts, ids, lps: None, lambda text, tok, lp: entries.append((text, tok, lp)))
+    call._entry_news("x", None, None)
+    call._entry_news("t", 4, -0.25)
+    assert entries == []
+    msgs = call.take()
+    assert [[o.text for o in m.outputs] for m in msgs] == [[], ["x"], ["t"]]
+    assert [[(t.id, t.logprob) for t in m.outputs[0].tokens] for m in msgs[1:]] == [[], [(4, -0.25)]]
+    call._entry_news("w", 3, None)
+    assert entries == [("w", 3, None)]
