@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import signal
@@ -12,6 +11,7 @@ import sys
 import uvloop
 
 import logclip
+import servegc
 from core.config import CoreConfig, load
 from core.server import start_core
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _serve(config: CoreConfig) -> int:
     core = await start_core(config)
-    freeze_heap()
+    servegc.settle()
     print(f"trellis-core serving '{config.served_model_name}' ({config.engine}) on {core.address}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -53,15 +53,6 @@ async def _serve(config: CoreConfig) -> int:
     await core.stop()
     log.info("stopped")
     return 0
-
-
-def freeze_heap() -> None:
-    """Move everything allocated while starting (modules, the tokenizer, the model's Python
-    objects) out of the garbage collector's reach: the cyclic collector then walks only what
-    serving allocates, so its full collections stay short instead of pausing the event loop
-    (and every stream) for tens of milliseconds."""
-    gc.collect()
-    gc.freeze()
 
 
 if __name__ == "__main__":

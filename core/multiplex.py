@@ -215,14 +215,19 @@ class MultiplexSession:
                 for start in req.starts:
                     self._start(start.id, start.request, start.compact_tokens)
                 for rid in req.cancels:
-                    job = self.jobs.pop(rid, None)
-                    if job is not None:
-                        job.cancel()
+                    self._cancel(rid)
         except (grpc.RpcError, asyncio.CancelledError):
             pass  # the call ended: the writer's side finds out
         finally:
             self._closed = True
             self._wake()
+
+    def _cancel(self, rid: int) -> None:
+        """Cancel a request (the gateway gave it up); its job goes with this frame, not when
+        the stream's next message comes."""
+        job = self.jobs.pop(rid, None)
+        if job is not None:
+            job.cancel()
 
     def _start(self, rid: int, request: spb.GenerateRequest, compact_tokens: bool) -> None:
         request_id = request.request_id or uuid.uuid4().hex

@@ -7,7 +7,6 @@ make_app(config).
 from __future__ import annotations
 
 import asyncio
-import gc
 import importlib
 import json
 import logging
@@ -16,6 +15,7 @@ import sys
 from typing import cast
 
 import logclip
+import servegc
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
 from gateways.common.drain import drain
@@ -53,8 +53,7 @@ async def _serve(config: GatewayConfig, module: Gateway) -> int:
     except (ValueError, OSError) as e:
         log.error("trellis-gateway %s cannot start: %s", config.name, e)
         return 2
-    gc.collect()  # see core.__main__.freeze_heap: short collections while serving
-    gc.freeze()
+    servegc.settle()
     scheme = "https" if context else "http"
     print(f"trellis-gateway {config.name} on {scheme}://{config.host}:{port} -> core {config.core}", flush=True)
     stop = asyncio.Event()

@@ -199,6 +199,9 @@ class OutputStream:
         if not self.closed:
             self.closed = True
             self._on_close(finished)
+            # The handler (a Job's bound method) holds the job that holds this stream: dropped,
+            # a request's objects go as it ends, not in the garbage collector's next full pass.
+            self._handler = None
 
 
 def prompt_logprobs(

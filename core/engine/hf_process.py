@@ -47,6 +47,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import servegc
 from core.engine.base import EngineLifecycle, OutputStream
 from core.engine.hf_config import (
     KIND,
@@ -467,6 +468,7 @@ def _engine_main(
     receiver.start()
     if placement is not None and receiver.native_id is not None:
         os.sched_setaffinity(receiver.native_id, placement[1])
+    servegc.settle()
     send(("ready", None))  # the core sends nothing before this
     engine.run()
 
