@@ -13,6 +13,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HF_HUB_OFFLI
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY envflags ./envflags
+COPY logclip ./logclip
+COPY servegc ./servegc
 COPY core ./core
 COPY gateways ./gateways
 COPY gen ./gen

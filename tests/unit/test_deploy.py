@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,16 @@ def test_every_copy_source_exists(name):
             assert (ROOT / source).exists(), f"{name}: COPY {source} does not exist"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and "models" in ignored
+
+
+@pytest.mark.parametrize("name", ["gateway.Dockerfile", "core.Dockerfile"])
+def test_every_package_the_install_names_is_copied(name):
+    """`pip install .` fails on a package that pyproject.toml lists and the image lacks."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    top = {p.split(".")[0] for p in setuptools["packages"]}
+    dirs = {setuptools["package-dir"].get(p, p).split("/")[0] for p in top}
+    copies = [shlex.split(line)[1:-1] for line in dockerfile_lines(name) if line.startswith("COPY ")]
+    assert dirs <= {source for sources in copies for source in sources}
 
 
 def test_the_gateway_image_installs_the_gateway_extra_without_torch():
