@@ -39,12 +39,15 @@ def loads(raw: bytes | str, what: str = "The request body", *, max_depth: int = 
     """
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = _DECODER.decode(text)
     except UnicodeDecodeError:
         raise GatewayError.invalid(f"{what} is not valid UTF-8.") from None
     except (ValueError, RecursionError) as e:
         raise GatewayError.invalid(f"{what} is not valid JSON: {e}.") from None
-    _check_values(obj, [], max_depth, what)
+    # Only an escape makes a lone surrogate (UTF-8 cannot carry one), and a body nests no
+    # deeper than its brackets: most bodies need no walk.
+    if _SURROGATE_ESCAPE.search(text) or text.count("[") + text.count("{") > max_depth:
+        _check_values(obj, [], max_depth, what)
     return obj
 
 
@@ -78,6 +81,7 @@ def _check_values(obj: Any, path: list[str | int], max_depth: int, what: str) ->
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _path(path: list[str | int]) -> str:
@@ -90,6 +94,9 @@ def _path(path: list[str | int]) -> str:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid JSON value")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def dumps(obj: Any) -> str:

@@ -342,11 +342,10 @@ def stream_response(
         charset: added to Content-Type when given (Triton's "text/event-stream; charset=utf-8").
         headers: more headers (e.g. x-request-id).
     """
-    resp = web.StreamResponse(headers={**STREAM_HEADERS, **headers} if headers else STREAM_HEADERS)
-    resp.content_type = content_type
-    if charset:
-        resp.charset = charset
-    return resp
+    # The header as aiohttp's content_type and charset setters would write it, without their
+    # parse-and-rebuild per response.
+    value = f"{content_type}; charset={charset}" if charset else content_type
+    return web.StreamResponse(headers={**STREAM_HEADERS, "Content-Type": value, **(headers or {})})
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from trellis.generate.v1 import generate_pb2 as pb
 
-from gateways.common.framing import dump_bytes, dumps, jsonline, sse_event
+from gateways.common.framing import dump_bytes, dumps, jsonline, loads, sse_event
 from gateways.common.schema import Int32, field_path, json_type
 from gateways.common.status import GatewayError
 from gateways.common.streaming import FanIn, finish_word, incomplete_stream, sequence_error, stream_response
@@ -138,3 +138,34 @@ def test_streamed_responses_are_neither_cached_nor_buffered():
     assert resp.headers["Content-Type"] == "text/event-stream; charset=utf-8"
     assert (resp.headers["Cache-Control"], resp.headers["X-Accel-Buffering"]) == ("no-cache", "no")
     assert resp.headers["x-request-id"] == "r1"
+
+
+# ------------------------------------------------------------------------- strict JSON in
+
+
+def test_loads_refuses_nesting_past_the_limit_naming_where():
+    deep = '{"a": [[[[1]]]]}'
+    with pytest.raises(GatewayError) as e:
+        loads(deep, max_depth=3)
+    assert e.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "deeper than 3 levels" in e.value.message and "a[0][0]" in e.value.message
+    assert loads(deep, max_depth=5) == {"a": [[[[1]]]]}
+
+
+def test_loads_takes_many_shallow_brackets_under_a_small_limit():
+    """More brackets than the limit, none deeper than it: the walk runs and accepts."""
+    body = json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}] * 20})
+    assert loads(body, max_depth=5)["messages"][19]["content"][0]["text"] == "x"
+
+
+@pytest.mark.parametrize("escape", ["\\ud800", "\\uDFFF", "\\uDb00"])
+def test_loads_refuses_a_lone_surrogate_escape_in_any_case(escape):
+    with pytest.raises(GatewayError) as e:
+        loads('{"messages": [{"content": "a' + escape + 'b"}]}')
+    assert "lone surrogate" in e.value.message and e.value.param == "messages[0].content"
+
+
+def test_loads_takes_a_surrogate_pair_and_refuses_nan():
+    assert loads('{"t": "\\ud83d\\ude00"}') == {"t": "\U0001f600"}
+    with pytest.raises(GatewayError, match="NaN is not a valid JSON value"):
+        loads('{"t": NaN}')
