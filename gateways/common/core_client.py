@@ -142,7 +142,8 @@ class CoreCall:
 
     def listen(self, listener: Callable[[], None]) -> None:
         """Call `listener()` whenever news arrive (now, if some wait already)."""
-        self._listener = listener
+        if not self.ended:  # an ended call keeps no listener (see _finish)
+            self._listener = listener
         if self._messages or self.ended:
             listener()
 
@@ -154,8 +155,9 @@ class CoreCall:
         `listen()`, whose listener has taken every message before. `entry(text, token_id,
         logprob)`, when given, takes a core message's one entry of the request instead (most
         steps), without a sequence built for it (token_id and logprob None when absent)."""
-        self._text_listener = listener
-        self._entry_listener = entry
+        if not self.ended:
+            self._text_listener = listener
+            self._entry_listener = entry
 
     def cancel(self) -> None:
         """Give the request up: the core aborts it within an engine step (no-op once ended)."""

@@ -345,7 +345,7 @@ def stream_response(
     # The header as aiohttp's content_type and charset setters would write it, without their
     # parse-and-rebuild per response.
     value = f"{content_type}; charset={charset}" if charset else content_type
-    return web.StreamResponse(headers={**STREAM_HEADERS, "Content-Type": value, **(headers or {})})
+    return web.StreamResponse(headers={**STREAM_HEADERS, **(headers or {}), "Content-Type": value})
 
 
 @dataclass
