@@ -4,10 +4,12 @@ mock engine (no model: for load, fleet and reliability tests)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import importlib
 import importlib.util
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,33 @@ def tokenizer_only_dir(tiny_model_dir, tmp_path_factory) -> Path:
         if (tiny_model_dir / name).exists():
             (out / name).write_bytes((tiny_model_dir / name).read_bytes())
     return out
+
+
+@pytest.fixture
+def collector_off() -> Iterator[Callable[..., Awaitable[list[str]]]]:
+    """The cyclic garbage collector off for the test. Yields `left_behind(*types)`: the type
+    names of the objects of `types` that the test made and that are still alive once handlers
+    had up to 5 s to return (a reference cycle keeps them alive while the collector is off)."""
+    gc.collect()
+    gc.disable()
+    # By id and type, without holding the objects (a held object would hold whatever it comes to
+    # reference): a new object at a freed one's address counts unless both have one type.
+    before = {id(o): type(o) for o in gc.get_objects()}
+
+    async def left_behind(*types: type) -> list[str]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while True:
+            made = (o for o in gc.get_objects() if type(o) in types and before.get(id(o)) is not type(o))
+            alive = [type(o).__name__ for o in made]
+            if not alive or loop.time() > deadline:
+                return alive
+            await asyncio.sleep(0.05)
+
+    try:
+        yield left_behind
+    finally:
+        gc.enable()
 
 
 def core_config(model_dir: Path, **overrides: Any) -> CoreConfig:

@@ -12,16 +12,12 @@ young, so a young collection frees it without walking the older heap.)
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import aiohttp
 import grpc
-import pytest
 import pytest_asyncio
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
@@ -41,34 +37,6 @@ async def urls(mock_core, start_gateway) -> dict[str, str]:
     names = ("lmi", "openai", "triton", "ws")
     options = {"ws": {"env_file": ""}}
     return {n: await start_gateway(n, core=mock_core.address, **options.get(n, {})) for n in names}
-
-
-def _tracked() -> list[object]:
-    return [o for o in gc.get_objects() if type(o) in TRACKED]
-
-
-@pytest.fixture
-def collector_off() -> Iterator[set[int]]:
-    """The collector off for the test; yields the ids of the tracked objects alive before it
-    (another test's requests)."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield {id(o) for o in _tracked()}
-    finally:
-        gc.enable()
-
-
-async def _left_behind(before: set[int], timeout_s: float = 5.0) -> list[str]:
-    """The tracked request objects the test made that are still alive once the handlers had
-    `timeout_s` to return."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        alive = [type(o).__name__ for o in _tracked() if id(o) not in before]
-        if not alive or loop.time() > deadline:
-            return alive
-        await asyncio.sleep(0.05)
 
 
 STREAMS = [
@@ -108,7 +76,7 @@ async def test_finished_streams_leave_nothing_for_the_collector(collector_off, m
     async with grpc.aio.insecure_channel(mock_core.address) as channel:
         await generate(spb_grpc.GenerateServiceStub(channel), {"text": "Hi", "stopping": {"maxNewTokens": 8}})
     await wait_idle(mock_core.engine)
-    assert await _left_behind(collector_off) == []
+    assert await collector_off(*TRACKED) == []
 
 
 async def test_a_stream_the_client_left_leaves_nothing_for_the_collector(collector_off, mock_core, urls):
@@ -118,7 +86,7 @@ async def test_a_stream_the_client_left_leaves_nothing_for_the_collector(collect
             assert r.status == 200
             await r.content.readline()  # one token, then the client goes away
     await wait_idle(mock_core.engine)
-    assert await _left_behind(collector_off) == []
+    assert await collector_off(*TRACKED) == []
 
 
 def test_settle_freezes_the_start_up_heap_and_raises_the_young_threshold():

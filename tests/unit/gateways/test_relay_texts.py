@@ -9,7 +9,6 @@ CoreCall that the test feeds as the multiplexed stream's reader would."""
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections.abc import Sequence
 
 import aiohttp
@@ -62,11 +61,22 @@ async def handler(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def ended_handler(request: web.Request) -> web.StreamResponse:
+    """A call whose whole stream (and end) arrived before the relay listened."""
+    call = CoreCall(spb.GenerateRequest(request_id="r1"), lambda: None)
+    final = spb.GenerateResponse(request_id="r1")
+    final.outputs.add().text = "all"
+    final.usage.completion_tokens = 1
+    call._news([final], True, None)
+    return await relay(request, CoreStream(call), render, render_error, content_type="text/plain", end=lambda: b"END\n")
+
+
 @pytest.fixture
 async def served():
     app = web.Application()
     app[CALLS] = asyncio.Queue()
     app.router.add_get("/", handler)
+    app.router.add_get("/ended", ended_handler)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -185,43 +195,18 @@ async def test_entries_wait_behind_messages_not_yet_taken():
     assert entries == [("w", 3, None)]
 
 
-async def ended_handler(request: web.Request) -> web.StreamResponse:
-    """A call whose whole stream (and end) arrived before the relay listened."""
-    call = CoreCall(spb.GenerateRequest(request_id="r1"), lambda: None)
-    final = spb.GenerateResponse(request_id="r1")
-    final.outputs.add().text = "all"
-    final.usage.completion_tokens = 1
-    call._news([final], True, None)
-    return await relay(request, CoreStream(call), render, render_error, content_type="text/plain", end=lambda: b"END\n")
-
-
-async def test_a_relayed_call_leaves_no_reference_cycle():
+async def test_a_relayed_call_leaves_no_reference_cycle(served, collector_off):
     """Listening to a call that has ended (its whole stream came before the relay listened),
     or that ends while listened to, leaves no listener on it: its objects go with the handler,
     none waits for the cyclic garbage collector."""
-    app = web.Application()
-    app[CALLS] = asyncio.Queue()
-    app.router.add_get("/", handler)
-    app.router.add_get("/ended", ended_handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    gc.collect()
-    gc.disable()
-    try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(url + "/ended") as r:
-                assert await r.read() == b"M:r1:all\nusage\nEND\n"
-            async with session.get(url + "/") as r:
-                call = await app[CALLS].get()
-                final = spb.GenerateResponse(request_id="r1")
-                final.usage.completion_tokens = 0
-                call._news([final], True, None)
-                del call, final
-                assert await r.read() == b"usage\nEND\n"
-        await runner.cleanup()
-        assert [o for o in gc.get_objects() if type(o) is CoreCall] == []
-    finally:
-        gc.enable()
+    app, session, url = served
+    async with session.get(url + "ended") as r:
+        assert await r.read() == b"M:r1:all\nusage\nEND\n"
+    async with session.get(url) as r:
+        call = await app[CALLS].get()
+        final = spb.GenerateResponse(request_id="r1")
+        final.usage.completion_tokens = 0
+        call._news([final], True, None)
+        del call, final
+        assert await r.read() == b"usage\nEND\n"
+    assert await collector_off(CoreCall) == []
