@@ -3,17 +3,20 @@
 Starts the core on the demo model and then, one at a time, each gateway and the baseline server
 (`transformers serve --continuous-batching` with an explicit small cache), and drives them with
 scripts/bench/loadgen.py's closed loop (64 new tokens per request, EOS ignored where the protocol
-allows). Comparisons alternate the two sides over several rounds and use the median, because the
-machine is shared and noisy: figures are reported as ratios against a baseline from this run.
+allows). Comparisons measure each side in a steady-state window (after a warm-up, so neither the
+first wave nor the last is in the figures), alternate the two sides over several rounds and use
+the median, because the machine is shared and noisy: figures are reported as ratios against a
+baseline from this run.
 
 Figures:
   core        output tokens/s at 1, 8 and 32 streams; 32-stream / 1-stream ratio; peak RSS
   static      at 16 and 32 streams, the core (direct gRPC, steady-state window) vs the same model's
               in-process padded static batch of that size (scripts/bench/static_batch.py):
               tokens/s ratio, TTFT and ITL p50 of both, the core's CPU µs per token
-  gateways    at 16 streams, gateway vs direct gRPC: tokens/s ratio, added TTFT and ITL p50
-  baseline    at 16 streams, core (gRPC) and the OpenAI gateway vs transformers serve: tokens/s
-              ratio and TTFT p50 of both
+  gateways    at 16 streams (steady-state windows), gateway vs direct gRPC: tokens/s ratio, added
+              TTFT and ITL p50
+  baseline    at 16 streams (steady-state windows), core (gRPC) and the OpenAI gateway vs
+              transformers serve: tokens/s ratio and TTFT p50 of both
   websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
   guided      at 16 streams over gRPC, requests constrained to a JSON schema vs free ones: tokens/s
               ratio (the goal: at least 0.9), with the machine's load average
@@ -91,27 +94,56 @@ def measure(client, concurrency: int, requests: int, label: str, max_new_tokens:
     return result
 
 
-def median_result(results: list[Result]) -> Result:
-    """The run with the median tokens/s."""
-    return sorted(results, key=lambda r: r.output_tokens_per_s)[len(results) // 2]
+#: Warm-up and window of a steady-state measurement, in seconds.
+STEADY_WARMUP_S, STEADY_WINDOW_S = 3.0, 8.0
 
 
-def compare(
-    make_a, make_b, label_a: str, label_b: str, rounds: int, concurrency: int, requests: int, max_new_tokens: int
-) -> dict:
-    """Alternate A and B `rounds` times; report both medians and the B/A ratios and deltas."""
+def steady(client, label: str, streams: int = 16, procs: dict[str, Proc] | None = None) -> dict:
+    """`streams` closed-loop streams against `client` for a warm-up, then one measured window
+    (overhead.measure): every stream finishes several requests inside it, and neither the first
+    wave (every stream's prefill at once) nor the last (streams running out) is in the figures,
+    which is what a server under steady load sees. With `procs`, their CPU too."""
+    run = asyncio.run(
+        measure_window(
+            client,
+            streams,
+            warmup_s=STEADY_WARMUP_S,
+            window_s=STEADY_WINDOW_S,
+            procs=procs or {},
+            step_ms=0.0,
+            label=label,
+        )
+    )
+    print(
+        f"  {label:<18} x{streams:<3} {run['tokens_per_s']:8.0f} tok/s  "
+        f"TTFT p50 {num(run['ttft_ms']['p50'], 7, 1)} ms  ITL p50 {num(run['itl_ms']['p50'], 6)} ms  "
+        f"errors {run['errors']}",
+        flush=True,
+    )
+    return run
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median tokens/s (of `steady` or static_batch.py results)."""
+    return sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+
+
+def compare(make_a, make_b, label_a: str, label_b: str, rounds: int) -> dict:
+    """Alternate steady-state runs of A and B at 16 streams `rounds` times; report both medians,
+    the B/A tokens/s ratio and the median added TTFT and ITL p50 of the pairs."""
     a_runs, b_runs = [], []
     for _ in range(rounds):
-        a_runs.append(measure(make_a(), concurrency, requests, label_a, max_new_tokens))
-        b_runs.append(measure(make_b(), concurrency, requests, label_b, max_new_tokens))
-    a, b = median_result(a_runs), median_result(b_runs)
+        a_runs.append(steady(make_a(), label_a))
+        b_runs.append(steady(make_b(), label_b))
+    a, b = median_run(a_runs), median_run(b_runs)
     pairs = list(zip(a_runs, b_runs, strict=True))
     return {
-        label_a: asdict(a),
-        label_b: asdict(b),
-        "tokens_per_s_ratio": b.output_tokens_per_s / a.output_tokens_per_s,
-        "added_ttft_p50_ms": statistics.median(y.ttft_ms["p50"] - x.ttft_ms["p50"] for x, y in pairs),
-        "added_itl_p50_ms": statistics.median(y.itl_ms["p50"] - x.itl_ms["p50"] for x, y in pairs),
+        label_a: a,
+        label_b: b,
+        "tokens_per_s_ratio": b["tokens_per_s"] / a["tokens_per_s"],
+        "added_ttft_p50_ms": statistics.median(y["ttft_ms"]["p50"] - x["ttft_ms"]["p50"] for x, y in pairs),
+        "added_itl_p50_ms": statistics.median(y["itl_ms"]["p50"] - x["itl_ms"]["p50"] for x, y in pairs),
+        "rounds": {label_a: [r["tokens_per_s"] for r in a_runs], label_b: [r["tokens_per_s"] for r in b_runs]},
     }
 
 
@@ -240,9 +272,6 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
                         "grpc",
                         name,
                         args.rounds,
-                        16,
-                        96,
-                        n,
                     )
                 finally:
                     gw.stop()
@@ -390,28 +419,17 @@ def _static_rounds(core: Proc, core_addr: str, args, n: int, threads: int, strea
         print(f"== core vs in-process padded static batch at {c} streams ({threads} torch threads)", flush=True)
         core_runs, static_runs = [], []
         for _ in range(args.rounds):
-            run = asyncio.run(
-                measure_window(
-                    GrpcClient(core_addr, n, chat=False),
-                    c,
-                    warmup_s=3.0,
-                    window_s=8.0,
-                    procs=procs,
-                    step_ms=0.0,
-                    label=f"grpc x{c}",
-                )
-            )
+            run = steady(GrpcClient(core_addr, n, chat=False), "core (grpc)", c, procs)
             us = run["cpu_us_per_token"]
             print(
-                f"  core     x{c:<3} {run['tokens_per_s']:8.0f} tok/s  TTFT p50 {num(run['ttft_ms']['p50'], 7, 1)} ms  "
-                f"ITL p50 {num(run['itl_ms']['p50'], 6)} ms  CPU µs/token: core {us['core']:.0f}, engine process "
-                f"{us['engine']:.0f}, client {us['client']:.0f}  others {run['cpu_cores']['others']:.2f} cores",
+                f"    CPU µs/token: core {us['core']:.0f}, engine process {us['engine']:.0f}, client "
+                f"{us['client']:.0f}  others {run['cpu_cores']['others']:.2f} cores",
                 flush=True,
             )
             core_runs.append(run)
             static_runs.append(run_static(args.model, c, n, threads, cpus))
-        core_med = sorted(core_runs, key=lambda r: r["tokens_per_s"])[len(core_runs) // 2]
-        static_med = sorted(static_runs, key=lambda r: r["tokens_per_s"])[len(static_runs) // 2]
+        core_med = median_run(core_runs)
+        static_med = median_run(static_runs)
         result["streams"][str(c)] = {
             "core": core_med,
             "static": static_med,
@@ -470,21 +488,17 @@ def baseline(core_addr: str, args, out: Path, n: int) -> dict:
     class ServeClient(OpenAIClient):
         ignore_eos = False  # transformers serve rejects the field
 
-    def run_serve() -> Result:
+    def run_serve() -> dict:
         serve = Proc("transformers-serve", serve_cmd, ready="Uvicorn running", env=serve_env)
         try:
-            return measure(
-                ServeClient(f"http://127.0.0.1:{serve_port}", n, str(ROOT / args.model)),
-                16,
-                96,
-                "transformers serve",
-                n,
+            return steady(
+                ServeClient(f"http://127.0.0.1:{serve_port}", n, str(ROOT / args.model)), "transformers serve"
             )
         finally:
             serve.stop()
 
     gw = None
-    results: dict[str, list[Result]] = {"grpc": [], "openai": [], "serve": []}
+    results: dict[str, list[dict]] = {"grpc": [], "openai": [], "serve": []}
     print("== baseline: transformers serve --continuous-batching at 16 streams", flush=True)
     for _ in range(args.rounds):
         results["serve"].append(run_serve())
@@ -494,19 +508,18 @@ def baseline(core_addr: str, args, out: Path, n: int) -> dict:
             ready="trellis-gateway",
         )
         try:
-            results["grpc"].append(measure(GrpcClient(core_addr, n, chat=True), 16, 96, "grpc (chat)", n))
-            results["openai"].append(
-                measure(OpenAIClient(f"http://127.0.0.1:{gw_port}", n, "demo"), 16, 96, "openai gateway", n)
-            )
+            results["grpc"].append(steady(GrpcClient(core_addr, n, chat=True), "grpc (chat)"))
+            results["openai"].append(steady(OpenAIClient(f"http://127.0.0.1:{gw_port}", n, "demo"), "openai gateway"))
         finally:
             gw.stop()
-    med = {k: median_result(v) for k, v in results.items()}
-    theirs = med["serve"].output_tokens_per_s
+    med = {k: median_run(v) for k, v in results.items()}
+    theirs = med["serve"]["tokens_per_s"]
     return {
-        "runs": {k: asdict(v) for k, v in med.items()},
-        "core_vs_serve_tokens_per_s_ratio": med["grpc"].output_tokens_per_s / theirs,
-        "openai_gateway_vs_serve_tokens_per_s_ratio": med["openai"].output_tokens_per_s / theirs,
-        "ttft_p50_ms": {k: v.ttft_ms["p50"] for k, v in med.items()},
+        "runs": med,
+        "core_vs_serve_tokens_per_s_ratio": med["grpc"]["tokens_per_s"] / theirs,
+        "openai_gateway_vs_serve_tokens_per_s_ratio": med["openai"]["tokens_per_s"] / theirs,
+        "ttft_p50_ms": {k: v["ttft_ms"]["p50"] for k, v in med.items()},
+        "rounds": {k: [r["tokens_per_s"] for r in v] for k, v in results.items()},
     }
 
 
