@@ -13,8 +13,8 @@ Figures:
   static      at 16 and 32 streams, the core (direct gRPC, steady-state window) vs the same model's
               in-process padded static batch of that size (scripts/bench/static_batch.py):
               tokens/s ratio, TTFT and ITL p50 of both, the core's CPU µs per token
-  gateways    at 16 streams (steady-state windows), gateway vs direct gRPC: tokens/s ratio, added
-              TTFT and ITL p50
+  gateways    at 16 streams (steady-state windows; the load generator and the gateway on the
+              serving CPUs), gateway vs direct gRPC: tokens/s ratio, added TTFT and ITL p50
   baseline    at 16 streams (steady-state windows), core (gRPC) and the OpenAI gateway vs
               transformers serve: tokens/s ratio and TTFT p50 of both
   websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
@@ -41,6 +41,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -253,28 +254,37 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
             summary["static"] = static_batch(core, core_addr, args, n, threads)
         if "gateways" in selected:
             summary["gateways"] = {}
-            for name, cls, chat in (
-                ("lmi", LmiClient, False),
-                ("openai", OpenAIClient, True),
-                ("triton", TritonClient, False),
-            ):
-                port = free_port()
-                gw = Proc(
-                    f"gateway-{name}",
-                    [py, "-m", "gateways", name, "--core", core_addr, "--port", str(port), "--log-level", "WARNING"],
-                    ready="trellis-gateway",
-                )
-                try:
-                    print(f"== {name} gateway vs direct gRPC at 16 streams", flush=True)
-                    summary["gateways"][name] = compare(
-                        lambda chat=chat: GrpcClient(core_addr, n, chat=chat),
-                        lambda cls=cls, port=port: cls(f"http://127.0.0.1:{port}", n, "demo"),
-                        "grpc",
+            with on_serving_cpus(threads):  # the gateway too: both sides leave the engine its CPU
+                for name, cls, chat in (
+                    ("lmi", LmiClient, False),
+                    ("openai", OpenAIClient, True),
+                    ("triton", TritonClient, False),
+                ):
+                    port = free_port()
+                    cmd = [
+                        py,
+                        "-m",
+                        "gateways",
                         name,
-                        args.rounds,
-                    )
-                finally:
-                    gw.stop()
+                        "--core",
+                        core_addr,
+                        "--port",
+                        str(port),
+                        "--log-level",
+                        "WARNING",
+                    ]
+                    gw = Proc(f"gateway-{name}", cmd, ready="trellis-gateway")
+                    try:
+                        print(f"== {name} gateway vs direct gRPC at 16 streams", flush=True)
+                        summary["gateways"][name] = compare(
+                            lambda chat=chat: GrpcClient(core_addr, n, chat=chat),
+                            lambda cls=cls, port=port: cls(f"http://127.0.0.1:{port}", n, "demo"),
+                            "grpc",
+                            name,
+                            args.rounds,
+                        )
+                    finally:
+                        gw.stop()
         if "websocket" in selected and (ROOT / "scripts/bench/ws_events.py").exists():
             port = free_port()
             gw = Proc(
@@ -393,24 +403,36 @@ def static_batch(core: Proc, core_addr: str, args, n: int, threads: int, streams
     the CPUs the core's engine process takes by default (`--engine-cpus auto`): the static batch
     is started there, and the load generator (this process: a stand-in for clients elsewhere)
     runs on the others, the serving CPUs, during the whole section."""
+    result: dict = {"threads": threads, "streams": {}}
+    with on_serving_cpus(threads) as placement:
+        cpus = ""
+        if placement is not None:
+            cpus = ",".join(map(str, sorted(placement[0])))
+            result["cpus"] = {"model": sorted(placement[0]), "load_generator": sorted(placement[1])}
+            print(f"   static batch on CPUs {cpus}, load generator on {sorted(placement[1])}", flush=True)
+        _static_rounds(core, core_addr, args, n, threads, streams, cpus, result)
+    return result
+
+
+@contextlib.contextmanager
+def on_serving_cpus(threads: int) -> Iterator[tuple[frozenset[int], frozenset[int]] | None]:
+    """Run this process (the load generator, a stand-in for clients on other machines) and every
+    process it starts meanwhile on the serving CPUs, the ones the core's engine process leaves to
+    the serving threads by default (`--engine-cpus auto`), so that neither takes the engine's
+    CPU, as a deployment that reserves the engine's cores arranges; yields the placement (engine
+    CPUs, serving CPUs), or None where the engine takes every CPU (nothing is pinned then).
+    Linux: children inherit the affinity of the thread that starts them."""
     sys.path.insert(0, str(ROOT))
     from core.engine.hf_config import engine_cpus
     from core.engine.hf_process import pin_threads
 
     placement = engine_cpus("auto", threads)
-    result: dict = {"threads": threads, "streams": {}}
-    cpus = ""
-    if placement is not None:
-        cpus = ",".join(map(str, sorted(placement[0])))
-        result["cpus"] = {"model": sorted(placement[0]), "load_generator": sorted(placement[1])}
-        print(f"   static batch on CPUs {cpus}, load generator on {sorted(placement[1])}", flush=True)
     unpin = pin_threads(placement[1]) if placement is not None else None
     try:
-        _static_rounds(core, core_addr, args, n, threads, streams, cpus, result)
+        yield placement
     finally:
         if unpin is not None:
             unpin()
-    return result
 
 
 def _static_rounds(core: Proc, core_addr: str, args, n: int, threads: int, streams, cpus: str, result: dict) -> None:
