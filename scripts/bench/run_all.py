@@ -253,38 +253,7 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
         if "static" in selected:
             summary["static"] = static_batch(core, core_addr, args, n, threads)
         if "gateways" in selected:
-            summary["gateways"] = {}
-            with on_serving_cpus(threads):  # the gateway too: both sides leave the engine its CPU
-                for name, cls, chat in (
-                    ("lmi", LmiClient, False),
-                    ("openai", OpenAIClient, True),
-                    ("triton", TritonClient, False),
-                ):
-                    port = free_port()
-                    cmd = [
-                        py,
-                        "-m",
-                        "gateways",
-                        name,
-                        "--core",
-                        core_addr,
-                        "--port",
-                        str(port),
-                        "--log-level",
-                        "WARNING",
-                    ]
-                    gw = Proc(f"gateway-{name}", cmd, ready="trellis-gateway")
-                    try:
-                        print(f"== {name} gateway vs direct gRPC at 16 streams", flush=True)
-                        summary["gateways"][name] = compare(
-                            lambda chat=chat: GrpcClient(core_addr, n, chat=chat),
-                            lambda cls=cls, port=port: cls(f"http://127.0.0.1:{port}", n, "demo"),
-                            "grpc",
-                            name,
-                            args.rounds,
-                        )
-                    finally:
-                        gw.stop()
+            summary["gateways"] = gateways_vs_grpc(core_addr, args, n, threads)
         if "websocket" in selected and (ROOT / "scripts/bench/ws_events.py").exists():
             port = free_port()
             gw = Proc(
@@ -322,6 +291,35 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
         summary["engine_process_peak_rss_mb"] = EngineProcess(core).peak_rss_mb()
     finally:
         core.stop()
+
+
+def gateways_vs_grpc(core_addr: str, args, n: int, threads: int) -> dict:
+    """Each HTTP gateway against direct gRPC at 16 streams (`compare`), one gateway process at a
+    time; the load generator and the gateway run on the serving CPUs, leaving the engine process
+    its CPU on both sides."""
+    py = sys.executable
+    result: dict = {}
+    with on_serving_cpus(threads):
+        for name, cls, chat in (
+            ("lmi", LmiClient, False),
+            ("openai", OpenAIClient, True),
+            ("triton", TritonClient, False),
+        ):
+            port = free_port()
+            cmd = [py, "-m", "gateways", name, "--core", core_addr, "--port", str(port), "--log-level", "WARNING"]
+            gw = Proc(f"gateway-{name}", cmd, ready="trellis-gateway")
+            try:
+                print(f"== {name} gateway vs direct gRPC at 16 streams", flush=True)
+                result[name] = compare(
+                    lambda chat=chat: GrpcClient(core_addr, n, chat=chat),
+                    lambda cls=cls, port=port: cls(f"http://127.0.0.1:{port}", n, "demo"),
+                    "grpc",
+                    name,
+                    args.rounds,
+                )
+            finally:
+                gw.stop()
+    return result
 
 
 def guided(core: Proc, core_addr: str, args, n: int) -> dict:
