@@ -44,9 +44,13 @@ def loads(raw: bytes | str, what: str = "The request body", *, max_depth: int = 
         raise GatewayError.invalid(f"{what} is not valid UTF-8.") from None
     except (ValueError, RecursionError) as e:
         raise GatewayError.invalid(f"{what} is not valid JSON: {e}.") from None
-    # Only an escape makes a lone surrogate (UTF-8 cannot carry one), and a body nests no
-    # deeper than its brackets: most bodies need no walk.
-    if _SURROGATE_ESCAPE.search(text) or text.count("[") + text.count("{") > max_depth:
+    # A lone surrogate comes from an escape or, in text given as str, as itself (UTF-8 bytes
+    # cannot carry one), and a body nests no deeper than its brackets: most bodies need no walk.
+    if (
+        _SURROGATE_ESCAPE.search(text)
+        or (not text.isascii() and _SURROGATE.search(text))
+        or text.count("[") + text.count("{") > max_depth
+    ):
         _check_values(obj, [], max_depth, what)
     return obj
 

@@ -165,6 +165,13 @@ def test_loads_refuses_a_lone_surrogate_escape_in_any_case(escape):
     assert "lone surrogate" in e.value.message and e.value.param == "messages[0].content"
 
 
+def test_loads_refuses_a_lone_surrogate_in_text_given_as_str():
+    """Text decoded elsewhere may hold the surrogate itself rather than its escape."""
+    with pytest.raises(GatewayError) as e:
+        loads('{"messages": [{"content": "a\ud800b"}]}')
+    assert "lone surrogate" in e.value.message and e.value.param == "messages[0].content"
+
+
 def test_loads_takes_a_surrogate_pair_and_refuses_nan():
     assert loads('{"t": "\\ud83d\\ude00"}') == {"t": "\U0001f600"}
     with pytest.raises(GatewayError, match="NaN is not a valid JSON value"):
