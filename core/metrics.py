@@ -99,15 +99,30 @@ class RequestMetrics:
             sequence's reason for n > 1).
         rejected: requests refused at admission (RESOURCE_EXHAUSTED: the queue is full).
         ttft, itl, queue_time, e2e: histograms, in seconds.
+        step_outputs, delta_outputs: engine outputs by the path they took to the consumer:
+            a plain decode step as values (`Job._is_plain_step`), or ResponseDeltas.
     """
 
-    __slots__ = ("e2e", "generation_tokens", "itl", "prompt_tokens", "queue_time", "rejected", "requests", "ttft")
+    __slots__ = (
+        "delta_outputs",
+        "e2e",
+        "generation_tokens",
+        "itl",
+        "prompt_tokens",
+        "queue_time",
+        "rejected",
+        "requests",
+        "step_outputs",
+        "ttft",
+    )
 
     def __init__(self) -> None:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.requests = dict.fromkeys(FINISH_LABELS, 0)
         self.rejected = 0
+        self.step_outputs = 0
+        self.delta_outputs = 0
         self.ttft = Buckets(TTFT_BUCKETS)
         self.itl = Buckets(ITL_BUCKETS)
         self.queue_time = Buckets(REQUEST_LATENCY_BUCKETS)
@@ -176,6 +191,14 @@ class CoreCollector(Collector):
         yield _counter(
             "trellis_core_admission_rejections", "Requests refused because the queue was full.", labels, c.rejected
         )
+        paths = CounterMetricFamily(
+            "trellis_core_stream_outputs",
+            "Engine outputs delivered, by path: 'step' (a plain decode step sent as values) or 'delta' (the rest).",
+            labels=[*labels, "path"],
+        )
+        paths.add_metric([*labels.values(), "step"], c.step_outputs)
+        paths.add_metric([*labels.values(), "delta"], c.delta_outputs)
+        yield paths
         yield c.ttft.family("trellis_core_time_to_first_token_seconds", "Time to first token.", labels)
         yield c.itl.family("trellis_core_inter_token_latency_seconds", "Time between engine steps' tokens.", labels)
         yield c.queue_time.family("trellis_core_request_queue_time_seconds", "Time waiting to be scheduled.", labels)

@@ -4,11 +4,11 @@
 Both are fed synchronously by the pipeline while an engine step is delivered, and only wake
 their writer coroutine; the writer runs once the whole step was processed. A MultiplexSession
 therefore sends one message per engine step carrying the news of every request on the stream,
-built in place as protobuf (`core.convert.fill_response`) with its text-only steps in columns
-(TextSteps), and a Generate call one message per step. While a write is in flight (HTTP/2 flow
-control: the reader is slower than the engine), what arrives meanwhile waits and goes out
-together: in the next MultiplexGenerateResponse, or merged into as few GenerateResponses as keep
-their meaning (`core.pipeline.merge_deltas`). Nothing is dropped or reordered.
+built in place as protobuf (`core.convert.fill_response`) with the plain decode steps of
+requests started with `steps` in columns (Steps), and a Generate call one message per step.
+While a write is in flight (HTTP/2 flow control: the reader is slower than the engine), what
+arrives meanwhile waits and goes out together: in the next MultiplexGenerateResponse, or merged
+into as few GenerateResponses as keep their meaning (`core.pipeline.merge_deltas`). Nothing is dropped or reordered.
 """
 
 from __future__ import annotations
@@ -24,64 +24,49 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from core import convert
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
 from core.pipeline import Job, RequestPipeline
-from core.types import GenerationRequest, ResponseDelta, SequenceDelta
+from core.types import GenerationRequest, ResponseDelta
 from core.wire import Malformed
 
 log = logging.getLogger(__name__)
 
-#: Events and TextSteps entries per MultiplexGenerateResponse before another message is
-#: started, so a stream far behind its reader never builds one message near the gRPC size limit.
+#: Events and Steps entries per MultiplexGenerateResponse before another message is started,
+#: so a stream far behind its reader never builds one message near the gRPC size limit.
 MAX_EVENTS_PER_MESSAGE = 4096
-
 
 _NAN = float("nan")
 
 
 class _Outgoing:
-    """A MultiplexGenerateResponse being filled: its events in protobuf, its TextSteps as
-    lists until it is sent (one `extend` per column costs less than an append each)."""
+    """A MultiplexGenerateResponse being filled: its events in protobuf, its Steps as lists
+    until it is sent (one `extend` per column costs less than an append each)."""
 
-    __slots__ = (
-        "add_event",
-        "compact",
-        "evented",
-        "ids",
-        "logprobs",
-        "msg",
-        "size",
-        "texts",
-        "token_ids",
-        "with_logprobs",
-    )
+    __slots__ = ("add_event", "evented", "ids", "logprobs", "msg", "size", "texts", "token_ids")
 
     def __init__(self) -> None:
         self.msg = spb.MultiplexGenerateResponse()
         self.add_event: Callable[[], spb.MultiplexEvent] = self.msg.events.add
-        self.size = 0  # events and TextSteps entries (MAX_EVENTS_PER_MESSAGE)
-        self.evented: set[int] = set()  # requests with an event here: their texts join it
+        self.size = 0  # events and Steps entries (MAX_EVENTS_PER_MESSAGE)
+        self.evented: set[int] = set()  # requests with an event here: their steps go in the next message
         self.ids: list[int] = []
         self.texts: list[str] = []
-        self.token_ids: list[int] = []  # -1 for an entry that is no compact token
-        self.logprobs: list[float] = []  # NaN for an entry without a logprob
-        self.compact = False  # some entry is a compact token
-        self.with_logprobs = False  # some entry has a logprob
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []  # NaN: not asked for
 
     def message(self) -> spb.MultiplexGenerateResponse:
-        """The message with its TextSteps filled in (TextSteps in generate_service.proto)."""
+        """The message with its Steps filled in."""
         if self.ids:
             steps = self.msg.steps
             steps.ids.extend(self.ids)
             steps.texts.extend(self.texts)
-            if self.compact:
-                steps.token_ids.extend(self.token_ids)
-                if self.with_logprobs:
-                    steps.logprobs.extend(self.logprobs)
+            steps.token_ids.extend(self.token_ids)
+            steps.logprobs.extend(self.logprobs)
         return self.msg
 
 
 class CallOutput:
     """The consumer of one Generate call's Job: deltas wait here until the call's coroutine
-    `take()`s them (one wake-up per engine step while it keeps up)."""
+    `take()`s them (one wake-up per engine step while it keeps up). Its jobs are started
+    without `steps`, so every output arrives as deltas."""
 
     def __init__(self) -> None:
         self.pending: list[ResponseDelta] = []
@@ -94,13 +79,9 @@ class CallOutput:
         self.pending += deltas
         self._wake()
 
-    def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
-        """Queue the next text of the job's only sequence, and its token (Consumer protocol)."""
-        delta = SequenceDelta(0, text)
-        if token_id is not None:
-            delta.tokens.append(job.p.token_info(token_id, logprob, None))
-        self.pending.append(ResponseDelta(sequences=[delta]))
-        self._wake()
+    def deliver_step(self, job: Job, text: str, token_id: int, logprob: float | None) -> None:
+        """Never called: Generate jobs are started without `steps` (Consumer protocol)."""
+        raise AssertionError("a Generate call takes no steps")
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """The job ended (Consumer protocol)."""
@@ -166,7 +147,6 @@ class MultiplexSession:
         self._filling: _Outgoing | None = None  # the last of `_pending`, while news joins it
         self._last: spb.MultiplexEvent | None = None  # the last event of `_filling`
         self._last_id = 0  # the id of `_last` (read back from protobuf, it costs more)
-        self._texts_closed = False  # `_last` has responses: texts after them need a new event
         self._closed = False  # the client half-closed, or its stream broke
         self._end_when_idle = False  # drain() was called
         self._malformed: CoreError | None = None  # the client sent a message that did not parse
@@ -213,7 +193,7 @@ class MultiplexSession:
                     self._malformed = req.error("MultiplexGenerate")
                     break
                 for start in req.starts:
-                    self._start(start.id, start.request, start.compact_tokens)
+                    self._start(start.id, start.request, start.steps)
                 for rid in req.cancels:
                     self._cancel(rid)
         except (grpc.RpcError, asyncio.CancelledError):
@@ -229,7 +209,7 @@ class MultiplexSession:
         if job is not None:
             job.cancel()
 
-    def _start(self, rid: int, request: spb.GenerateRequest, compact_tokens: bool) -> None:
+    def _start(self, rid: int, request: spb.GenerateRequest, steps: bool) -> None:
         request_id = request.request_id or uuid.uuid4().hex
         try:
             if self.draining:
@@ -238,10 +218,10 @@ class MultiplexSession:
                 raise InvalidArgument(f"Request id {rid} is already open on this stream.", field="id")
             req = convert.to_generation_request(request, request_id)
             if self.pipeline.tokenizes_off_loop(req):
-                task = self._start_off_loop(rid, request_id, req, compact_tokens)
+                task = self._start_off_loop(rid, request_id, req, steps)
                 self.jobs[rid] = _Preparing(asyncio.create_task(task))
                 return
-            job = self.pipeline.start(self.pipeline.prepare(req), self, rid, compact_tokens)
+            job = self.pipeline.start(self.pipeline.prepare(req), self, rid, steps)
         except CoreError as e:
             self._status(rid, request_id, e)
             return
@@ -253,7 +233,7 @@ class MultiplexSession:
         if not job.done:
             self.jobs[rid] = job
 
-    async def _start_off_loop(self, rid: int, request_id: str, req: GenerationRequest, compact_tokens: bool) -> None:
+    async def _start_off_loop(self, rid: int, request_id: str, req: GenerationRequest, steps: bool) -> None:
         """Start a request whose long prompt is tokenized off the event loop; the other
         requests of the stream are started and streamed meanwhile. A cancel while it is
         prepared cancels this task (the tokenization's result is dropped)."""
@@ -263,7 +243,7 @@ class MultiplexSession:
                 self.pipeline.discard(prep)
                 return
             del self.jobs[rid]
-            job = self.pipeline.start(prep, self, rid, compact_tokens)
+            job = self.pipeline.start(prep, self, rid, steps)
         except CoreError as e:
             self.jobs.pop(rid, None)
             self._status(rid, request_id, e)
@@ -282,45 +262,23 @@ class MultiplexSession:
     def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
         """Render the job's deltas into the message being filled."""
         responses = self._event(job.tag).responses
-        self._texts_closed = True  # a later text of this job follows these responses
         request_id = job.request_id
         for delta in deltas:
             convert.fill_response(responses.add(), delta, request_id)
 
-    def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
-        """Add the next text of the job's only sequence to the message being filled (what
-        stands for the GenerateResponse {request_id, outputs: [{index: 0, text}]}
-        `convert.fill_response` would make of it), with its token and logprob for a
-        compact_tokens request: as an entry of the message's TextSteps, or of the job's event's
-        `texts` when the job has an event in the message already (its texts follow it)."""
+    def deliver_step(self, job: Job, text: str, token_id: int, logprob: float | None) -> None:
+        """Add a plain decode step of the job to the Steps of the message being filled, or of
+        a new message when the job has an event in this one (its steps must not come before
+        that event: generate_service.proto, MultiplexGenerateResponse)."""
         rid = job.tag
         out = self._filling
-        if out is not None and rid in out.evented:
-            event = self._last
-            if event is None or self._last_id != rid or self._texts_closed:
-                event = self._event(rid, fresh=True)
-            event.texts.append(text)
-            if token_id is not None:
-                event.token_ids.append(token_id)
-                if logprob is not None:
-                    event.logprobs.append(logprob)
-            return
-        if out is None or out.size >= MAX_EVENTS_PER_MESSAGE:
+        if out is None or out.size >= MAX_EVENTS_PER_MESSAGE or rid in out.evented:
             out = self._start_message()
         out.size += 1
         out.ids.append(rid)
         out.texts.append(text)
-        if token_id is None:
-            out.token_ids.append(-1)
-            out.logprobs.append(_NAN)
-            return
         out.token_ids.append(token_id)
-        out.compact = True
-        if logprob is None:
-            out.logprobs.append(_NAN)
-        else:
-            out.logprobs.append(logprob)
-            out.with_logprobs = True
+        out.logprobs.append(_NAN if logprob is None else logprob)
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """Add the job's terminal status (OK, or its error)."""
@@ -336,13 +294,12 @@ class MultiplexSession:
         log.info("request %s: %s %s", request_id, error.code.name, error.message)
         status.MergeFromString(error.to_rpc_status().SerializeToString())
 
-    def _event(self, rid: int, fresh: bool = False) -> spb.MultiplexEvent:
+    def _event(self, rid: int) -> spb.MultiplexEvent:
         """The event of request `rid` at the end of the message being filled (a new one unless
-        the last event is this request's, or `fresh`), and a wake-up for the writer."""
+        the last event is this request's), and a wake-up for the writer."""
         last = self._last
-        if last is not None and self._last_id == rid and not fresh:
+        if last is not None and self._last_id == rid:
             return last
-        self._texts_closed = False
         out = self._filling
         if out is None or out.size >= MAX_EVENTS_PER_MESSAGE:
             out = self._start_message()

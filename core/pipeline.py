@@ -290,18 +290,17 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ run
 
-    def start(self, prep: PreparedRequest, consumer: Consumer, tag: int = 0, compact_tokens: bool = False) -> Job:
+    def start(self, prep: PreparedRequest, consumer: Consumer, tag: int = 0, steps: bool = False) -> Job:
         """Submit a prepared request to the engine; its ResponseDeltas go to `consumer` as the
         engine produces them (see Job). Whatever the engine has already put (its QUEUED output)
-        is delivered before this returns. `compact_tokens`: the consumer reads only the id and
-        logprob of generated tokens (MultiplexStart.compact_tokens), so plain decode steps may
-        reach it through `Consumer.deliver_text` with their token.
+        is delivered before this returns. `steps`: the consumer takes plain decode steps as
+        values (`Consumer.deliver_step`, MultiplexStart.steps).
 
         Raises:
             CoreError: admission (Overloaded, NotReady, EngineDead, InvalidArgument); the
                 request's session is released again.
         """
-        job = Job(self, prep, consumer, tag, compact_tokens)
+        job = Job(self, prep, consumer, tag, steps)
         job.start()
         return job
 
@@ -340,11 +339,12 @@ class Consumer(Protocol):
     def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
         """The next ResponseDeltas of `job`, in order (the last has `final` set when it ends)."""
 
-    def deliver_text(self, job: Job, text: str, token_id: int | None = None, logprob: float | None = None) -> None:
-        """The next text of `job`'s only sequence: what `deliver` would say with one delta
-        holding only that (`ResponseDelta(sequences=[SequenceDelta(0, text)])`); with
-        `token_id` (a job started with compact_tokens, for a step of one ordinary token) that
-        delta also holds that token, with `logprob` when the request asked for logprobs."""
+    def deliver_step(self, job: Job, text: str, token_id: int, logprob: float | None) -> None:
+        """A plain decode step of `job` (one started with `steps`; see `Job._is_plain_step`):
+        what `deliver` would say with `ResponseDelta(sequences=[SequenceDelta(0, text,
+        tokens=[token_id's TokenInfo])])` (without the token for a request with
+        OutputOptions.tokens false), `logprob` None unless the request asked for logprobs. Only
+        the token's id and logprob travel: the consumer reads nothing else of it."""
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """`job` ended: None after its final delta, else the error that ends it (before or
@@ -377,7 +377,7 @@ class Job:
         prep: PreparedRequest,
         consumer: Consumer,
         tag: int = 0,
-        compact_tokens: bool = False,
+        steps: bool = False,
     ):
         self.p = pipeline
         self.prep = prep
@@ -397,16 +397,12 @@ class Job:
         self.unfinished = req.num_sequences
         self.want_tokens = prep.request.output.tokens is not False
         self.want_logprobs = prep.request.output.logprobs
-        # One sequence streamed as text alone (or with tokens the consumer reads only the id and
-        # logprob of), with no stop strings to hold text back for and no time limit: its decode
-        # steps take `_on_decode_step`.
-        self._compact = self.want_tokens and compact_tokens and not prep.engine_request.top_logprobs
-        self._plain = (
-            req.num_sequences == 1
-            and (not self.want_tokens or self._compact)
-            and not prep.stops
-            and prep.deadline is None
+        # Steps can go as values only for one sequence with no alternatives to render, no
+        # stop strings to hold text back for and no time limit to check.
+        self._steps = (
+            steps and req.num_sequences == 1 and not req.top_logprobs and not prep.stops and prep.deadline is None
         )
+        self._metrics = pipeline.metrics
         self._is_special = pipeline.tokenizer.is_special
         self.done = False
         self.last_token_time = 0.0  # of the last step that gave tokens; 0.0: none yet
@@ -449,17 +445,10 @@ class Job:
         try:
             if out.error is not None:
                 raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
-            if (
-                self._plain
-                and out.state is None
-                and not out.finished
-                and len(out.sequences) == 1
-                and out.sequences[0].finish_reason is None
-                and self.sent_states == len(_STATE_ORDER)
-                and (not self._compact or self._compact_step(out.sequences[0]))
-            ):
+            if self._steps and self._is_plain_step(out):
                 self._on_decode_step(out, out.sequences[0])
                 return
+            self._metrics.delta_outputs += 1
             deltas = self._on_output(out)
         except CoreError as e:
             self._end(e)
@@ -536,40 +525,45 @@ class Job:
             deltas.append(d)
         return deltas
 
-    def _compact_step(self, step: SequenceStep) -> bool:
-        """Whether a step of a compact_tokens job can go as text and token id: one ordinary
-        (not special) token, with its logprob when logprobs were asked for."""
+    def _is_plain_step(self, out: EngineOutput) -> bool:
+        """The gate of the step path, for a job started with `steps`: whether `out` is a plain
+        decode step, one that neither enters a state nor ends the sequence and gives it one
+        ordinary (not special) token, with its logprob when logprobs were asked for. Those go
+        to the consumer as values (`_on_decode_step`); every other output takes `_on_output`."""
+        if out.state is not None or out.finished or len(out.sequences) != 1 or self.sent_states != len(_STATE_ORDER):
+            return False
+        step = out.sequences[0]
         ids = step.token_ids
         return (
-            len(ids) == 1
+            step.finish_reason is None
+            and len(ids) == 1
             and not self._is_special(ids[0])
             and (not self.want_logprobs or (step.logprobs is not None and step.logprobs[0] is not None))
         )
 
     def _on_decode_step(self, out: EngineOutput, step: SequenceStep) -> None:
-        """`_on_output` for the bulk of a plain stream's outputs (see `_plain`): a decode step
-        that neither enters a state nor ends the sequence. Its text goes to the consumer as
-        it is (`Consumer.deliver_text`), without building deltas; for a compact_tokens job
-        with its one token (`_compact_step`), even when the text is empty."""
+        """`_on_output` for a plain decode step (`_is_plain_step`), without building deltas:
+        its text, token and logprob go to `Consumer.deliver_step`. A step whose text is still
+        incomplete (a character split over tokens) sends nothing when the request asked for no
+        tokens, as `_on_output` would."""
+        self._metrics.step_outputs += 1
         seq = self.seqs[0]
         ids = step.token_ids
         if out.cached_tokens > self.cached_tokens:
             self.cached_tokens = out.cached_tokens
+        logprob = None
         if step.logprobs is not None:
-            seq.cumulative_logprob += sum(lp for lp in step.logprobs if lp is not None)
-        if not ids:
-            return
+            logprob = step.logprobs[0]
+            if logprob is not None:
+                seq.cumulative_logprob += logprob
         seq.token_ids += ids
-        seq.generated += len(ids)
+        seq.generated += 1
         now = out.time or time.monotonic()
         self._itl.observe(now - self.last_token_time)
         self.last_token_time = now
         text = seq.detok.push(ids)
-        if self._compact:
-            logprob = step.logprobs[0] if self.want_logprobs and step.logprobs is not None else None
-            self.consumer.deliver_text(self, text, ids[0], logprob)
-        elif text:  # else a character is incomplete: nothing to send yet
-            self.consumer.deliver_text(self, text)
+        if text or self.want_tokens:
+            self.consumer.deliver_step(self, text, ids[0], logprob if self.want_logprobs else None)
 
     def _on_output(self, out: EngineOutput) -> list[ResponseDelta]:
         now = out.time or time.monotonic()

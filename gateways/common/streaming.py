@@ -1,20 +1,20 @@
-"""The I/O of every gateway's Generate calls: the first-message rule, the relay loop of
-streamed HTTP responses, and the fan-in that merges ready outputs into one write.
+"""The I/O of every gateway's Generate calls: the first-message rule, the relay of streamed HTTP
+responses, and the merging of several calls' streams.
 
 An HTTP status can only be chosen before the first byte is sent (aiohttp's `prepare()`), so a
-streaming route pulls the first message of the Generate stream before preparing its response:
+streaming route pulls the first delta of the Generate stream before preparing its response:
 anything that fails before it (validation, unknown model, queue full, core down) is a proper
 error status; anything after it must be rendered in-band. The core sends its QUEUED message
-right after validation and admission, so the first message arrives at once (DESIGN.md "Errors,
-per schema").
+right after validation and admission, so the first delta arrives at once (docs/architecture.md,
+Errors).
 
 A Generate stream is complete only when its last message is the final one, the one carrying
-`usage` (DESIGN.md "The gRPC contract"). `CoreStream` checks that once, for every gateway: a
-call that ends with an OK status but without its final message raises INTERNAL.
+`usage` (generate_service.proto). `CoreStream` checks that once, for every gateway: a call that
+ends with an OK status but without its final message raises INTERNAL.
 
-Rendering stays pure and per schema (each translate module); the writes happen here: `relay`
-writes one streamed HTTP response, `FanIn` lets one writer send, as one frame, whatever several
-producers made ready meanwhile (the LMI dynamic batch's lines, the WebSocket's event arrays).
+Rendering stays pure and per schema (each translate module): one renderer per schema takes each
+delta, a whole message or a plain decode step (gateways.common.core_call); `relay` writes its
+bytes through the ResponseWriter (gateways.common.writer).
 """
 
 from __future__ import annotations
@@ -22,18 +22,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, cast
 
 import grpc
 from aiohttp import web
-from aiohttp.http import StreamWriter
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
-from gateways.common.core_client import CoreCall, EntryListener, TextListener, text_response
-from gateways.common.metrics import TIMER_KEY, client_gone
+from gateways.common.core_call import CoreCall, Delta
+from gateways.common.metrics import client_gone
 from gateways.common.status import GatewayError
+from gateways.common.writer import ResponseWriter
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +43,9 @@ T_co = TypeVar("T_co", covariant=True)
 #: so each record reaches the client as it is written.
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-
-#: A renderer of Generate messages (what `relay` renders for a CoreStream); a prebuilt alias, as
+#: A renderer of a CoreStream's deltas (what `relay` renders for one); a prebuilt alias, as
 #: `cast` evaluates a subscripted type on every call.
-_RenderMessage = Callable[[spb.GenerateResponse], bytes]
+_RenderDelta = Callable[[Delta], bytes]
 
 
 class Stream(Protocol[T_co]):
@@ -108,18 +106,18 @@ def finish_word(finish_reason: int, words: Mapping[int, str]) -> str | None:
 
 
 class CoreStream:
-    """A Generate request with its first message already received.
+    """A Generate request with its first delta already received.
 
     Usage::
 
         stream = await CoreStream.open(client.generate(req))   # GatewayError: render before stream
         try:
-            async for msg in stream:                            # GatewayError: render in-band
+            async for delta in stream:                          # GatewayError: render in-band
                 ...
         finally:
             stream.cancel()
 
-    or, without a wake-up per message, `stream.listen(fn)`: `fn()` runs as news arrive (see
+    or, without a wake-up per delta, `stream.listen(fn)`: `fn()` runs as news arrive (see
     `relay`), and `take()` / `outcome()` tell what they are.
 
     Iteration raises (and `outcome()` returns) a GatewayError for a request that fails (the
@@ -129,11 +127,11 @@ class CoreStream:
 
     def __init__(self, call: CoreCall):
         self.call = call
-        self._last: spb.GenerateResponse | None = None
+        self._last: Delta | None = None
 
     @classmethod
     async def open(cls, call: CoreCall) -> CoreStream:
-        """Wait for the first message.
+        """Wait for the first delta.
 
         Raises:
             GatewayError: the request failed before its first message (it is cancelled).
@@ -143,33 +141,29 @@ class CoreStream:
         except BaseException:
             call.cancel()
             raise
-        stream = cls(call)
-        if call.ended and call.error is not None and not stream.pending():
+        if call.ended and call.error is not None and not call.pending():
             raise call.error
-        return stream
+        return cls(call)
 
-    def pending(self) -> bool:
-        """Whether messages wait to be taken."""
-        return bool(self.call._messages)
-
-    def take(self) -> list[spb.GenerateResponse]:
-        """The messages that arrived since the last take, in order."""
-        messages = self.call.take()
-        if messages:
-            self._last = messages[-1]
-        return messages
+    def take(self) -> list[Delta]:
+        """The deltas that arrived since the last take, in order."""
+        deltas = self.call.take()
+        if deltas:
+            self._last = deltas[-1]
+        return deltas
 
     @property
     def ended(self) -> bool:
-        """The request ended (take() the messages first, then read `outcome()`)."""
+        """The request ended (take() the deltas first, then read `outcome()`)."""
         return self.call.ended
 
     def outcome(self) -> GatewayError | None:
         """How an ended request ended: None when complete, else its error."""
         if self.call.error is not None:
             return self.call.error
-        # Only the final message carries usage, and it is the last one.
-        if self._last is None or not self._last.HasField("usage"):
+        # Only the final message carries usage, and it is the last delta.
+        last = self._last
+        if not isinstance(last, spb.GenerateResponse) or not last.HasField("usage"):
             return incomplete_stream()
         return None
 
@@ -177,15 +171,11 @@ class CoreStream:
         """Call `listener()` synchronously as news arrive (now, if some wait already)."""
         self.call.listen(listener)
 
-    def listen_texts(self, listener: TextListener, entry: EntryListener | None = None) -> None:
-        """Take text-only and compact token messages as they arrive (`CoreCall.listen_texts`)."""
-        self.call.listen_texts(listener, entry)
-
-    async def __aiter__(self) -> AsyncIterator[spb.GenerateResponse]:
+    async def __aiter__(self) -> AsyncIterator[Delta]:
         while True:
-            for msg in self.take():
-                yield msg
-            if self.call.ended and not self.pending():
+            for delta in self.take():
+                yield delta
+            if self.call.ended and not self.call.pending():
                 break
             await self.call.wait()
         error = self.outcome()
@@ -198,14 +188,15 @@ class CoreStream:
 
 
 async def collect(call: CoreCall) -> list[spb.GenerateResponse]:
-    """All messages of a call (for non-streaming routes); the last one is the final message.
+    """All messages of a call sent without `steps` (for non-streaming routes); the last one is
+    the final message.
 
     Raises:
         GatewayError: the call failed or ended without its final message.
     """
     stream = await CoreStream.open(call)
     try:
-        return [msg async for msg in stream]
+        return [cast(spb.GenerateResponse, msg) async for msg in stream]
     finally:
         stream.cancel()
 
@@ -249,20 +240,13 @@ class FanIn(Generic[T]):
 
     A batch is the next item (waited for) and every item already queued behind it: the consumer
     sends what arrived meanwhile as one frame, and no item waits for one that is not ready yet.
-
-    Args:
-        maxsize: items that may wait before a producer's `put` waits (0: unbounded).
     """
 
-    def __init__(self, maxsize: int = 0) -> None:
-        self._queue: asyncio.Queue[T] = asyncio.Queue(maxsize)
-
-    async def put(self, item: T) -> None:
-        """Queue an item, waiting while the queue is full."""
-        await self._queue.put(item)
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[T] = asyncio.Queue()
 
     def put_nowait(self, item: T) -> None:
-        """Queue an item now (the queue must be unbounded or have room)."""
+        """Queue an item."""
         self._queue.put_nowait(item)
 
     async def batch(self) -> list[T]:
@@ -286,7 +270,7 @@ class MergedStreams(Generic[T]):
     after the items that arrived before it.
 
     Args:
-        streams: opened calls (`open_all`).
+        streams: opened calls sent without `steps` (`open_all`), so their deltas are messages.
         each: the per-message translation (pure; may raise GatewayError).
     """
 
@@ -320,7 +304,7 @@ class MergedStreams(Generic[T]):
     async def _pump(self, index: int, stream: CoreStream, queue: FanIn[tuple[int, T | GatewayError | _End]]) -> None:
         try:
             async for msg in stream:
-                queue.put_nowait((index, self._each(msg)))
+                queue.put_nowait((index, self._each(cast(spb.GenerateResponse, msg))))
         except GatewayError as e:
             queue.put_nowait((index, e))
             return
@@ -348,79 +332,6 @@ def stream_response(
     return web.StreamResponse(headers={**STREAM_HEADERS, **(headers or {}), "Content-Type": value})
 
 
-@dataclass
-class WriteCounters:
-    """What the gateway's streamed writes did, since the process started.
-
-    Attributes:
-        writes: writes to a client's connection.
-        merged_writes: writes that merged several pieces that had waited for a paused
-            connection (a client reading slower than the records come).
-        merged_pieces: the pieces those merged writes carried.
-    """
-
-    writes: int = 0
-    merged_writes: int = 0
-    merged_pieces: int = 0
-
-
-#: The process's write counters (tests read them to see that merging happened).
-WRITES = WriteCounters()
-
-
-class ResponseWriter:
-    """Writes the body of a prepared streamed response with no coroutine per write.
-
-    While the connection takes data, `write()` hands each piece to the transport at once (one
-    write per call: a relay calls it once per core message, so once per engine step). When the
-    transport is paused (asyncio's flow control: the client reads slower than we write),
-    pieces wait, and `drain()` sends everything waiting as one write once the connection takes
-    more: records are merged into one write, never into one record, and never dropped or
-    reordered. Chunked transfer encoding is applied as aiohttp does (HTTP/1.1).
-
-    Args:
-        request: the request answered (its protocol and writer).
-        response: the prepared response (its status line and headers are sent).
-    """
-
-    def __init__(self, request: web.Request, response: web.StreamResponse):
-        self._protocol = request.protocol
-        self._writer = request.writer
-        # aiohttp chooses chunked transfer encoding while preparing (HTTP/1.1, no length).
-        self._chunked = isinstance(self._writer, StreamWriter) and self._writer.chunked
-        self._timer = request.get(TIMER_KEY)  # told of the first write (the client's TTFT), then None
-        self.waiting: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        """Send `data` now, or keep it for `drain()` while the connection is paused.
-
-        Raises:
-            ConnectionResetError: the connection is closed.
-        """
-        protocol = self._protocol
-        if self.waiting or protocol.writing_paused:
-            self.waiting.append(data)
-            return
-        transport = protocol.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        WRITES.writes += 1
-        if self._timer is not None:
-            self._timer.wrote()
-            self._timer = None
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-
-    async def drain(self) -> None:
-        """Send what waits, merged into one write, as the connection takes it."""
-        while self.waiting:
-            await self._writer.drain()
-            pieces, self.waiting = self.waiting, []
-            if len(pieces) > 1:
-                WRITES.merged_writes += 1
-                WRITES.merged_pieces += len(pieces)
-            self.write(b"".join(pieces))  # kept again if the connection paused meanwhile
-
-
 async def relay(
     request: web.Request,
     stream: Stream[T],
@@ -432,21 +343,19 @@ async def relay(
     headers: Mapping[str, str] | None = None,
     end: Callable[[], bytes] | None = None,
     request_id: str = "",
-    render_text: Callable[[str], bytes | None] | None = None,
-    render_token: Callable[[str, int, float | None], bytes | None] | None = None,
 ) -> web.StreamResponse:
-    """Answer with an open stream: one write per arriving message (or batch), merged writes
-    while the client reads slower.
+    """Answer with an open stream: one write per core message (or batch), merged writes while
+    the client reads slower.
 
-    A CoreStream is relayed without a task wake-up per message: its listener renders the
-    messages of each core message (an engine step) and writes them at once, from the gateway's
-    reader of the core's stream; this handler only waits for the end, or drains a paused
-    connection. Other streams (MergedStreams) are iterated.
+    A CoreStream is relayed without a task wake-up per delta: its listener renders the deltas
+    of each core message (an engine step) and writes them at once, from the gateway's reader of
+    the core's stream; this handler only waits for the end, or drains a paused connection.
+    Other streams (MergedStreams) are iterated.
 
     Args:
         request: the request answered.
         stream: the opened request(s) (`CoreStream.open` succeeded, so the status is 200): a
-            CoreStream (items: Generate messages) or MergedStreams (items: batches).
+            CoreStream (items: its deltas) or MergedStreams (items: batches).
         render: the framed bytes for one item (b"" for none, e.g. lifecycle-only messages); a
             GatewayError it raises ends the stream in-band, as a failed request does.
         render_error: the framed in-band error that ends a stream failing after it started
@@ -455,13 +364,6 @@ async def relay(
         end: the framed bytes after the last item of a complete stream (e.g. a usage chunk,
             `data: [DONE]`), if any.
         request_id: for the log.
-        render_text: for a CoreStream, `render(text_response(request_id, text))` for a
-            text-only message, rendered from the text alone, or None where it needs the message
-            (which is then built and rendered); most tokens of a plain stream arrive as text
-            alone (TextSteps).
-        render_token: likewise `render(text_response(request_id, text, token_id, logprob))`
-            from those values, for a request sent with compact_tokens (its ordinary tokens
-            arrive so: TextSteps.token_ids), or None where it needs the message.
 
     Returns:
         The response, ended unless the client went away. The requests are cancelled in all
@@ -471,18 +373,10 @@ async def relay(
     resp = stream_response(content_type, charset=charset, headers=headers)
     try:
         await resp.prepare(request)
-        out = ResponseWriter(request, resp)
-        pushed: object = stream  # a Stream[T] whose T is GenerateResponse
+        out = ResponseWriter(request)
+        pushed: object = stream  # a Stream[T] whose T is Delta
         if isinstance(pushed, CoreStream):
-            await _relay_pushed(
-                pushed,
-                out,
-                cast(_RenderMessage, render),
-                render_error,
-                end,
-                render_text or _no_text,
-                render_token or _no_token,
-            )
+            await _relay_pushed(pushed, out, cast(_RenderDelta, render), render_error, end)
         else:
             try:
                 async for item in stream:
@@ -504,48 +398,24 @@ async def relay(
     return resp
 
 
-def _no_text(text: str) -> None:
-    """A render_text that leaves every text-only message to the message renderer."""
-    return None
-
-
-def _no_token(text: str, token_id: int, logprob: float | None) -> None:
-    """A render_token that leaves every compact token message to the message renderer."""
-    return None
-
-
 async def _relay_pushed(
     stream: CoreStream,
     out: ResponseWriter,
-    render: _RenderMessage,
+    render: _RenderDelta,
     render_error: Callable[[GatewayError], bytes],
     end: Callable[[], bytes] | None,
-    render_text: Callable[[str], bytes | None],
-    render_token: Callable[[str, int, float | None], bytes | None],
 ) -> None:
     done = gone = False
     wake: asyncio.Future[None] | None = None
 
-    def render_entry(text: str, tok: int | None, lp: float | None) -> bytes | None:
-        """One text-only or compact token entry from its values alone, or None."""
-        return render_text(text) if tok is None else render_token(text, tok, lp)
-
-    def on_news(texts: Sequence[str] = (), token_ids: Sequence[int] = (), logprobs: Sequence[float] = ()) -> None:
+    def on_news() -> None:
         nonlocal done, gone
         if done:  # ended in-band already: news until the call is cancelled are dropped
             return
         parts: list[bytes] = []
         try:
-            for i, text in enumerate(texts):
-                tok = token_ids[i] if token_ids else None
-                lp = logprobs[i] if logprobs else None
-                data = render_entry(text, tok, lp)
-                if data is None:
-                    data = render(text_response(stream.call.request_id, text, tok, lp))
-                if data:
-                    parts.append(data)
-            for msg in stream.take():
-                if data := render(msg):
+            for delta in stream.take():
+                if data := render(delta):
                     parts.append(data)
             if stream.ended:
                 error = stream.outcome()
@@ -570,28 +440,7 @@ async def _relay_pushed(
         if (done or out.waiting) and wake is not None and not wake.done():
             wake.set_result(None)
 
-    def on_entry(text: str, tok: int | None, lp: float | None) -> None:
-        """on_news((text,), ...) for the usual case, one entry that renders from its values
-        alone."""
-        nonlocal done, gone
-        if done:
-            return
-        try:
-            data = render_text(text) if tok is None else render_token(text, tok, lp)
-        except Exception:  # on_news renders it again and ends the response in-band
-            data = None
-        if not data:
-            on_news((text,), () if tok is None else (tok,), () if lp is None else (lp,))
-            return
-        try:
-            out.write(data)
-        except ConnectionResetError:
-            gone = done = True
-        if (done or out.waiting) and wake is not None and not wake.done():
-            wake.set_result(None)
-
     stream.listen(on_news)
-    stream.listen_texts(on_news, on_entry)
     while not done or out.waiting:
         if out.waiting:
             await out.drain()

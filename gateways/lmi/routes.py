@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client, read_json
 from gateways.common.chat.route import handle_chat
+from gateways.common.core_call import Delta
 from gateways.common.fields import client_error
 from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE, Template, dumps, jsonline, sse_event
 from gateways.common.status import GatewayError
@@ -150,12 +151,12 @@ async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model
 
     try:
         # Streamed records read only each token's id and logprob, unless they list alternatives.
-        stream = await CoreStream.open(client.generate(grpc_req, compact_tokens=not opts.top_tokens))
+        stream = await CoreStream.open(client.generate(grpc_req, steps=not opts.top_tokens))
     except GatewayError as e:
         return _fail(client_error(e, client_names(params)))
     sse = _sse(request, settings)
     frame = sse_event if sse else jsonline
-    render, render_token = record_renderer(StreamRenderer(opts), frame)
+    render = record_renderer(StreamRenderer(opts), frame)
 
     def render_error(err: GatewayError) -> bytes:
         return frame(render_in_stream(client_error(err, client_names(params)), tgi_compat=settings.tgi_compat))
@@ -167,36 +168,25 @@ async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model
         render_error,
         content_type=SSE_CONTENT_TYPE if sse else JSONLINES_CONTENT_TYPE,
         request_id=grpc_req.request_id,
-        render_token=render_token,
     )
 
 
-def record_renderer(
-    renderer: StreamRenderer, frame: Callable[[Any], bytes]
-) -> tuple[Callable[[spb.GenerateResponse], bytes], Callable[[str, int, float | None], bytes | None]]:
-    """The framed records of one rolling-batch stream, with plain token records
-    (`StreamRenderer.plain_token`, most tokens) filled into a Template encoded once per request;
-    the same bytes as framing each record of `renderer.feed(msg)`.
-
-    Returns:
-        `(render, render_token)`: `render(msg)` for any Generate message; `render_token(text,
-        token_id, logprob)` for a compact token message (`relay`'s render_token): its record,
-        or None when it needs the message.
-    """
+def record_renderer(renderer: StreamRenderer, frame: Callable[[Any], bytes]) -> Callable[[Delta], bytes]:
+    """The framed records of each delta of one rolling-batch stream: `renderer.feed(msg)`'s
+    records for a message; a plain decode step's record (`StreamRenderer.step_text`) filled
+    into a Template of `plain_record` encoded once per request; the same bytes as framing the
+    records of the message the step stands for. Steps come only for a stream without
+    top_tokens (the route asks for them only then)."""
     plain = Template(lambda *values: frame(renderer.plain_record(*values)), 3)
 
-    def render(msg: spb.GenerateResponse) -> bytes:
-        values = renderer.plain_token(msg)
-        if values is not None:
-            return plain.fill(*values)
-        records = renderer.feed(msg)
+    def render(delta: Delta) -> bytes:
+        if type(delta) is tuple:
+            text, token_id, logprob = delta
+            return plain.fill(token_id, renderer.step_text(text), logprob)
+        records = renderer.feed(cast(spb.GenerateResponse, delta))
         return frame(records[0]) if len(records) == 1 else b"".join(map(frame, records))
 
-    def render_token(text: str, token_id: int, logprob: float | None) -> bytes | None:
-        record_text = renderer.token_text(text)
-        return None if record_text is None else plain.fill(token_id, record_text, logprob)
-
-    return render, render_token
+    return render
 
 
 # ------------------------------------------------------------------------------ dynamic batch

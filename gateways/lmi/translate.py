@@ -401,34 +401,11 @@ class StreamRenderer:
                 last_record["details"] = self._details(msg)
         return records
 
-    def plain_token(self, msg: spb.GenerateResponse) -> tuple[int, str, float | None] | None:
-        """`(id, text, log_prob)` when `feed(msg)` would give exactly one record,
-        `{"token": token_fields(id, text, log_prob, False)}`, and the state update `feed`
-        makes for it, which this makes too; else None, with nothing changed (`feed` then
-        renders the message). That is one ordinary token of sequence 0, not its last: most
-        messages of a stream, which a route renders from a Template of `plain_record`."""
-        if msg.HasField("usage") or msg.HasField("prompt_text") or msg.prompt_tokens:
-            return None
-        outputs = msg.outputs
-        if len(outputs) != 1:
-            return None
-        out = outputs[0]
-        tokens = out.tokens
-        if out.index or out.finish_reason or len(tokens) != 1:
-            return None
-        tok = tokens[0]
-        if tok.special:
-            return None
-        text = self.token_text(out.text)
-        return None if text is None else (tok.id, text, tok.logprob if tok.HasField("logprob") else None)
-
-    def token_text(self, text: str) -> str | None:
-        """The text of `plain_token`'s record for new `text` of sequence 0 with one ordinary
-        token (a compact token of TextSteps.token_ids, whose id and logprob the record takes
-        as they are), with `plain_token`'s state update; None, with nothing changed, when its
-        record needs more (`top_tokens`)."""
-        if self.opts.top_tokens:
-            return None
+    def step_text(self, text: str) -> str:
+        """The text of the record of a plain decode step (core_call.Step: new `text` of
+        sequence 0 with one ordinary token, whose id and logprob the record takes as they
+        are), with the state update `feed` makes for the message it stands for. For a stream
+        without top_tokens, whose records carry nothing else of a token."""
         self._parts.append(text)
         self._generated += 1
         if self._carry:
@@ -436,7 +413,7 @@ class StreamRenderer:
         return text
 
     def plain_record(self, token_id: Any, text: Any, logprob: Any) -> dict[str, Any]:
-        """The record `plain_token` stands for."""
+        """The record of a plain decode step (see `step_text`)."""
         return {"token": token_fields(token_id, text, logprob, False, tgi_compat=self.opts.tgi_compat)}
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2 as spb
@@ -92,7 +92,7 @@ async def handle_completion(request: web.Request, body: Any) -> web.StreamRespon
         return await relay(
             request,
             opened[0],
-            lambda msg: render([(0, msg)]),
+            lambda msg: render([(0, cast(spb.GenerateResponse, msg))]),  # sent without steps
             render_error,
             content_type=sse,
             headers=headers,

@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from typing import cast
 
 from aiohttp import web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client, read_json
+from gateways.common.core_call import Delta
 from gateways.common.framing import SSE_CONTENT_TYPE, Template, dumps, sse_event
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect, relay
@@ -93,11 +95,11 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     try:
         tr, renderer = await _prepare(request)
         names = tr.names
-        stream = await CoreStream.open(core_client(request).generate(tr.request))
+        stream = await CoreStream.open(core_client(request).generate(tr.request, steps=True))
     except GatewayError as e:
         return errors.render_before_stream(e, names)
 
-    render, render_text = event_renderer(renderer)
+    render = event_renderer(renderer)
     return await relay(
         request,
         stream,
@@ -106,35 +108,24 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
         content_type=SSE_CONTENT_TYPE,
         charset="utf-8",
         request_id=tr.request.request_id,
-        render_text=render_text,
     )
 
 
-def event_renderer(
-    renderer: ResponseRenderer,
-) -> tuple[Callable[[spb.GenerateResponse], bytes], Callable[[str], bytes | None]]:
-    """The SSE event of each Generate message of one stream (`renderer.event(msg)`, b"" for
-    none), with plain text deltas (`ResponseRenderer.plain_text`, most tokens) filled into a
-    Template encoded once per request; the same bytes.
-
-    Returns:
-        `(render, render_text)`: `render(msg)` for any message; `render_text(text)` for a
-        text-only message (`relay`'s render_text): its event, or None when it is not a plain
-        text delta (then `render` takes the message).
-    """
+def event_renderer(renderer: ResponseRenderer) -> Callable[[Delta], bytes]:
+    """The SSE event of each delta of one stream (`renderer.event(msg)`, b"" for none), plain
+    decode steps as `renderer.step_event`, filled into a Template of `text_event` encoded once
+    per request while `renderer.plain_ready()`; the same bytes."""
     plain = Template(lambda text: sse_event(renderer.text_event(text)))
 
-    def render(msg: spb.GenerateResponse) -> bytes:
-        text = renderer.plain_text(msg)
-        if text is not None:
-            return plain.fill_text(text)
-        event = renderer.event(msg)
+    def render(delta: Delta) -> bytes:
+        if type(delta) is tuple:
+            if renderer.plain_ready():
+                return plain.fill_text(delta[0])
+            return sse_event(renderer.step_event(delta[0], delta[2]))
+        event = renderer.event(cast(spb.GenerateResponse, delta))
         return b"" if event is None else sse_event(event)
 
-    def render_text(text: str) -> bytes | None:
-        return plain.fill_text(text) if renderer.plain_ready() else None
-
-    return render, render_text
+    return render
 
 
 async def live(request: web.Request) -> web.Response:

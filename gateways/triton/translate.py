@@ -326,38 +326,35 @@ class ResponseRenderer:
             return None
         # This schema asks for one sequence, so a message has at most one output.
         out = msg.outputs[0]
-        obj = {**self._head, "text_output": self._pending_prompt + out.text}
+        logprobs = [t.logprob for t in out.tokens if t.HasField("logprob")] if self.logprobs else []
+        cumulative = out.cumulative_logprob if out.HasField("cumulative_logprob") else None
+        return self._output_event(out.text, logprobs, cumulative, out.finish_reason)
+
+    def step_event(self, text: str, logprob: float | None) -> dict[str, Any]:
+        """The event of a plain decode step (core_call.Step): `event` of the message it stands
+        for."""
+        return self._output_event(text, [] if logprob is None else [logprob], None, 0)
+
+    def _output_event(
+        self, text: str, logprobs: list[float], cumulative: float | None, finish_reason: int
+    ) -> dict[str, Any]:
+        obj = {**self._head, "text_output": self._pending_prompt + text}
         self._pending_prompt = ""
         if self.logprobs:
-            logprobs = [t.logprob for t in out.tokens if t.HasField("logprob")]
-            self._cumulative = (
-                out.cumulative_logprob if out.HasField("cumulative_logprob") else self._cumulative + sum(logprobs)
-            )
+            self._cumulative = cumulative if cumulative is not None else self._cumulative + sum(logprobs)
             obj["output_log_probs"] = logprobs
             obj["cum_log_probs"] = self._cumulative
-        if out.finish_reason:
-            obj["finish_reason"] = finish_word(out.finish_reason, FINISH_REASONS)
+        if finish_reason:
+            obj["finish_reason"] = finish_word(finish_reason, FINISH_REASONS)
         return obj
 
-    def plain_text(self, msg: spb.GenerateResponse) -> str | None:
-        """The text when `event(msg)` would be exactly `text_event(text)`, else None (then
-        `event` renders it): one unfinished output, no log probs, no prompt text to echo. Most
-        messages of a stream, which a route renders from a Template of `text_event`."""
-        if not self.plain_ready() or msg.HasField("prompt_text"):
-            return None
-        outputs = msg.outputs
-        if len(outputs) != 1:
-            return None
-        out = outputs[0]
-        return None if out.finish_reason else out.text
-
     def plain_ready(self) -> bool:
-        """Whether a message with text alone renders as `text_event` now (see `plain_text`):
-        no log probs asked for, no prompt text waiting to be echoed."""
+        """Whether a plain decode step's event is `text_event(text)` now: no log probs asked
+        for, no prompt text waiting to be echoed."""
         return not self.logprobs and not self._pending_prompt
 
     def text_event(self, text: str) -> dict[str, Any]:
-        """The event of a plain text delta (see `plain_text`)."""
+        """The event of a plain decode step when `plain_ready()`."""
         return {**self._head, "text_output": text}
 
     def response(self, messages: Iterable[spb.GenerateResponse]) -> dict[str, Any]:

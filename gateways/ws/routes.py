@@ -5,7 +5,7 @@ prompt: the core client hands each prompt's messages to the Connection as they a
 message per engine step carries every prompt's news), they are rendered into events at once,
 and after the core message the events of every prompt of the socket go out as one JSON array in
 one text frame, so no event waits for one that is not ready yet and no stream is ever buffered
-whole (DESIGN.md principle 5). While the client reads slower than events come (the connection
+whole. While the client reads slower than events come (the connection
 is paused), events wait and go out merged into one array when it takes more; a socket whose
 client stops reading is closed once more than --max-queued-events wait. A refused frame's
 `[{"error"}]` always goes out on its own. Per-socket state is bounded by the options: frame
@@ -23,16 +23,18 @@ import functools
 import logging
 import struct
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from aiohttp import WSCloseCode, WSMsgType, web
+from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client
-from gateways.common.core_client import CONFIG_KEY, CoreCall, CoreClient, text_response
+from gateways.common.core_call import CoreCall
+from gateways.common.core_client import CONFIG_KEY, CoreClient
 from gateways.common.framing import Template, dump_bytes
 from gateways.common.status import GatewayError
+from gateways.common.writer import ResponseWriter
 from gateways.ws import errors, schema, translate
 from gateways.ws.config import SETTINGS_KEY, WsSettings
 
@@ -71,8 +73,7 @@ class Connection:
         self.settings = settings
         self.max_json_depth = request.app[CONFIG_KEY].max_json_depth
         self.prompts: dict[str, CoreCall] = {}
-        self._protocol = request.protocol
-        self._writer = request.writer
+        self._writer = ResponseWriter(request, frames=True)
         self._out: list[Outgoing] = []
         self._flush_pending = False
         self._done = False
@@ -139,58 +140,24 @@ class Connection:
             request = translate.to_generate_request(body, item, s.defaults)
             state = translate.PromptState.start(body, item)
             progress = Template(lambda text, state=state: dump_bytes(translate.progress_event(state, text)))
-            call = self.client.generate(request, hash_key=item.request_id)
+            call = self.client.generate(request, hash_key=item.request_id, steps=True)
             self.prompts[item.request_id] = call
             call.listen(functools.partial(self._on_news, call, state, progress))
-            call.listen_texts(functools.partial(self._on_texts, call, state, progress))
 
-    def _on_texts(
-        self,
-        call: CoreCall,
-        state: translate.PromptState,
-        progress: Template,
-        texts: Sequence[str],
-        token_ids: Sequence[int],
-        logprobs: Sequence[float],
-    ) -> None:
-        """Text-only messages (CoreCall.listen_texts), rendered as `_on_news` renders them;
-        but the one PROGRESS of a socket's only prompt in flight, with nothing waiting to be
-        sent, goes out at once in its own frame, since no other prompt can add to this core
-        message's frame (most events of a socket with one prompt in flight). Its requests are
-        never sent with compact_tokens, so token_ids and logprobs are empty."""
-        alone = len(texts) == 1 and len(self.prompts) == 1 and not self._out and self._drainer is None
-        if alone and not self._protocol.writing_paused:
-            text = translate.text_progress(texts[0], state)
-            if text is not None:
-                self._write(_event_frame(progress.fill_text(text)))
-                return
-        self._on_news(call, state, progress, texts)
-
-    def _on_news(
-        self,
-        call: CoreCall,
-        state: translate.PromptState,
-        progress: Template,
-        texts: Sequence[str] = (),
-    ) -> None:
-        """Render a prompt's new messages (text-only ones as `texts`, then those to take, and
-        its end) into events, called as they arrive; plain text deltas (translate.progress_text,
-        text_progress) are filled into the prompt's PROGRESS `progress` template, encoded once
-        per prompt."""
+    def _on_news(self, call: CoreCall, state: translate.PromptState, progress: Template) -> None:
+        """Render a prompt's new deltas (and its end) into events, called as they arrive; plain
+        decode steps (translate.step_progress) fill the prompt's PROGRESS `progress` template,
+        encoded once per prompt."""
         events: list[Outgoing] = []
         done = call.ended
         try:
-            for text in texts:
-                if translate.text_progress(text, state) is not None:
-                    events.append(progress.fill_text(text))
+            for delta in call.take():
+                if type(delta) is tuple:
+                    text = translate.step_progress(delta[0], state)
+                    if text is not None:
+                        events.append(progress.fill_text(text))
                 else:
-                    events += translate.to_events(text_response(call.request_id, text), state)
-            for msg in call.take():
-                plain = translate.progress_text(msg, state)
-                if plain is not None:
-                    events.append(progress.fill_text(plain))
-                else:
-                    events += translate.to_events(msg, state)
+                    events += translate.to_events(cast(spb.GenerateResponse, delta), state)
             if done:
                 if call.error is not None:
                     raise call.error
@@ -224,16 +191,21 @@ class Connection:
                 self._closing = asyncio.create_task(self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=message))
             self._out.clear()
             return
-        if not self._flush_pending and self._drainer is None:
-            self._flush_pending = True
-            self.client.after_news(self._flush)
+        if self._flush_pending or self._drainer is not None:
+            return
+        if len(self.prompts) <= 1 and not self._writer.paused:
+            # No other prompt of the socket can add to this core message's frame.
+            self._send()
+            return
+        self._flush_pending = True
+        self.client.after_news(self._flush)
 
     def _flush(self) -> None:
         """Send what waits now, or, while the connection is paused, once it takes more."""
         self._flush_pending = False
         if self._done:
             return
-        if not self._protocol.writing_paused:
+        if not self._writer.paused:
             self._send()
         elif self._drainer is None:
             self._drainer = asyncio.create_task(self._drain())
@@ -247,16 +219,16 @@ class Connection:
             self._write(b"".join(_text_frame(_array(frame)) for frame in _frames(items)))
 
     def _write(self, data: bytes) -> None:
-        """Hand `data` to the connection unless it is closed or closing."""
-        transport = self._protocol.transport
-        if transport is not None and not transport.is_closing() and not self.ws.closed:
-            transport.write(data)
+        """Hand `data` to the connection unless it is closed or closing (the reader then ends
+        the socket)."""
+        if not self._writer.closed and not self.ws.closed:
+            self._writer.write(data)
 
     async def _drain(self) -> None:
         try:
             while self._out:
-                await self._writer.drain()
-                if not self._protocol.writing_paused:
+                await self._writer.writable()
+                if not self._writer.paused:
                     self._send()
         except ConnectionError:
             pass

@@ -153,29 +153,14 @@ def to_events(msg: spb.GenerateResponse, state: PromptState) -> list[dict[str, A
     return events
 
 
-def progress_text(msg: spb.GenerateResponse, state: PromptState) -> str | None:
-    """The text when `to_events(msg, state)` would be exactly `[progress_event(state, text)]`,
-    making the same update of `state`; else None, with nothing changed (`to_events` then
-    renders it). That is a plain text delta of a streamed prompt: most messages of a stream,
-    which the route renders from a Template of `progress_event`."""
-    if not state.stream_response or msg.state in _STATE_EVENTS or msg.HasField("prompt_text"):
-        return None
-    outputs = msg.outputs
-    if len(outputs) != 1:
-        return None
-    out = outputs[0]
-    if out.index or out.finish_reason or msg.HasField("usage"):
-        return None
-    return text_progress(out.text, state)
-
-
-def text_progress(text: str, state: PromptState) -> str | None:
-    """`progress_text` of a message with `text` alone (a TextSteps entry): the text, with
-    the same update of `state`, or None for a prompt that is not streamed or an empty text."""
-    if not state.stream_response or not text:
+def step_progress(text: str, state: PromptState) -> str | None:
+    """What `to_events` does with a plain decode step (core_call.Step: a message with `text`
+    alone for sequence 0): the text joins `state.parts`; returns the text of its PROGRESS event,
+    or None for an empty text or a prompt that is not streamed."""
+    if not text:
         return None
     state.parts.append(text)
-    return text
+    return text if state.stream_response else None
 
 
 def progress_event(state: PromptState, text: str) -> dict[str, Any]:

@@ -2,21 +2,19 @@
 """The gateway's own Python per streamed token, without sockets or a core: CPU µs per token of
 the path from a MultiplexGenerate message to the bytes handed to each response's transport.
 
-A fake MultiplexGenerate call hands the real stream reader (`core_client._Multiplexed._read`)
+A fake MultiplexGenerate call hands the real stream reader (`multiplexed.MultiplexedStream`)
 pre-serialized core messages, parsed as grpc would (`FromString`): one message per engine step
 carrying one event per stream, the first with QUEUED, SCHEDULED and the first token as
-responses, then one text per step (a TextSteps entry, as the core sends it; for LMI, whose
-records carry each token's id and logprob, a compact token: text, token id and logprob; or
-`--form events`: MultiplexEvent.texts, an event each, as a core before TextSteps sent them;
-`--form responses`: GenerateResponses, as a core before texts sent them), then the final
-message and the OK status.
-Each stream is relayed by the real `streaming._relay_pushed` with the route's real renderers
+responses, then one plain decode step per engine step (a Steps entry, as the core sends it to
+a request started with `steps`; or `--form responses`: the GenerateResponse each stands for),
+then the final message and the OK status.
+Each stream is relayed by the real `streaming._relay_pushed` with the route's real renderer
 (OpenAI chat SSE, Triton SSE, LMI jsonlines) into a transport that only counts bytes. What this
 leaves out is what the overhead benchmark (overhead.py) adds: HTTP parsing, gRPC, the event
 loop's I/O and the send system calls.
 
 Usage: python scripts/bench/gateway_path.py [--streams 256] [--tokens 64] [--rounds 5] [--schemas openai,triton,lmi]
-       [--form steps|events|responses]
+       [--form steps|responses]
 """
 
 from __future__ import annotations
@@ -34,9 +32,12 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from gateways.common.chat import route as chat_route
 from gateways.common.chat import translate as chat
 from gateways.common.chat.schema import parse_chat_request
-from gateways.common.core_client import CoreCall, CoreClient, _Multiplexed
+from gateways.common.core_call import CoreCall
+from gateways.common.core_client import CoreClient
 from gateways.common.framing import jsonline
-from gateways.common.streaming import CoreStream, ResponseWriter, _relay_pushed
+from gateways.common.multiplexed import MultiplexedStream
+from gateways.common.streaming import CoreStream, _relay_pushed
+from gateways.common.writer import ResponseWriter
 from gateways.lmi.routes import record_renderer
 from gateways.lmi.translate import RenderOptions, StreamRenderer
 from gateways.triton.routes import event_renderer
@@ -126,18 +127,10 @@ def core_messages(streams: int, tokens: int, form: str, with_tokens: bool) -> li
             if form == "steps":
                 msg.steps.ids.append(i + 1)
                 msg.steps.texts.append(f" word{step}")
-                if with_tokens:
-                    msg.steps.token_ids.append(100 + step)
-                    msg.steps.logprobs.append(-0.5)
+                msg.steps.token_ids.append(100 + step)
+                msg.steps.logprobs.append(-0.5 if with_tokens else float("nan"))
                 continue
-            ev = msg.events.add(id=i + 1)
-            if form == "events":
-                ev.texts.append(f" word{step}")
-                if with_tokens:
-                    ev.token_ids.append(100 + step)
-                    ev.logprobs.append(-0.5)
-            else:
-                output(ev.responses.add(request_id=rid(i)), f" word{step}")
+            output(msg.events.add(id=i + 1).responses.add(request_id=rid(i)), f" word{step}")
         out.append(msg.SerializeToString())
     last = spb.MultiplexGenerateResponse()
     for i in range(streams):
@@ -150,22 +143,15 @@ def core_messages(streams: int, tokens: int, form: str, with_tokens: bool) -> li
     return out
 
 
-def _no_token(text: str, token_id: int, logprob: float | None) -> None:
-    return None
-
-
-def _renderers(schema: str) -> tuple[Any, Any, Any, Any]:
-    """(render, render_text, render_token, end) of one stream of `schema`, as its route makes them."""
+def _renderer(schema: str) -> tuple[Any, Any]:
+    """(render, end) of one stream of `schema`, as its route makes them."""
     if schema == "openai":
         req = parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "stream": True})
         state = chat.state_for(req, completion_id="chatcmpl-1", created=5, model="demo")
-        render, render_text = chat_route.chunk_renderer(state, "sse")
-        return render, render_text, _no_token, lambda: chat_route.end_of_stream("sse")
+        return chat_route.chunk_renderer(state, "sse"), lambda: chat_route.end_of_stream("sse")
     if schema == "lmi":
-        render, render_token = record_renderer(StreamRenderer(RenderOptions(inputs="hi", stream=True)), jsonline)
-        return render, lambda text: None, render_token, None
-    render, render_text = event_renderer(ResponseRenderer("demo", "1", client_id=None, logprobs=False))
-    return render, render_text, _no_token, None
+        return record_renderer(StreamRenderer(RenderOptions(inputs="hi", stream=True)), jsonline), None
+    return event_renderer(ResponseRenderer("demo", "1", client_id=None, logprobs=False)), None
 
 
 async def one_round(schema: str, streams: int, tokens: int, form: str) -> float:
@@ -174,15 +160,14 @@ async def one_round(schema: str, streams: int, tokens: int, form: str) -> float:
     messages = core_messages(streams, tokens, form, with_tokens=schema == "lmi")
     client = CoreClient("127.0.0.1:1")
     t0 = time.process_time()
-    mux = _Multiplexed(client, _Stub(messages))  # its reader starts at the next await
+    mux = MultiplexedStream(client, _Stub(messages))  # its reader starts at the next await
     relays = []
     for i in range(streams):
-        call = CoreCall(spb.GenerateRequest(request_id=f"chatcmpl-{i:032x}"), lambda: None)
-        call.compact_tokens = schema == "lmi"  # as the LMI route asks (CoreClient.generate)
+        call = CoreCall(spb.GenerateRequest(request_id=f"chatcmpl-{i:032x}"), steps=form == "steps")
         mux.open[i + 1] = call
-        render, render_text, render_token, end = _renderers(schema)
-        out = ResponseWriter(_Request(loop), None)  # type: ignore[arg-type]
-        relay = _relay_pushed(CoreStream(call), out, render, lambda e: b"", end, render_text, render_token)
+        render, end = _renderer(schema)
+        out = ResponseWriter(_Request(loop))  # type: ignore[arg-type]
+        relay = _relay_pushed(CoreStream(call), out, render, lambda e: b"", end)
         relays.append(asyncio.create_task(relay))
     await asyncio.gather(*relays)
     cpu = time.process_time() - t0
@@ -196,7 +181,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--schemas", default="openai,triton,lmi")
-    p.add_argument("--form", choices=("steps", "events", "responses"), default="steps", help="how middle steps travel")
+    p.add_argument("--form", choices=("steps", "responses"), default="steps", help="how middle steps travel")
     args = p.parse_args()
     for schema in args.schemas.split(","):
         runs = [asyncio.run(one_round(schema, args.streams, args.tokens, args.form)) for _ in range(args.rounds)]

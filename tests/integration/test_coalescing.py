@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import math
 import socket
 from typing import Any
 
@@ -25,7 +26,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
 from core import multiplex
-from gateways.common import streaming
+from gateways.common import writer as gateway_writer
 from gateways.common.config import GatewayConfig, load
 from tests.integration.core_helpers import generate, request, wait_idle
 from tests.integration.test_multiplex import Mux, _shape
@@ -105,24 +106,25 @@ async def test_generate_merges_messages_for_a_slow_reader_and_loses_nothing(fast
 
 
 @pytest.mark.parametrize(
-    ("output", "compact", "max_entries"),
+    ("output", "steps", "max_entries"),
     [
-        ({"logprobs": True, "topLogprobs": 3}, False, None),
+        ({"logprobs": True, "topLogprobs": 3}, True, None),
         ({"tokens": False}, False, None),
+        ({"tokens": False}, True, None),
         ({"logprobs": True}, True, None),
-        ({"tokens": False}, False, 50),
+        ({"tokens": False}, True, 50),
         ({"logprobs": True}, True, 50),
     ],
-    ids=["tokens", "text-only", "compact-tokens", "text-only-bounded", "compact-tokens-bounded"],
+    ids=["alternatives", "messages", "text-steps", "token-steps", "text-steps-bounded", "token-steps-bounded"],
 )
 async def test_multiplex_sends_what_waits_together_message_for_message(
-    fast_core, monkeypatch, output, compact, max_entries
+    fast_core, monkeypatch, output, steps, max_entries
 ):
-    """A text-only request's decode steps travel as TextSteps entries (or MultiplexEvent.texts
-    after an event of the request), a compact_tokens request's with their token ids and
-    logprobs: what waits goes out as many of them in one message, after the responses before
-    them and before those after them; `max_entries`: what waits fills several messages of at
-    most that many events and entries (MAX_EVENTS_PER_MESSAGE), still in order."""
+    """The plain decode steps of a request started with `steps` (and without alternatives)
+    travel as Steps entries with their token ids (and logprobs when asked), others as whole
+    messages: what waits goes out as many of them in one message, in order with the request's
+    events; `max_entries`: what waits fills several messages of at most that many events and
+    entries (MAX_EVENTS_PER_MESSAGE), still in order."""
     if max_entries is not None:
         monkeypatch.setattr(multiplex, "MAX_EVENTS_PER_MESSAGE", max_entries)
     body = {
@@ -138,7 +140,7 @@ async def test_multiplex_sends_what_waits_together_message_for_message(
             mux.slow_until = asyncio.Event()
         mux.read()
         try:
-            await mux.start((1, body), compact=frozenset({1} if compact else ()))
+            await mux.start((1, body), steps=frozenset({1} if steps else ()))
             if pause:
                 await _stall(fast_core, PAUSE_S)
                 mux.slow_until.set()
@@ -154,13 +156,12 @@ async def test_multiplex_sends_what_waits_together_message_for_message(
     assert _shape(slow.responses[1]) == _shape(prompt.responses[1])
     assert [m.HasField("usage") for m in slow.responses[1]] == [m.HasField("usage") for m in prompt.responses[1]]
     # Several engine steps of the request went out in one message while the reader paused.
-    assert max(len(m.steps.ids) + sum(len(ev.responses) + len(ev.texts) for ev in m.events) for m in slow.messages) > 10
-    texts = sum(len(m.steps.ids) + sum(len(ev.texts) for ev in m.events) for m in slow.messages)
-    assert texts > TOKENS // 2 if output == {"tokens": False} or compact else texts == 0
-    tokens = sum(len(m.steps.token_ids) + sum(len(ev.token_ids) for ev in m.events) for m in slow.messages)
-    assert tokens == (texts if compact else 0)
-    logprobs = sum(len(m.steps.logprobs) + sum(len(ev.logprobs) for ev in m.events) for m in slow.messages)
-    assert logprobs == (texts if compact else 0)
+    assert max(len(m.steps.ids) + sum(len(ev.responses) for ev in m.events) for m in slow.messages) > 10
+    entries = sum(len(m.steps.ids) for m in slow.messages)
+    as_steps = steps and "topLogprobs" not in output
+    assert entries > TOKENS // 2 if as_steps else entries == 0
+    asked = [lp for m in slow.messages for lp in m.steps.logprobs if not math.isnan(lp)]
+    assert len(asked) == (entries if output.get("logprobs") else 0)
     if max_entries is not None:
         assert max(len(m.steps.ids) + len(m.events) for m in slow.messages) == max_entries
 
@@ -261,9 +262,9 @@ CASES = [
 async def test_http_streams_merge_writes_for_a_slow_reader_and_keep_every_record(fast_core, gateways):
     for name, path, body, headers, framing in CASES:
         prompt = _records(await _post(gateways[name], path, body, headers), framing)
-        merged_before = streaming.WRITES.merged_writes
+        merged_before = gateway_writer.WRITES.merged_writes
         slow = _records(await _slow_post(fast_core, gateways[name], path, body, headers), framing)
-        assert streaming.WRITES.merged_writes > merged_before, name  # the slow reader made writes merge
+        assert gateway_writer.WRITES.merged_writes > merged_before, name  # the slow reader made writes merge
         assert slow == prompt, name
         records = [r for r in prompt if isinstance(r, dict) and {"token", "text_output", "choices"} & r.keys()]
         assert len(records) >= TOKENS, name  # one record per token, coalesced or not

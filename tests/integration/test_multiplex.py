@@ -21,11 +21,8 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
-from core import convert
-from core.multiplex import CallOutput
 from core.server import start_core
 from core.types import EngineOutput, EngineRequest, FinishReason, SequenceStep
-from gateways.common.core_client import text_response
 from gateways.common.status import GatewayError
 from tests.conftest import core_config
 from tests.fakes.scripted_engine import ScriptedEngine
@@ -33,19 +30,24 @@ from tests.integration.core_helpers import generate, request, sequences, start_c
 
 
 def step_entries(msg: spb.MultiplexGenerateResponse) -> list[tuple]:
-    """A message's TextSteps entries as (id, text, token id, logprob), None where the column
-    is empty or holds its stand-in for none (-1, NaN)."""
+    """A message's Steps entries as (id, text, token id, logprob), the logprob None for NaN."""
     steps = msg.steps
-    tokens, lps = steps.token_ids, steps.logprobs
-    return [
-        (
-            rid,
-            text,
-            tokens[i] if tokens and tokens[i] >= 0 else None,
-            lps[i] if lps and not math.isnan(lps[i]) else None,
-        )
-        for i, (rid, text) in enumerate(zip(steps.ids, steps.texts, strict=True))
-    ]
+    columns = zip(steps.ids, steps.texts, steps.token_ids, steps.logprobs, strict=True)
+    return [(rid, text, tok, None if math.isnan(lp) else lp) for rid, text, tok, lp in columns]
+
+
+def step_response(
+    request_id: str, text: str, token_id: int, logprob: float | None, tokens: bool
+) -> spb.GenerateResponse:
+    """The GenerateResponse a Steps entry stands for (generate_service.proto, Steps): without
+    its token for a request with OutputOptions.tokens false."""
+    response = spb.GenerateResponse(request_id=request_id)
+    out = response.outputs.add(index=0, text=text)
+    if tokens:
+        tok = out.tokens.add(id=token_id)
+        if logprob is not None:
+            tok.logprob = logprob
+    return response
 
 
 class Mux:
@@ -55,6 +57,7 @@ class Mux:
         self.channel = grpc.aio.insecure_channel(address, options=options)
         self.call = spb_grpc.GenerateServiceStub(self.channel).MultiplexGenerate()
         self.responses: dict[int, list[spb.GenerateResponse]] = {}
+        self.tokens_false: set[int] = set()
         self.status: dict[int, spb.Status] = {}
         self.messages: list[spb.MultiplexGenerateResponse] = []
         self.ended: grpc.aio.EOF | grpc.RpcError | None = None
@@ -72,21 +75,13 @@ class Mux:
                     self.ended = msg
                     return
                 self.messages.append(msg)
-                # Text-only (and compact token) steps in columns come first; each stands for
-                # the message text_response builds (the first message of a request carries its id).
+                # A request's steps come before its events in a message; the first message of
+                # a request (an event) carries its id.
                 for rid, text, tok, lp in step_entries(msg):
                     got = self.responses[rid]
-                    got.append(text_response(got[0].request_id, text, tok, lp))
+                    got.append(step_response(got[0].request_id, text, tok, lp, rid not in self.tokens_false))
                 for ev in msg.events:
                     got = self.responses.setdefault(ev.id, [])
-                    # A text-only message travels as its text (MultiplexEvent.texts), a compact
-                    # token with its id and logprob, before the event's responses; the first
-                    # message of a request carries its id.
-                    ids, lps = ev.token_ids, ev.logprobs
-                    got += [
-                        text_response(got[0].request_id, text, ids[i] if ids else None, lps[i] if lps else None)
-                        for i, text in enumerate(ev.texts)
-                    ]
                     got += ev.responses
                     if ev.HasField("status"):
                         self.status[ev.id] = ev.status
@@ -95,10 +90,9 @@ class Mux:
         except grpc.RpcError as e:
             self.ended = e
 
-    async def start(self, *bodies: tuple[int, dict], compact: frozenset[int] = frozenset()) -> None:
-        starts = [
-            spb.MultiplexStart(id=rid, request=request(body), compact_tokens=rid in compact) for rid, body in bodies
-        ]
+    async def start(self, *bodies: tuple[int, dict], steps: frozenset[int] = frozenset()) -> None:
+        self.tokens_false |= {rid for rid, body in bodies if body.get("output", {}).get("tokens") is False}
+        starts = [spb.MultiplexStart(id=rid, request=request(body), steps=rid in steps) for rid, body in bodies]
         await self.call.write(spb.MultiplexGenerateRequest(starts=starts))
 
     async def cancel(self, *ids: int) -> None:
@@ -139,12 +133,12 @@ async def test_many_requests_get_what_generate_gives_them(start_mock_core):
     outputs = {0: {"logprobs": True, "topLogprobs": 2}, 2: {"tokens": False}, 3: {"logprobs": True}}  # by i % 4
     bodies = [(i, _body(i, output=outputs.get(i % 4, {}))) for i in range(1, 41)]
     bodies += [(99, _body(99, sampling={"n": 2, "seed": 5, "doSample": True}, output={"logprobs": True}))]
-    compact = frozenset(i for i in range(1, 41) if i % 8 >= 4) | {99}
+    steps = frozenset(i for i in range(1, 41) if i % 8 >= 4) | {99}
     mux = Mux(core.address)
     mux.read()
     try:
-        await mux.start(*bodies[:20], compact=compact)
-        await mux.start(*bodies[20:], compact=compact)
+        await mux.start(*bodies[:20], steps=steps)
+        await mux.start(*bodies[20:], steps=steps)
         await mux.ended_all(*(rid for rid, _ in bodies))
         stub = spb_grpc.GenerateServiceStub(mux.channel)
         for rid, body in bodies:
@@ -153,23 +147,18 @@ async def test_many_requests_get_what_generate_gives_them(start_mock_core):
             assert got[0].state == pb.GENERATE_STATE_QUEUED
             assert all(m.request_id == body["requestId"] for m in got)
             assert _shape(got) == _shape(await generate(stub, body))
-        # Text-only requests' decode steps travel as text alone (TextSteps, or MultiplexEvent.texts
-        # after an event of the request), and so do those of compact_tokens requests with their
-        # token (and logprob, when asked); requests with other token details, with alternatives
-        # or with several sequences never do.
+        # The plain decode steps of requests started with `steps` travel as Steps entries
+        # (with their token, and their logprob when asked); requests with alternatives, with
+        # several sequences or started without `steps` never do.
         entries = [e for m in mux.messages for e in step_entries(m)]
-        with_texts = {ev.id for m in mux.messages for ev in m.events if ev.texts} | {e[0] for e in entries}
-        with_tokens = {ev.id for m in mux.messages for ev in m.events if ev.token_ids}
-        with_tokens |= {rid for rid, _, tok, _ in entries if tok is not None}
-        assert with_tokens == {rid for rid in compact if rid % 4 in (1, 3) and rid != 99}
-        assert with_texts == with_tokens | {rid for rid, _ in bodies if rid % 4 == 2}
-        for ev in (ev for m in mux.messages for ev in m.events if ev.token_ids):
-            assert len(ev.token_ids) == len(ev.texts)
-            assert len(ev.logprobs) == (len(ev.texts) if ev.id % 4 == 3 else 0)  # logprobs asked by i % 4 == 3
-        for rid, _, tok, lp in entries:
-            assert (tok is not None) == (rid in with_tokens)
-            assert (lp is not None) == (tok is not None and rid % 4 == 3)
-        assert sum(len(m.steps.ids) for m in mux.messages) > sum(len(ev.texts) for m in mux.messages for ev in m.events)
+        assert {e[0] for e in entries} == {rid for rid in steps if rid % 4 != 0 and rid != 99}
+        for rid, _, _, lp in entries:
+            assert (lp is not None) == (rid % 4 == 3)  # logprobs asked by i % 4 == 3
+        # No step of a request follows an event of it in the same message.
+        for m in mux.messages:
+            assert not {e[0] for e in step_entries(m)} & {
+                ev.id for ev in m.events if ev.responses[:-1] or ev.status.code
+            }
         # Events of several requests travel together: one message per engine step, not per token.
         assert any(len({ev.id for ev in m.events} | set(m.steps.ids)) > 10 for m in mux.messages)
         assert len(mux.messages) < sum(len(r) for r in mux.responses.values()) / 5
@@ -177,8 +166,8 @@ async def test_many_requests_get_what_generate_gives_them(start_mock_core):
         await mux.close()
 
 
-async def test_compact_tokens_carry_generates_tokens(tiny_model_dir, tokenizer):
-    """A compact_tokens request gets Generate's text, token ids, logprobs and finish, one
+async def test_steps_carry_generates_tokens(tiny_model_dir, tokenizer):
+    """A request started with `steps` gets Generate's text, token ids, logprobs and finish, one
     message per engine step; a special token, a step of two tokens and a step without a
     logprob travel whole, and a byte token that completes no character travels with empty
     text."""
@@ -203,25 +192,15 @@ async def test_compact_tokens_carry_generates_tokens(tiny_model_dir, tokenizer):
     mux.read()
     try:
         body = {"requestId": "c", "text": "hello", "output": {"logprobs": True}}
-        await mux.start((1, body), compact=frozenset({1}))
+        await mux.start((1, body), steps=frozenset({1}))
         await mux.ended_all(1)
         assert mux.status[1].code == 0
         whole = await generate(spb_grpc.GenerateServiceStub(mux.channel), body)
         assert _shape(mux.responses[1]) == _shape(whole)
         assert len([m for m in mux.responses[1] if m.outputs]) == len(steps)
-        compact = [(t, i) for m in mux.messages for ev in m.events for t, i in zip(ev.texts, ev.token_ids, strict=True)]
-        compact += [(t, i) for m in mux.messages for _, t, i, _ in step_entries(m)]
-        assert len(compact) == len(steps) - 5  # the first step, the special, no logprob, two tokens, the last
-        assert "" in [t for t, _ in compact]
-        # A Generate call's consumer given the same compact steps queues them with their token.
-        pipeline, out = server.servicer.pipeline, CallOutput()
-        pipeline.start(pipeline.prepare(convert.to_generation_request(request(body), "g")), out, compact_tokens=True)
-        queued: list[spb.GenerateResponse] = []
-        while deltas := await out.take():
-            for delta in deltas:
-                convert.fill_response(msg := spb.GenerateResponse(), delta, "g")
-                queued.append(msg)
-        assert _shape(queued) == _shape(whole)
+        entries = [(t, i) for m in mux.messages for _, t, i, _ in step_entries(m)]
+        assert len(entries) == len(steps) - 5  # the first step, the special, no logprob, two tokens, the last
+        assert "" in [t for t, _ in entries]
         sent_whole = [
             t for m in mux.messages for ev in m.events for r in ev.responses for o in r.outputs for t in o.tokens
         ]

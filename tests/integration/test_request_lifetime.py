@@ -25,8 +25,8 @@ from websockets.asyncio.client import connect
 import servegc
 from core.engine.base import OutputStream
 from core.pipeline import Job
-from gateways.common.core_client import CoreCall
-from gateways.common.streaming import ResponseWriter
+from gateways.common.core_call import CoreCall
+from gateways.common.writer import ResponseWriter
 from tests.integration.core_helpers import generate, wait_idle
 
 TRACKED = (CoreCall, ResponseWriter, Job, OutputStream)

@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from aiohttp import web
@@ -27,6 +27,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from gateways.common import framing as wire
 from gateways.common.app import core_client
 from gateways.common.chat import errors, schema, translate
+from gateways.common.core_call import Delta
 from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect, relay
@@ -44,44 +45,25 @@ def encode(chunks: list[dict[str, Any]], framing: str) -> bytes:
     return b"".join(map(frame, chunks))
 
 
-def chunk_renderer(
-    state: translate.StreamState, framing: str
-) -> tuple[Callable[[spb.GenerateResponse], bytes], Callable[[str], bytes | None]]:
-    """The framed chunks of one stream's Generate messages, `encode(to_chunks(msg, state),
-    framing)`, with plain content deltas (`translate.content_delta`, most tokens) filled into a
-    Template of their chunk, encoded once per choice; the same bytes.
+def chunk_renderer(state: translate.StreamState, framing: str) -> Callable[[Delta], bytes]:
+    """The framed chunks of each delta of one stream: `encode(to_chunks(msg, state), framing)`
+    for a message; for a plain decode step (which the route asks for only when
+    `translate.plain_deltas(state)`), `translate.step_chunk`'s chunk, its content delta filled
+    into a Template of the chunk encoded once per request: the same bytes as to_chunks gives
+    for the message the step stands for."""
+    content = wire.Template(lambda value: encode([translate.content_chunk(state, 0, value)], framing))
 
-    Returns:
-        `(render, render_text)`: `render(msg)` for any message; `render_text(text)` for a
-        text-only message of choice 0 (`relay`'s render_text): its chunk, or None when it is not
-        a plain content delta (then `render` takes the message).
-    """
-    deltas: dict[int, wire.Template] = {}
-
-    def template(index: int) -> wire.Template:
-        found = deltas.get(index)
-        if found is None:
-            found = deltas[index] = wire.Template(
-                lambda value: encode([translate.content_chunk(state, index, value)], framing)
-            )
-        return found
-
-    def render(msg: spb.GenerateResponse) -> bytes:
-        delta = translate.content_delta(msg, state)
-        if delta is not None:
-            return template(delta[0]).fill_text(delta[1])
-        chunks = translate.to_chunks(msg, state)
+    def render(delta: Delta) -> bytes:
+        if type(delta) is tuple:
+            text = delta[0]
+            if text and 0 in state.role_sent:
+                return content.fill_text(text)
+            chunk = translate.step_chunk(state, text)
+            return b"" if chunk is None else encode([chunk], framing)
+        chunks = translate.to_chunks(cast(spb.GenerateResponse, delta), state)
         return encode(chunks, framing) if chunks else b""
 
-    # Whether deltas may be plain is the request's to say (its options), the same on every message.
-    first = template(0) if translate.plain_deltas(state) else None
-
-    def render_text(text: str) -> bytes | None:
-        if not text or first is None or 0 not in state.role_sent:
-            return None
-        return first.fill_text(text)
-
-    return render, render_text
+    return render
 
 
 def end_of_stream(framing: str) -> bytes:
@@ -113,7 +95,7 @@ async def handle_chat(
     Returns:
         A `chat.completion` JSON response, a streamed response of `chat.completion.chunk`
         objects, or an error response `{"error": {message, type, param, code}}` with the status
-        from DESIGN.md's table. After the stream started, an error is sent in-band as
+        of gateways.common.status.GRPC_TO_HTTP. After the stream started, an error is sent in-band as
         `{"error": ...}` (then `data: [DONE]` on SSE).
 
     Raises:
@@ -135,7 +117,8 @@ async def handle_chat(
             req, completion_id=completion_id, created=created, model=info.model_name, finish_words=finish_words
         )
         if req.stream:
-            stream = await CoreStream.open(client.generate(generate_request))
+            steps = translate.plain_deltas(state)
+            stream = await CoreStream.open(client.generate(generate_request, steps=steps))
         else:
             messages = await collect(client.generate(generate_request))
             return web.json_response(translate.to_completion(messages, state), headers=headers, dumps=wire.dumps)
@@ -145,7 +128,7 @@ async def handle_chat(
         response = errors.render_before_stream(err, status_overrides)
         response.headers.update(headers)
         return response
-    render, render_text = chunk_renderer(state, framing)
+    render = chunk_renderer(state, framing)
 
     def end() -> bytes:
         usage = encode([translate.usage_chunk(state)], framing) if state.include_usage else b""
@@ -165,5 +148,4 @@ async def handle_chat(
         headers=headers,
         end=end,
         request_id=completion_id,
-        render_text=render_text,
     )

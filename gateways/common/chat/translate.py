@@ -278,33 +278,26 @@ def _choice(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None, 
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
 
-def content_delta(msg: spb.GenerateResponse, state: StreamState) -> tuple[int, str] | None:
-    """`(index, text)` when `to_chunks` would give exactly `[content_chunk(state, index,
-    text)]` for `msg`, else None: one output, with text, unfinished, whose role was sent; a
-    request without logprobs and tools; not the final message. Most tokens of a stream are
-    such a delta, so a route renders them from a Template of `content_chunk`; `state` needs no
-    update for them."""
-    if not plain_deltas(state):
+def step_chunk(state: StreamState, text: str) -> dict[str, Any] | None:
+    """The chunk `to_chunks` gives for a plain decode step of choice 0 (a message with `text`
+    alone; core_call.Step) of a stream with `plain_deltas`, or None for no text; the first
+    delta of the choice carries the role."""
+    if not text:
         return None
-    outputs = msg.outputs
-    if len(outputs) != 1:
-        return None
-    out = outputs[0]
-    text = out.text
-    if not text or out.finish_reason or msg.HasField("usage"):
-        return None
-    index = out.index
-    return (index, text) if index in state.role_sent else None
+    if 0 in state.role_sent:
+        return content_chunk(state, 0, text)
+    state.role_sent.add(0)
+    return _chunk(state, [_choice(0, {"role": "assistant", "content": text}, None, None)])
 
 
 def plain_deltas(state: StreamState) -> bool:
-    """Whether the stream's content deltas may be plain ones (`content_delta`): no logprobs to
-    render and no tool calls to parse out of the text."""
+    """Whether the stream renders plain decode steps (`step_chunk`): no logprobs to render and
+    no tool calls to parse out of the text."""
     return not state.logprobs and state.tool_calls is None
 
 
 def content_chunk(state: StreamState, index: int, text: str) -> dict[str, Any]:
-    """The chunk of a plain content delta of choice `index` (see `content_delta`)."""
+    """The chunk of a content delta of choice `index` whose role was sent (see `step_chunk`)."""
     return _chunk(state, [_choice(index, {"content": text}, None, None)])
 
 

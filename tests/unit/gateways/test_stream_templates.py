@@ -1,17 +1,26 @@
-"""Streamed records rendered from per-request templates (gateways.common.framing.Template) are
-byte for byte the records of the general path (translate + orjson), for every schema and for
-awkward token text: quotes, backslashes, control characters, line separators, non-BMP
-characters, the replacement character of a lone byte, and `%` (the template's own format
-character), in the text and in the constant parts. Text-only messages rendered from their text
-alone (`render_text`, for MultiplexEvent.texts) and LMI's token records rendered from a compact
-token's values (`render_token`, for MultiplexEvent.token_ids) are the same bytes too."""
+"""One renderer per schema takes every delta of a stream, and a plain decode step (a Step tuple,
+gateways.common.core_call) renders the same bytes as the GenerateResponse it stands for
+(generate_service.proto, Steps): `{request_id, outputs: [{index: 0, text, tokens: [{id,
+logprob}]}]}`, without `tokens` for a request that does not ask for them (OpenAI chat, Triton
+without log probs, WebSocket). Each test renders a stream twice, on fresh renderers: once with
+every delta a whole message, once with the plain decode steps as Steps, and compares the bytes
+of each delta and the state left for the stream's end. Steps and messages carry awkward text:
+quotes, backslashes, control characters, line separators, non-BMP characters, the replacement
+character of a lone byte, and `%` (the per-request Template's own format character), in the
+text and in the constant parts. The Template itself fills a value to the bytes of its
+rendering."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from typing import Any, cast
+from types import SimpleNamespace
+from typing import Any
 
+import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
@@ -19,13 +28,14 @@ from gateways.common import framing
 from gateways.common.chat import route as chat_route
 from gateways.common.chat import translate as chat
 from gateways.common.chat.schema import parse_chat_request
-from gateways.common.core_client import text_response
+from gateways.common.core_call import CoreCall, Delta, Step
+from gateways.common.core_client import CONFIG_KEY
 from gateways.lmi.routes import record_renderer
 from gateways.lmi.translate import RenderOptions, StreamRenderer
 from gateways.triton.routes import event_renderer
 from gateways.triton.translate import ResponseRenderer
 from gateways.ws import routes as ws_routes
-from gateways.ws import translate as ws_translate
+from gateways.ws.config import WsSettings
 
 AWKWARD = [
     'say "hi"',
@@ -40,6 +50,42 @@ AWKWARD = [
     "%b %s %% %",
     " ",
 ]
+
+#: Token text as the core may send it: any valid Unicode (no lone surrogates), often awkward.
+TEXTS = st.one_of(st.sampled_from([*AWKWARD, ""]), st.text(st.characters(exclude_categories=("Cs",)), max_size=12))
+
+#: A renderer of one stream: `render(delta)` gives its bytes; `end()` what the stream's end
+#: depends on (the state the renderer keeps), to compare.
+Renderer = tuple[Callable[[Delta], bytes], Callable[[], Any]]
+
+
+def stands_for(step: Step, *, tokens: bool) -> spb.GenerateResponse:
+    """The message a plain decode step stands for."""
+    msg = spb.GenerateResponse(request_id="r")
+    out = msg.outputs.add(index=0, text=step[0])
+    if tokens:
+        tok = out.tokens.add(id=step[1])
+        if step[2] is not None:
+            tok.logprob = step[2]
+    return msg
+
+
+def same_bytes(make: Callable[[], Renderer], stream: list[Delta], *, tokens: bool) -> list[bytes]:
+    """Render `stream` as whole messages and with its Steps, on fresh renderers; assert each
+    delta renders the same bytes and the end state is the same. Returns the bytes per delta."""
+    whole, whole_end = make()
+    stepped, stepped_end = make()
+    expected = [whole(stands_for(d, tokens=tokens) if isinstance(d, tuple) else d) for d in stream]
+    got = [stepped(d) for d in stream]
+    for delta, want, have in zip(stream, expected, got, strict=True):
+        assert have == want, delta
+    assert stepped_end() == whole_end()
+    return got
+
+
+def of_steps(stream: list[Delta], got: list[bytes]) -> list[bytes]:
+    """The bytes of the steps of `stream`."""
+    return [data for delta, data in zip(stream, got, strict=True) if isinstance(delta, tuple)]
 
 
 def _msg(*outputs: pb.SequenceOutput, final: bool = False, prompt_text: str | None = None) -> spb.GenerateResponse:
@@ -61,28 +107,8 @@ def _tok(token_id: int, text: str, logprob: float | None = -0.25, special: bool 
 
 QUEUED = spb.GenerateResponse(request_id="r", state=pb.GENERATE_STATE_QUEUED)
 SCHEDULED = spb.GenerateResponse(request_id="r", state=pb.GENERATE_STATE_SCHEDULED)
-
-
-def _text_only(m: spb.GenerateResponse) -> str | None:
-    """The text of a message that an entry of MultiplexEvent.texts stands for, else None."""
-    return m.outputs[0].text if len(m.outputs) == 1 and m == text_response(m.request_id, m.outputs[0].text) else None
-
-
-def _same_bytes(
-    fast: Callable[[spb.GenerateResponse], bytes],
-    general: Callable[[spb.GenerateResponse], bytes],
-    msgs: list[spb.GenerateResponse],
-    fast_text: Callable[[str], bytes | None] | None = None,
-) -> int:
-    """Assert the fast path renders every message as the general one does, text-only messages
-    through `fast_text` (as relay's render_text) when given; returns how many it rendered."""
-    by_text = 0
-    for m in msgs:
-        text = _text_only(m) if fast_text is not None else None
-        data = None if text is None else cast(Callable[[str], bytes | None], fast_text)(text)
-        by_text += data is not None
-        assert (fast(m) if data is None else data) == general(m), m
-    return by_text
+PREFILLED = spb.GenerateResponse(request_id="r", state=pb.GENERATE_STATE_PREFILLED)
+out = pb.SequenceOutput
 
 
 # ---------------------------------------------------------------------------------- Template
@@ -125,197 +151,199 @@ def test_template_refuses_a_value_that_is_not_rendered_once():
 # ---------------------------------------------------------------------------------- chat
 
 
-def _chat_stream() -> list[spb.GenerateResponse]:
-    out = pb.SequenceOutput
-    msgs = [QUEUED, SCHEDULED, _msg(out(index=0, text="Hel"))]
-    msgs += [_msg(out(index=0, text=t)) for t in AWKWARD]
-    msgs += [
-        _msg(out(index=0, text="")),  # a token without text yet
-        _msg(out(index=0, text="a"), out(index=1, text="b")),  # two choices with news
-        _msg(out(index=1, text="😀")),
-        _msg(out(index=1, text="x", finish_reason=pb.FINISH_REASON_LENGTH)),
+def chat_renderer(framing_name: str = "sse", include_usage: bool = False, model: str = "demo") -> Renderer:
+    """chunk_renderer of a streamed chat request that takes steps (no logprobs, no tools)."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    state = chat.state_for(parse_chat_request(body), completion_id="chatcmpl-1%", created=5, model=model)
+    assert chat.plain_deltas(state)  # the route asks for steps
+
+    def end() -> Any:
+        usage = chat.usage_chunk(state) if include_usage else None
+        return usage, state.role_sent
+
+    return chat_route.chunk_renderer(state, framing_name), end
+
+
+def chat_stream(first: str) -> list[Delta]:
+    """A chat stream; its first token a message or a step (the role goes with either)."""
+    head: Delta = _msg(out(index=0, text="Hel")) if first == "message" else ("Hel", 1, None)
+    stream: list[Delta] = [QUEUED, SCHEDULED, head]
+    stream += [(t, i + 2, None) for i, t in enumerate(AWKWARD)]
+    stream += [
+        ("", 30, None),  # a token without text yet
+        _msg(out(index=0, text="whole")),  # a plain token sent whole
+        ("after", 31, None),
         _msg(out(index=0, text="end", finish_reason=pb.FINISH_REASON_EOS), final=True),
     ]
-    return msgs
+    return stream
 
 
 @pytest.mark.parametrize("framing_name", ["sse", "jsonlines"])
 @pytest.mark.parametrize("include_usage", [False, True])
 @pytest.mark.parametrize("model", ["demo", 'odd "model" %b\n😀'])
-@pytest.mark.parametrize("texts", [False, True], ids=["messages", "texts"])
-def test_chat_chunks_from_templates_are_the_general_chunks(framing_name, include_usage, model, texts):
-    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "n": 2}
-    if include_usage:
-        body["stream_options"] = {"include_usage": True}
-    req = parse_chat_request(body)
-
-    def state() -> chat.StreamState:
-        return chat.state_for(req, completion_id="chatcmpl-1%", created=5, model=model)
-
-    fast_state, general_state = state(), state()
-    fast, fast_text = chat_route.chunk_renderer(fast_state, framing_name)
-
-    def general(m: spb.GenerateResponse) -> bytes:
-        chunks = chat.to_chunks(m, general_state)
-        return chat_route.encode(chunks, framing_name) if chunks else b""
-
-    msgs = _chat_stream()
-    by_text = _same_bytes(fast, general, msgs, fast_text if texts else None)
-    plain = [m for m in msgs if chat.content_delta(m, fast_state) is not None]
-    assert len(plain) >= len(AWKWARD)  # the templates did render most tokens
-    assert by_text == (len(AWKWARD) if texts else 0)  # the first delta carries the role: a message
-    assert chat.usage_chunk(fast_state) == chat.usage_chunk(general_state)
+@pytest.mark.parametrize("first", ["message", "step"])
+def test_chat_steps_render_as_their_messages(framing_name, include_usage, model, first):
+    make = functools.partial(chat_renderer, framing_name, include_usage, model)
+    stream = chat_stream(first)
+    got = same_bytes(make, stream, tokens=False)
+    assert all(data for delta, data in zip(stream, got, strict=True) if isinstance(delta, tuple) and delta[0])
 
 
-def test_chat_logprobs_and_tools_take_the_general_path():
+def test_chat_with_logprobs_or_tools_takes_no_steps():
+    """Such a stream renders from messages only: the route asks for no steps."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     for extra in ({"logprobs": True}, {"tools": tools}):
         req = parse_chat_request({"messages": [{"role": "user", "content": "hi"}], "stream": True, **extra})
-        state = chat.state_for(req, completion_id="c", created=5, model="m")
-        state.role_sent.add(0)
-        assert chat.content_delta(_msg(pb.SequenceOutput(index=0, text="a")), state) is None
+        assert not chat.plain_deltas(chat.state_for(req, completion_id="c", created=5, model="m"))
 
 
 # ---------------------------------------------------------------------------------- LMI
 
 
-def _lmi_stream() -> list[spb.GenerateResponse]:
-    out = pb.SequenceOutput
-    msgs = [QUEUED, _msg(out(text="first", tokens=[_tok(1, "first")]))]
-    msgs += [_msg(out(text=t, tokens=[_tok(i + 2, t, -0.125 * i)])) for i, t in enumerate(AWKWARD)]
-    msgs += [
-        _msg(out(text="", tokens=[_tok(40, "\ufffd", None)])),  # no logprob: null
+def lmi_renderer(tgi_compat: bool, details: bool, frame: Callable[[Any], bytes]) -> Renderer:
+    opts = RenderOptions(inputs='say "hi" %b', stream=True, tgi_compat=tgi_compat, details=details)
+    renderer = StreamRenderer(opts)
+    return record_renderer(renderer, frame), lambda: renderer.generated_text
+
+
+def lmi_stream() -> list[Delta]:
+    stream: list[Delta] = [QUEUED, _msg(out(text="first", tokens=[_tok(1, "first")]))]
+    stream += [(t, i + 2, -0.125 * (i + 1)) for i, t in enumerate(AWKWARD)]
+    stream += [
+        ("", 40, None),  # no logprob asked: null
         _msg(out(text="held ")),  # text before its token: carried to the next record
-        _msg(out(text="over", tokens=[_tok(41, "over", -3.5)])),
+        ("over", 41, -3.5),
         _msg(out(text="<s>", tokens=[_tok(42, "<s>", -0.5, special=True)])),
         _msg(out(text="ab", tokens=[_tok(43, "a"), _tok(44, "b")])),  # two tokens in one step
-        _msg(out(text=" end", tokens=[_tok(45, " end")], finish_reason=pb.FINISH_REASON_LENGTH), final=True),
+        _msg(out(text="held again ")),
+        _msg(out(text="whole", tokens=[_tok(45, "whole")])),  # a plain token sent whole
+        (" end", 46, -1.0),
+        _msg(out(text="!", tokens=[_tok(47, "!")], finish_reason=pb.FINISH_REASON_LENGTH), final=True),
     ]
-    return msgs
-
-
-def _compact(m: spb.GenerateResponse) -> tuple[str, int, float | None] | None:
-    """(text, token_id, logprob) of the compact token (MultiplexEvent.texts with token_ids) a
-    core sends for `m` under compact_tokens, else None: new text of sequence 0 with one ordinary
-    token and nothing else."""
-    if len(m.outputs) != 1 or m.HasField("usage") or m.state:
-        return None
-    out = m.outputs[0]
-    if out.index or out.finish_reason or len(out.tokens) != 1 or out.tokens[0].special:
-        return None
-    tok = out.tokens[0]
-    return out.text, tok.id, tok.logprob if tok.HasField("logprob") else None
+    return stream
 
 
 @pytest.mark.parametrize("tgi_compat", [False, True])
 @pytest.mark.parametrize("details", [False, True])
 @pytest.mark.parametrize("frame", [framing.jsonline, framing.sse_event])
-@pytest.mark.parametrize("compact", ["messages", "tokens", "token messages"])
-def test_lmi_records_from_templates_are_the_general_records(tgi_compat, details, frame, compact):
-    """Each message renders as the general path does: whole (`messages`), or, for those a
-    core sends as compact tokens, from the token's values (`tokens`, relay's render_token) or
-    as the message the compact token stands for (`token messages`, text_response: its token
-    has no text, bytes or special flag)."""
-    opts = RenderOptions(inputs='say "hi" %b', stream=True, tgi_compat=tgi_compat, details=details)
-    fast_renderer, general_renderer = StreamRenderer(opts), StreamRenderer(opts)
-    fast, fast_token = record_renderer(fast_renderer, frame)
-    by_token = 0
-    for m in _lmi_stream():
-        values = _compact(m) if compact != "messages" else None
-        if values is None:
-            data = fast(m)
-        elif compact == "tokens":
-            data = fast_token(*values)
-            by_token += 1
-        else:
-            data = fast(text_response(m.request_id, *values))
-        assert data == b"".join(map(frame, general_renderer.feed(m))), m
-    assert fast_renderer.generated_text == general_renderer.generated_text
-    assert StreamRenderer(opts).plain_token(_lmi_stream()[2]) is not None  # the templates did render tokens
-    assert by_token == (len(AWKWARD) + 3 if compact == "tokens" else 0)  # first, the lone byte, over
-
-
-def test_lmi_top_tokens_take_the_general_path():
-    renderer = StreamRenderer(RenderOptions(inputs="hi", stream=True, top_tokens=True))
-    assert renderer.plain_token(_msg(pb.SequenceOutput(text="a", tokens=[_tok(1, "a")]))) is None
-    assert renderer.token_text("a") is None
-    assert record_renderer(renderer, framing.jsonline)[1]("a", 1, -0.5) is None
+def test_lmi_steps_render_as_their_messages(tgi_compat, details, frame):
+    stream = lmi_stream()
+    got = same_bytes(functools.partial(lmi_renderer, tgi_compat, details, frame), stream, tokens=True)
+    assert all(of_steps(stream, got))  # a record for every step
 
 
 # ---------------------------------------------------------------------------------- Triton
 
 
-def _triton_stream() -> list[spb.GenerateResponse]:
-    out = pb.SequenceOutput
-    msgs = [QUEUED, _msg(prompt_text="echo %b "), _msg(out(text="first", tokens=[_tok(1, "first")]))]
-    msgs += [_msg(out(text=t, tokens=[_tok(i + 2, t, -0.5)])) for i, t in enumerate(AWKWARD)]
-    msgs += [_msg(out(text=t)) for t in AWKWARD]  # text alone, as a request without token details gets it
-    msgs += [
-        _msg(out(text="")),
+def triton_renderer(client_id: str | None, logprobs: bool) -> Renderer:
+    renderer = ResponseRenderer("demo%", "1", client_id=client_id, logprobs=logprobs)
+    return event_renderer(renderer), lambda: (renderer._pending_prompt, renderer._cumulative)
+
+
+def triton_stream(logprobs: bool) -> list[Delta]:
+    """A Triton stream whose prompt echo is pending when the first step comes."""
+
+    def lp(i: int) -> float | None:
+        return -0.5 * i if logprobs else None
+
+    stream: list[Delta] = [QUEUED, _msg(prompt_text="echo %b "), ("first", 1, lp(1))]
+    stream += [(t, i + 2, lp(i)) for i, t in enumerate(AWKWARD)]
+    stream += [
+        ("", 30, lp(2)),
+        _msg(out(text="whole", tokens=[_tok(31, "whole", -0.25)] if logprobs else [])),
+        _msg(prompt_text=" more %s"),
+        ("again", 32, lp(3)),
         _msg(out(text="last", tokens=[_tok(50, "last")], finish_reason=pb.FINISH_REASON_EOS), final=True),
     ]
-    return msgs
+    return stream
 
 
 @pytest.mark.parametrize("client_id", [None, 'id "1" %b'])
 @pytest.mark.parametrize("logprobs", [False, True])
-@pytest.mark.parametrize("texts", [False, True], ids=["messages", "texts"])
-def test_triton_events_from_templates_are_the_general_events(client_id, logprobs, texts):
-    def renderer() -> ResponseRenderer:
-        return ResponseRenderer("demo%", "1", client_id=client_id, logprobs=logprobs)
-
-    fast_renderer, general_renderer = renderer(), renderer()
-    fast, fast_text = event_renderer(fast_renderer)
-
-    def general(m: spb.GenerateResponse) -> bytes:
-        event = general_renderer.event(m)
-        return b"" if event is None else framing.sse_event(event)
-
-    msgs = _triton_stream()
-    by_text = _same_bytes(fast, general, msgs, fast_text if texts else None)
-    assert by_text == (len(AWKWARD) + 1 if texts and not logprobs else 0)  # + the empty text
-    assert (renderer().plain_text(msgs[3]) is not None) is not logprobs
+def test_triton_steps_render_as_their_messages(client_id, logprobs):
+    make = functools.partial(triton_renderer, client_id, logprobs)
+    stream = triton_stream(logprobs)
+    got = same_bytes(make, stream, tokens=logprobs)
+    assert b'"text_output":"echo %b first"' in got[2]  # the pending echo goes with the step
+    assert all(of_steps(stream, got))  # an event for every step
 
 
 # ---------------------------------------------------------------------------------- WebSocket
 
 
-def _ws_stream() -> list[spb.GenerateResponse]:
-    out = pb.SequenceOutput
-    msgs = [QUEUED, SCHEDULED, spb.GenerateResponse(request_id="r", state=pb.GENERATE_STATE_PREFILLED)]
-    msgs += [_msg(out(text=t)) for t in AWKWARD]
-    msgs += [
-        _msg(out(text="")),
+class _Transport:
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.sent.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class _CoreClient:
+    """The core client at `generate`: the calls a socket starts, kept for the test to feed."""
+
+    def __init__(self) -> None:
+        self.calls: list[CoreCall] = []
+
+    def generate(self, request: spb.GenerateRequest, *, hash_key: str | None = None, steps: bool = False) -> CoreCall:
+        assert steps  # the socket takes plain decode steps
+        call = CoreCall(request, steps=steps, hash_key=hash_key)
+        self.calls.append(call)
+        return call
+
+
+def ws_renderer(stream_response: bool, request_id: str) -> Renderer:
+    """A socket's Connection with one prompt in flight: `render(delta)` hands the delta to the
+    prompt's call as the stream's reader does and returns the frames the socket wrote."""
+    transport = _Transport()
+    protocol = SimpleNamespace(transport=transport, writing_paused=False)
+    request = SimpleNamespace(
+        app={CONFIG_KEY: SimpleNamespace(max_json_depth=64)}, protocol=protocol, writer=None, get=lambda key: None
+    )
+    client = _CoreClient()
+    conn = ws_routes.Connection(request, SimpleNamespace(closed=False), client, WsSettings())  # type: ignore[arg-type]
+    frame = {"prompts": [{"request_id": request_id, "prompt": "hi"}], "only_new_tokens": False}
+    conn._on_frame(orjson.dumps({**frame, "stream_response": stream_response}).decode())
+    (call,) = client.calls
+
+    def render(delta: Delta) -> bytes:
+        written = len(transport.sent)
+        if isinstance(delta, tuple):
+            call._add_step(delta)
+            call._notify()
+        else:
+            call._news([delta], delta.HasField("usage"), None)
+        return b"".join(transport.sent[written:])
+
+    return render, lambda: (conn.prompts, conn._out)
+
+
+def ws_stream() -> list[Delta]:
+    stream: list[Delta] = [QUEUED, SCHEDULED, PREFILLED, ("first", 1, None)]
+    stream += [(t, i + 2, None) for i, t in enumerate(AWKWARD)]
+    stream += [
+        ("", 30, None),
         _msg(out(text="and"), prompt_text="echo"),
+        ("more", 31, None),
         _msg(out(text="last", finish_reason=pb.FINISH_REASON_EOS), final=True),
     ]
-    return msgs
+    return stream
 
 
 @pytest.mark.parametrize("stream_response", [True, False])
 @pytest.mark.parametrize("request_id", ["r1", 'id "1" %b 😀'])
-@pytest.mark.parametrize("texts", [False, True], ids=["messages", "texts"])
-def test_ws_progress_from_templates_is_the_general_frame(stream_response, request_id, texts):
-    def state() -> ws_translate.PromptState:
-        return ws_translate.PromptState(request_id, only_new_tokens=False, stream_response=stream_response)
-
-    fast_state, general_state = state(), state()
-    progress = framing.Template(lambda text: framing.dump_bytes(ws_translate.progress_event(fast_state, text)))
-    plain = 0
-    for m in _ws_stream():
-        only = _text_only(m) if texts else None
-        if only is not None:  # as Connection._on_news takes an entry of MultiplexEvent.texts
-            text = ws_translate.text_progress(only, fast_state)
-        else:
-            text = ws_translate.progress_text(m, fast_state)
-        plain += text is not None
-        fast = [progress.fill_text(text)] if text is not None else ws_translate.to_events(m, fast_state)
-        general = ws_translate.to_events(m, general_state)
-        if general:
-            assert ws_routes._array(fast) == framing.dump_bytes(general)
-    assert fast_state == general_state
-    assert ws_translate.to_complete(fast_state) == ws_translate.to_complete(general_state)
-    assert plain == (len(AWKWARD) if stream_response else 0)
+def test_ws_steps_render_as_their_messages(stream_response, request_id):
+    """The frames, COMPLETE (whose text joins the steps' texts) included."""
+    stream = ws_stream()
+    got = same_bytes(functools.partial(ws_renderer, stream_response, request_id), stream, tokens=False)
+    frames = [data for delta, data in zip(stream, got, strict=True) if isinstance(delta, tuple) and delta[0]]
+    assert all(frames) if stream_response else not any(frames)  # PROGRESS frames when streamed
+    assert b'"type":"COMPLETE"' in got[-1]
 
 
 def test_ws_frame_of_mixed_events_is_the_array_of_all():
@@ -323,3 +351,31 @@ def test_ws_frame_of_mixed_events_is_the_array_of_all():
     mixed = [events[0], framing.dump_bytes(events[1])]
     assert ws_routes._array(mixed) == framing.dump_bytes(events)
     assert ws_routes._array([mixed[1]]) == framing.dump_bytes([events[1]])
+
+
+# ---------------------------------------------------------------------------------- any text
+
+
+SCHEMAS: dict[str, tuple[Callable[[], Renderer], bool, Callable[[list[Delta]], list[Delta]]]] = {
+    # name: (renderer, steps stand for messages with tokens, the stream around the drawn steps)
+    "chat": (functools.partial(chat_renderer, "sse", True), False, lambda s: [QUEUED, *s, chat_stream("step")[-1]]),
+    "lmi": (functools.partial(lmi_renderer, True, True, framing.sse_event), True, lambda s: [*s, lmi_stream()[-1]]),
+    "triton": (functools.partial(triton_renderer, "1", True), True, lambda s: [_msg(prompt_text="%"), *s]),
+    "ws": (functools.partial(ws_renderer, True, "r"), False, lambda s: [*s, ws_stream()[-1]]),
+}
+
+
+#: A token's logprob as the core sends it (a float32, <= 0).
+LOGPROBS = st.floats(max_value=0.0, width=32, allow_nan=False)
+
+
+@pytest.mark.parametrize("schema", sorted(SCHEMAS))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tokens=st.lists(st.tuples(TEXTS, LOGPROBS), max_size=6), carried=TEXTS)
+def test_any_text_renders_the_same_bytes_as_a_step(schema, tokens, carried):
+    """For any token text and logprob, with a whole message's text between steps (LMI carries
+    it into the next record), a step renders its message's bytes."""
+    make, with_tokens, around = SCHEMAS[schema]
+    steps: list[Delta] = [(text, i, logprob if with_tokens else None) for i, (text, logprob) in enumerate(tokens)]
+    steps.insert(len(steps) // 2, _msg(out(text=carried)))
+    same_bytes(make, around(steps), tokens=with_tokens)

@@ -65,24 +65,24 @@ class MultiplexGenerateRequest(_message.Message):
     def __init__(self, starts: _Optional[_Iterable[_Union[MultiplexStart, _Mapping]]] = ..., cancels: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MultiplexStart(_message.Message):
-    __slots__ = ("id", "request", "compact_tokens")
+    __slots__ = ("id", "request", "steps")
     ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
-    COMPACT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     id: int
     request: GenerateRequest
-    compact_tokens: bool
-    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., compact_tokens: _Optional[bool] = ...) -> None: ...
+    steps: bool
+    def __init__(self, id: _Optional[int] = ..., request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., steps: _Optional[bool] = ...) -> None: ...
 
 class MultiplexGenerateResponse(_message.Message):
     __slots__ = ("events", "steps")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[MultiplexEvent]
-    steps: TextSteps
-    def __init__(self, events: _Optional[_Iterable[_Union[MultiplexEvent, _Mapping]]] = ..., steps: _Optional[_Union[TextSteps, _Mapping]] = ...) -> None: ...
+    steps: Steps
+    def __init__(self, events: _Optional[_Iterable[_Union[MultiplexEvent, _Mapping]]] = ..., steps: _Optional[_Union[Steps, _Mapping]] = ...) -> None: ...
 
-class TextSteps(_message.Message):
+class Steps(_message.Message):
     __slots__ = ("ids", "texts", "token_ids", "logprobs")
     IDS_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
@@ -95,20 +95,14 @@ class TextSteps(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class MultiplexEvent(_message.Message):
-    __slots__ = ("id", "responses", "status", "texts", "token_ids", "logprobs")
+    __slots__ = ("id", "responses", "status")
     ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSES_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
-    TEXTS_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     id: int
     responses: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
     status: Status
-    texts: _containers.RepeatedScalarFieldContainer[str]
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    logprobs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., status: _Optional[_Union[Status, _Mapping]] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., status: _Optional[_Union[Status, _Mapping]] = ...) -> None: ...
 
 class Status(_message.Message):
     __slots__ = ("code", "message", "details")

@@ -1,0 +1,172 @@
+"""`relay` renders a CoreStream's deltas, whole messages and plain decode steps mixed, with the
+one `render` of the route, in the order they arrived, writing each core message's bytes at once;
+a render that fails ends the response in-band with the schema's error (`render_error`: the
+GatewayError it raised, or INTERNAL for a bug) and never reaches the stream's reader; and a
+relayed call leaves no reference cycle behind. A real aiohttp server on loopback relays a
+CoreCall that the test feeds as the multiplexed stream's reader would (`_add_step`, `_add`,
+`_end`, then `_notify` once per core message)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.core_call import CoreCall, Delta, Step
+from gateways.common.status import GatewayError
+from gateways.common.streaming import CoreStream, relay
+
+CALLS = web.AppKey("calls", asyncio.Queue)
+
+
+def render(delta: Delta) -> bytes:
+    if type(delta) is tuple:
+        text, token_id, logprob = delta
+        if text == "boom":
+            raise RuntimeError("a rendering bug")
+        if text == "refused":
+            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION, "refused by the schema")
+        return f"S:{text}:{token_id}/{logprob}\n".encode()
+    assert isinstance(delta, spb.GenerateResponse)
+    text = "".join(o.text for o in delta.outputs)
+    if text == "boom":
+        raise RuntimeError("a rendering bug")
+    tokens = "".join(f":{t.id}/{t.logprob if t.HasField('logprob') else None}" for o in delta.outputs for t in o.tokens)
+    final = b"usage\n" if delta.HasField("usage") else b""
+    return (f"M:{delta.request_id}:{text}{tokens}\n".encode() if delta.outputs else b"") + final
+
+
+def render_error(err: GatewayError) -> bytes:
+    return f"E:{err.code.name}:{err.message}\n".encode()
+
+
+async def handler(request: web.Request) -> web.StreamResponse:
+    call = CoreCall(spb.GenerateRequest(request_id="r1"), steps=True)
+    call._news([spb.GenerateResponse(request_id="r1", state=pb.GENERATE_STATE_QUEUED)], False, None)
+    await request.app[CALLS].put(call)
+    return await relay(request, CoreStream(call), render, render_error, content_type="text/plain", end=lambda: b"END\n")
+
+
+async def ended_handler(request: web.Request) -> web.StreamResponse:
+    """A call whose whole stream (and end) arrived before the relay listened."""
+    call = CoreCall(spb.GenerateRequest(request_id="r1"), steps=True)
+    call._add_step(("a", 1, None))
+    final = spb.GenerateResponse(request_id="r1")
+    final.outputs.add().text = "all"
+    final.usage.completion_tokens = 2
+    call._news([final], True, None)
+    return await relay(request, CoreStream(call), render, render_error, content_type="text/plain", end=lambda: b"END\n")
+
+
+@pytest.fixture
+async def served():
+    app = web.Application()
+    app[CALLS] = asyncio.Queue()
+    app.router.add_get("/", handler)
+    app.router.add_get("/ended", ended_handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield app, session, f"http://127.0.0.1:{port}/"
+    finally:
+        await runner.cleanup()
+
+
+def core_message(call: CoreCall, *deltas: Step | spb.GenerateResponse, end: bool = False) -> None:
+    """Hand `call` one core message's news, as the stream's reader does: its steps, its
+    messages, its end when `end`, then one notify."""
+    for delta in deltas:
+        if isinstance(delta, tuple):
+            call._add_step(delta)
+        else:
+            call._add([delta])
+    if end:
+        call._end(None)
+    call._notify()
+
+
+def message(text: str, *, final: bool = False) -> spb.GenerateResponse:
+    msg = spb.GenerateResponse(request_id="r1", outputs=[pb.SequenceOutput(text=text)])
+    if final:
+        msg.usage.completion_tokens = 7
+    return msg
+
+
+async def _body(served, feed) -> bytes:
+    app, session, url = served
+    async with session.get(url) as resp:
+        call = await app[CALLS].get()
+        feed(call)
+        return await resp.read()
+
+
+async def test_steps_and_messages_render_in_order(served):
+    def feed(call: CoreCall) -> None:
+        core_message(call, ("a", 5, -0.5))
+        core_message(call, ("b", 6, None), ("", 7, None), ("c", 8, -1.0))  # several steps in one message
+        core_message(call, ("d", 9, None), message("z"))
+        core_message(call, message("y"), ("e", 10, -2.0))
+        core_message(call, ("f", 11, None), message(".", final=True), end=True)
+
+    body = await _body(served, feed)
+    assert body == (
+        b"S:a:5/-0.5\nS:b:6/None\nS::7/None\nS:c:8/-1.0\nS:d:9/None\nM:r1:z\nM:r1:y\nS:e:10/-2.0\n"
+        b"S:f:11/None\nM:r1:.\nusage\nEND\n"
+    )
+
+
+@pytest.mark.parametrize("failing", ["step", "message"])
+async def test_a_failing_render_ends_the_response_in_band(served, failing):
+    """A rendering bug ends the response with INTERNAL after what rendered before it in the
+    same core message; later news write nothing."""
+    boom: Delta = ("boom", 2, None) if failing == "step" else message("boom")
+
+    def feed(call: CoreCall) -> None:
+        core_message(call, ("a", 1, None), boom, ("lost", 3, None))
+        core_message(call, ("after", 4, None), message("late"))
+
+    body = await _body(served, feed)
+    assert body == b"S:a:1/None\nE:INTERNAL:Internal error in the gateway.\n"
+
+
+async def test_a_gateway_error_from_render_ends_the_response_with_it(served):
+    def feed(call: CoreCall) -> None:
+        core_message(call, ("a", 1, None))
+        core_message(call, ("refused", 2, None), ("b", 3, None))
+
+    body = await _body(served, feed)
+    assert body == b"S:a:1/None\nE:FAILED_PRECONDITION:refused by the schema\n"
+
+
+async def test_a_stream_ending_without_its_final_message_ends_in_band(served):
+    def feed(call: CoreCall) -> None:
+        core_message(call, ("a", 1, None), end=True)
+
+    body = await _body(served, feed)
+    assert body == b"S:a:1/None\nE:INTERNAL:The model server ended the response before it finished.\n"
+
+
+async def test_a_relayed_call_leaves_no_reference_cycle(served, collector_off):
+    """Listening to a call that has ended (its whole stream came before the relay listened),
+    or that ends while listened to, leaves no listener on it: its objects go with the handler,
+    none waits for the cyclic garbage collector."""
+    app, session, url = served
+    async with session.get(url + "ended") as r:
+        assert await r.read() == b"S:a:1/None\nM:r1:all\nusage\nEND\n"
+    async with session.get(url) as r:
+        call = await app[CALLS].get()
+        final = spb.GenerateResponse(request_id="r1")
+        final.usage.completion_tokens = 1
+        core_message(call, ("b", 2, None), final, end=True)
+        del call, final
+        assert await r.read() == b"S:b:2/None\nusage\nEND\n"
+    assert await collector_off(CoreCall) == []
