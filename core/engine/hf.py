@@ -8,14 +8,14 @@ admitted request together (packed, without padding: a prefill rides along with a
 instead of taking a forward of its own). A finished or cancelled sequence frees its slot at
 once, without moving any KV data.
 
-Why this instead of transformers' continuous-batching manager: measured on this CPU
-(reference/environment-facts.md §3), that manager has no per-request seed, returns processed
-(not raw) logprobs and no top-k alternatives, never delivers a terminal event after a cancel,
-and a padded static batch ran about 2x faster per token for a small model. This engine keeps
-the padded batch's speed and adds what serving needs: per-request sampling parameters and
-seeded generators (reproducible whatever else is in the batch), raw logprobs with top-N
-alternatives, bad words, min tokens, logit bias, prompt logprobs, and bounded memory (max batch
-size, max total tokens, bounded queue).
+Why this instead of transformers' continuous-batching manager (`init_continuous_batching`,
+transformers 5): that manager has no per-request seed, returns processed (not raw) logprobs and
+no top-k alternatives, never delivers a terminal event after a cancel, and on a CPU it is
+slower per token than a padded static batch of the same small model. This engine keeps the
+padded batch's speed and adds what serving needs: per-request sampling parameters and seeded
+generators (reproducible whatever else is in the batch), raw logprobs with top-N alternatives,
+bad words, min tokens, logit bias, prompt logprobs, and bounded memory (max batch size, max
+total tokens, bounded queue).
 
 Supported models: decoder-only checkpoints with full attention whose attention modules call
 transformers' AttentionInterface and whose forward takes position_ids (Llama, Mistral, Qwen2,

@@ -6,7 +6,7 @@ Each gateway has an `openapi.py` next to its routes with one pure function,
 document is encoded once and served as is (`add_openapi`). Request bodies come from the
 gateway's pydantic models (`Components.model`: `model_json_schema(ref_template=REF)`, its
 `$defs` collected into `components.schemas`); bodies built by hand (responses, Triton's open
-parameter object) are written out in the gateway's module, from the seed section its
+parameter object) are written out in the gateway's module, from the schema section its
 docstring names.
 
 Streams: OpenAPI 3.1 has no field for the schema of one event or line of a stream (3.2 adds
@@ -54,8 +54,8 @@ DESCRIPTIONS = {
     504: "The request did not finish within --request-timeout, or waited in the queue past --queue-timeout.",
 }
 
-#: The statuses a generation route answers before its first byte (DESIGN.md "Errors, per schema":
-#: the gRPC code table), besides its schema's own ones.
+#: The statuses a generation route answers before its first byte (the gRPC code table,
+#: gateways.common.status.GRPC_TO_HTTP), besides its schema's own ones.
 GENERATION_ERRORS = (400, 404, 413, 429, 500, 503, 504)
 
 #: `Retry-After` on 429 and 503 (gateways.common.app RETRY_STATUSES).

@@ -1,6 +1,7 @@
 """Shape and type helpers shared by the gateways' schema and translate modules.
 
-Gateways check only JSON shapes and types (DESIGN.md principle 3). What every schema needs for
+Gateways check only JSON shapes and types; value ranges and cross-field rules are the core's
+(core.validation), checked once for every schema. What every schema needs for
 that lives here: the proto's integer widths as pydantic types, and JSON type names and field
 paths for error messages. (What the checked fields set on the contract: gateways.common.fields.)
 """

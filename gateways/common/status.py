@@ -1,6 +1,6 @@
 """gRPC status -> HTTP status, and the gateway-side error type.
 
-The table is grpc-gateway's `HTTPStatusFromCode` (DESIGN.md "Errors, per schema") except for
+The table is grpc-gateway's `HTTPStatusFromCode` (runtime/errors.go) except for
 CANCELLED (see below); a schema that needs other numbers (LMI answers RESOURCE_EXHAUSTED with
 503, as DJL does) passes overrides to `GatewayError.http_status`. `GatewayError.from_rpc_error`
 decodes the core's google.rpc details: the field named by BadRequest / ErrorInfo metadata

@@ -1,15 +1,17 @@
-"""LMI error shapes (DESIGN.md "Errors, per schema", LMI row; seed "Error Responses").
+"""LMI error shapes (DJL-Serving's lmi_input_output_schema.md, "Error Responses"; the rules common
+to every schema are in docs/architecture.md, "Errors").
 
 Before the first byte of a rolling-batch response:
 - malformed payload (bad JSON, missing `inputs`, wrong types, unknown keys): 424
   `{"error": msg, "code": 424}`;
 - body above the size limit: 413, unknown model on `/predictions/{name}`: 404, unknown path or
   wrong method: 404/405, all in the same `{"error", "code"}` shape;
-- a bad parameter value or a generation failure: the HTTP status of the gRPC code (DESIGN.md
-  table, with RESOURCE_EXHAUSTED -> 503 as DJL answers a full job queue) and the body
+- a bad parameter value or a generation failure: the HTTP status of the gRPC code
+  (gateways.common.status.GRPC_TO_HTTP, with RESOURCE_EXHAUSTED -> 503 as DJL answers a full job
+  queue) and the body
   `{"generated_text": "", "details": {"finish_reason": "error", "generated_tokens": null,
   "inputs": null, "tokens": null}, "error": msg}`. DJL's documentation shows
-  `generated_text: ""` while its code emits null; DESIGN.md pins the documented form, plus
+  `generated_text: ""` while its code emits null; we keep the documented form, plus
   `error` so clients (the `text-generation` client reads `payload["error"]`) get the message.
 
 After the stream started: a last record with the `id: -1` token and `finish_reason: "error"`
@@ -35,7 +37,7 @@ from gateways.common.framing import dumps
 from gateways.common.status import GatewayError
 from gateways.lmi.config import SETTINGS_KEY
 
-#: LMI's departures from the generic gRPC -> HTTP table (DESIGN.md: "LMI: 503, as DJL does").
+#: LMI's departures from the generic gRPC -> HTTP table: a full queue is 503, as DJL answers it.
 LMI_STATUS_OVERRIDES = {grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
 
 MALFORMED_PAYLOAD = "MALFORMED_PAYLOAD"

@@ -3,7 +3,7 @@
 The request bodies are the pydantic models: `RollingBatchRequest` or `DynamicBatchRequest` (by
 --batching), or a chat completions body (`ChatCompletionRequest`, gateways.common.chat.openapi).
 The responses are built by hand in gateways.lmi.translate and gateways.lmi.errors; their schemas
-are written here from seed `lmi-input-output-schema.md`: "Response Schema" (non-streaming body,
+are written here from DJL-Serving's `lmi_input_output_schema.md`: "Response Schema" (non-streaming body,
 jsonlines/SSE records), "Token", "Details", "BestOfSequence", "Response with TGI compatibility"
 (token fields `logprob`/`special`, a one-element array, `seed`, `prefill`), "Error Responses"
 (424 `{"error", "code"}`, the error body with `finish_reason: "error"` and the last stream line),
@@ -93,8 +93,8 @@ def _details(words: list[str], *, stream: bool) -> oa.Schema:
     return {"type": "object", "required": required, "properties": props, "additionalProperties": False}
 
 
-#: The error body before the stream for a bad parameter value or an engine failure (seed "Error
-#: Responses"; `error` added for the message, as DESIGN.md pins it).
+#: The error body before the stream for a bad parameter value or an engine failure (LMI's "Error
+#: Responses"; `error` added for the message, see gateways.lmi.errors).
 ROLLING_ERROR = {
     "type": "object",
     "required": ["generated_text", "details", "error"],

@@ -1,13 +1,13 @@
 """LMI wire models: the request shapes of DJL-Serving's `/invocations` and `/predictions/{model}`.
 
-Source: seed `lmi-input-output-schema.md` ("Rolling Batch/Continuous Batch Schema", "Dynamic
+Source: DJL-Serving's `lmi_input_output_schema.md` ("Rolling Batch/Continuous Batch Schema", "Dynamic
 Batch/Static Batch Schema", "GenerationParameters" with the LMI-Dist, vLLM and TensorRT-LLM
 additions), plus the fields the Hugging Face `text-generation` client sends in TGI-compat mode
 (`stop`, `watermark`, `grammar`).
 
 Only JSON shapes and types are checked here (strict: `"1"` is not an integer, `1` is not a
 boolean, an integer is accepted where a float is expected). Value ranges and cross-field rules
-belong to the core (DESIGN.md principle 3). Unknown keys are refused rather than ignored, so a
+belong to the core, which checks them once for every schema. Unknown keys are refused rather than ignored, so a
 parameter we do not know is never silently dropped. Every shape or type problem raises
 `PayloadError`, which the LMI schema answers with 424 `{"error", "code": 424}`.
 """
@@ -107,7 +107,7 @@ class DynamicBatchRequest(_Request):
 
 def is_chat_request(body: Any) -> bool:
     """Whether a decoded body is a chat completions request (a JSON object with `messages`),
-    which LMI serves on `/invocations` in the chat schema (seed `lmi-chat-completions-schema.md`)."""
+    which LMI serves on `/invocations` in the chat schema (DJL-Serving's `chat_input_output_schema.md`)."""
     return isinstance(body, dict) and "messages" in body
 
 

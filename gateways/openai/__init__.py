@@ -1,6 +1,6 @@
 """The OpenAI gateway (`trellis-gateway openai`, port 8000): OpenAI chat completions over the
-core's gRPC Generate stream (seed `lmi-chat-completions-schema.md`, DESIGN.md), plus the model
-list and a health route.
+core (docs/openai.md; LMI's chat completions schema, which follows OpenAI's API), plus the
+model list and a health route.
 
 Modules: `config` (settings), `translate` (model cards), `routes` (handlers). The chat
 completions schema, its translation and OpenAI's error object are shared with the LMI gateway

@@ -37,7 +37,8 @@ async def handle_completion(request: web.Request, body: Any) -> web.StreamRespon
 
     Returns:
         A `text_completion` JSON response, an SSE stream of `text_completion` chunks, or an
-        error response `{"error": {message, type, param, code}}` with DESIGN.md's status.
+        error response `{"error": {message, type, param, code}}` with the status of its gRPC code
+        (gateways.common.status.GRPC_TO_HTTP).
     """
     completion_id = f"cmpl-{uuid.uuid4().hex}"
     headers = {"x-request-id": completion_id}

@@ -1,10 +1,11 @@
-"""Triton's error shapes (seed "Generate Response JSON Error Object"; DESIGN.md "Errors, per schema").
+"""Triton's error shapes (Triton's extension_generate.md, "Generate Response JSON Error Object").
 
-Before the first byte: the HTTP status from DESIGN.md's table (400 for bad input, 404 unknown
-model or version, 429 queue full, 503 core unavailable, 500 engine failure) with an
-`application/json` body `{"error": msg}`. After a /generate_stream response started: one SSE event
-`data: {"error": msg}`, after which the stream ends; the status stays 200 (seed: "the user must
-always check whether an error object is received").
+Before the first byte: the HTTP status of the gRPC code (gateways.common.status.GRPC_TO_HTTP:
+400 for bad input, 404 unknown model or version, 429 queue full, 503 core unavailable, 500
+engine failure) with an `application/json` body `{"error": msg}`. After a /generate_stream
+response started: one SSE event `data: {"error": msg}`, after which the stream ends; the status
+stays 200 (extension_generate.md: "the user must always check whether an error object is
+received").
 
 The message of an error about a parameter leads with the name the client used ("max_tokens:
 ..."): the routes map the core's field paths through translate.FIELDS (Translation.names).

@@ -1,5 +1,5 @@
-"""The WebSocket gateway (`trellis-gateway ws`, port 8765): the `/ws` batch protocol of
-shared/seeds/websocket-protocol.md over the core's Generate stream, with request_id as the
+"""The WebSocket gateway (`trellis-gateway ws`, port 8765): the `/ws` batch protocol
+(alexandriaproject-io/llm-inference's) over the core's Generate stream, with request_id as the
 continue-generation key. See docs/websocket.md.
 """
 

@@ -1,9 +1,9 @@
-"""Error rendering of the `/ws` protocol (DESIGN.md "Errors, per schema", WS row).
+"""Error rendering of the `/ws` protocol (docs/websocket.md, "Errors").
 
 A WebSocket has no status to set once upgraded, so there are two in-band shapes:
 - a refused frame: `[{"error": "<sentence>"}]` (no request_id: nothing of the frame ran);
-- a failed prompt: `{"request_id", "type": "ERROR", "error": "<sentence>"}` (seed "Type ERROR"),
-  sent in an event array; the socket stays open and the other prompts continue.
+- a failed prompt: `{"request_id", "type": "ERROR", "error": "<sentence>"}` (the protocol's
+  "Type ERROR"), sent in an event array; the socket stays open and the other prompts continue.
 Before an upgrade the answer is an HTTP error response in the frame shape `[{"error"}]`: 426 for
 a plain HTTP request to the route, 404/405 for any other path or method (the error middleware).
 

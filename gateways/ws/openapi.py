@@ -4,11 +4,11 @@ OpenAPI describes HTTP exchanges, not the frames of a WebSocket. What it can hol
 upgrade routes `GET /ws` and `GET /api/ws` with their HTTP answers (101 Switching Protocols for
 a WebSocket handshake, 426 `[{"error"}]` for a plain request, 401 without a key), `GET /health`,
 and the frames under the extension `x-websocket` of each upgrade operation: the client's text
-frame (the pydantic model `WsRequest`, seed `websocket-protocol.md` "Queue generation payload")
-and the server's frame, a JSON array of events. The events are built by hand in
-gateways.ws.translate and errors.py; their schemas follow the seed's "Service Response Events"
-(ACCEPTED, STARTED, INITIALIZED, PROGRESS, COMPLETE, ERROR) and DESIGN.md's `[{"error"}]` for a
-refused frame.
+frame (the pydantic model `WsRequest`, the protocol's "Queue generation payload") and the
+server's frame, a JSON array of events. The events are built by hand in gateways.ws.translate
+and errors.py; their schemas follow the protocol's "Service Response Events" (ACCEPTED, STARTED,
+INITIALIZED, PROGRESS, COMPLETE, ERROR) and `[{"error"}]` for a refused frame
+(docs/websocket.md).
 """
 
 from __future__ import annotations

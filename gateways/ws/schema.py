@@ -1,8 +1,9 @@
-"""Wire models of the WebSocket `/ws` batch protocol (seed: websocket-protocol.md).
+"""Wire models of the WebSocket `/ws` batch protocol (docs/websocket.md; its origin is
+alexandriaproject-io/llm-inference).
 
 A client text frame is one JSON object `{prompts: [{request_id, prompt}], only_new_tokens,
-stream_response, generation_config}`. This module checks JSON shapes and types only (DESIGN.md
-principle 3): value ranges are the core's. A frame is accepted whole or refused whole;
+stream_response, generation_config}`. This module checks JSON shapes and types only:
+value ranges are the core's, checked once for every schema. A frame is accepted whole or refused whole;
 `parse_frame` raises a GatewayError whose message names the offending field
 (`prompts[2].request_id: must be a string`), which routes.py sends back as `[{"error": ...}]`.
 

@@ -24,6 +24,7 @@ Figures:
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
 
 Sections are merged into bench-results/summary.json: a run of some sections keeps the others.
+At the end, scripts/bench/report.py writes the summary's figures into docs/performance.md.
 
 Usage: python scripts/bench/run_all.py --model models/demo [--out bench-results] [--rounds 3]
            [--skip baseline] [--only overhead]
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
 import shlex
@@ -54,6 +56,7 @@ from overhead import _f as num
 from overhead import measure as measure_window
 from overhead import merge_summary, print_overhead, run_overhead
 from procs import ROOT, Proc, free_port
+from report import update as update_report
 
 HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline", "guided"}
 SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead")
@@ -191,7 +194,13 @@ def main() -> int:
         p.error(f"unknown sections: {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     out = ROOT / args.out
     out.mkdir(exist_ok=True)
-    summary: dict = {"model": args.model, "max_new_tokens": args.max_new_tokens, "machine": {"cpus": os.cpu_count()}}
+    summary: dict = {
+        "model": args.model,
+        "max_new_tokens": args.max_new_tokens,
+        "rounds": args.rounds,
+        "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count()},
+    }
     try:
         if selected & HF_SECTIONS:
             hf_sections(args, selected, out, summary)
@@ -202,6 +211,13 @@ def main() -> int:
     finally:
         path = merge_summary(out, summary)  # what was measured before a failure is kept
     print_summary(json.loads(path.read_text()))
+    doc = ROOT / "docs/performance.md"
+    try:
+        update_report(path, doc)
+    except (OSError, ValueError, KeyError) as e:  # the measurements are in summary.json either way
+        print(f"{doc} not updated: {type(e).__name__}: {e}")
+    else:
+        print(f"wrote the figures into {doc}")
     return 0
 
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from websockets.asyncio.client import connect
 
-# The gateways' sentences for core failures (DESIGN.md "Errors, per schema").
+# The gateways' sentences for core failures (docs/architecture.md, "Errors").
 INCOMPLETE = "The model server ended the response before it finished."
 CANCELLED = "The model server cancelled the request before it finished; retry it."
 CLOSED = "The model server closed the connection; retry."
@@ -41,7 +41,7 @@ def records(text: str) -> list:
 
 
 def lmi_error(message: str) -> dict:
-    """LMI's rolling-batch error body (DESIGN.md "Errors, per schema"), with the message."""
+    """LMI's rolling-batch error body (docs/lmi.md, "Errors"), with the message."""
     details = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
     return {"generated_text": "", "details": details, "error": message}
 

@@ -7,7 +7,7 @@ text picks the script) answers:
   when it aborts a request it still answers);
 - "fail-mid-stream": the lifecycle markers, then the call fails with INTERNAL.
 
-Each gateway must render these in its own schema (DESIGN.md "Errors, per schema"): before the
+Each gateway must render these in its own schema (docs/architecture.md, "Errors"): before the
 first byte as an error status, after it in-band. The incomplete-stream rule itself lives once,
 in gateways.common.streaming.CoreStream.
 """

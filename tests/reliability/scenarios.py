@@ -280,7 +280,7 @@ async def core_kill(
     gateway, keep it down `outage_s` seconds, `restart()` it on the same address (returns once
     it serves), and measure per gateway the seconds from then to the first successful call.
 
-    Expected (issue 15): each stream ends with its schema's in-band error, every readiness route
+    Expected: each stream ends with its schema's in-band error, every readiness route
     reports not ready while the core is down (`NOT_READY`), and every gateway serves again
     without a restart of its own. Returns {"recovery_s": {gateway: s}, "not_ready_s": {gateway:
     s from the kill until its readiness route said so, polled once the streams ended},
@@ -333,7 +333,7 @@ async def drain(
     at address `core`, `terminate()` the core (SIGTERM) once every stream has its first token,
     then send a new call straight to the core and one through each gateway.
 
-    Expected (issue 15, DESIGN.md "Shutdown"): the streams in flight finish complete (`tokens`
+    Expected (docs/architecture.md, "Shutdown"): the streams in flight finish complete (`tokens`
     tokens each: choose `tokens` so they fit in `drain_seconds`), the new calls are refused at
     once (UNAVAILABLE on gRPC, 503 on HTTP, an ERROR event on WebSocket), and the process exits
     (`exited()` returns) within `drain_seconds` + 0.5 s. Returns {"exit_s", "refusal_s":

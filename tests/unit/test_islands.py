@@ -1,4 +1,4 @@
-"""Two islands (DESIGN.md "Two islands, two installs"): the gateways run without the core's
+"""Two islands (docs/architecture.md, "Processes"): the gateways run without the core's
 dependencies, and no gateway depends on another.
 
 - A fresh interpreter imports every module of every gateway (and the gateway CLI); neither

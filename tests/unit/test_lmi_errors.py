@@ -1,4 +1,4 @@
-"""Every LMI error row (DESIGN.md "Errors, per schema"; seed "Error Responses"): status and body
+"""Every LMI error row (docs/lmi.md, "Errors"; LMI's "Error Responses"): status and body
 before the stream, the in-band record after it, the dynamic-batch shape, HTTP-level errors, and
 the LMI names of the core's field paths (translate.FIELDS)."""
 

@@ -11,7 +11,7 @@ from gateways.common.chat import errors
 from gateways.common.status import GatewayError
 
 STATUSES = [
-    # (gRPC code, HTTP status, OpenAI type) per DESIGN.md "Errors, per schema"
+    # (gRPC code, HTTP status, OpenAI type): docs/architecture.md, "Errors"; docs/openai.md, "Errors"
     (grpc.StatusCode.INVALID_ARGUMENT, 400, "invalid_request_error"),
     (grpc.StatusCode.FAILED_PRECONDITION, 400, "invalid_request_error"),
     (grpc.StatusCode.OUT_OF_RANGE, 400, "invalid_request_error"),

@@ -1,4 +1,4 @@
-"""OpenAI's error object, before and after the first byte (DESIGN.md "Errors, per schema"); the
+"""OpenAI's error object, before and after the first byte (docs/architecture.md, "Errors"); the
 error shape of the OpenAI gateway, and of chat completions on the LMI gateway.
 
 Before the stream starts: the HTTP status from `gateways.common.status.GRPC_TO_HTTP` (with

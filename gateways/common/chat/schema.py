@@ -1,11 +1,12 @@
 """Wire models of OpenAI chat completions: the OpenAI gateway's `POST /v1/chat/completions`, and
 the LMI gateway's `/invocations` when the body has `messages` (so they live here, shared).
 
-The request table is the seed's (`shared/seeds/lmi-chat-completions-schema.md`, "Request
-Schema") plus OpenAI's `max_completion_tokens` and `stream_options`. Only JSON shapes and
-types are checked here, plus the ranges that are OpenAI's own and narrower than the core's
-(temperature <= 2, at most 4 stop strings: DESIGN.md principle 3 leaves every general range to
-the core). Integers must also fit the proto field they travel in (int32 or int64).
+The request table is LMI's chat completions schema (DJL-Serving's `chat_input_output_schema.md`,
+"Request Schema") plus OpenAI's `max_completion_tokens` and `stream_options`. Only JSON shapes
+and types are checked here, plus the ranges that are OpenAI's own and narrower than the core's
+(temperature <= 2, at most 4 stop strings); every general range is the core's, checked once for
+every schema (core.validation). Integers must also fit the proto field they travel in (int32 or
+int64).
 
 Structured output (`response_format`) and tools (`tools`, `tool_choice`,
 `parallel_tool_calls`, assistant `tool_calls` and `tool` messages) have their shapes checked

@@ -1,4 +1,5 @@
-"""Chat completions <-> the core's Generate contract, as pure functions (DESIGN.md principle 2).
+"""Chat completions <-> the core's Generate contract, as pure functions (data in, data out: no
+I/O, so the tables are tested without a server).
 
 Request: `to_generate_request` maps a checked ChatCompletionRequest to a GenerateRequest through
 the schema's field table `FIELDS` (the core renders `messages` with the model's own chat
@@ -15,9 +16,9 @@ serves this schema on `/invocations`, passes its own (gateways.lmi.translate.FIN
 Nothing here reads a clock or draws an id: the completion id, `created` and the model name are
 passed in, once per request, so every chunk of a request carries the same values.
 
-Where we follow OpenAI rather than the seed's examples (`shared/seeds/lmi-chat-completions-schema.md`):
-`logprobs` is the object `{"content": [...]}` (the seed wraps it in a list) and
-`top_logprobs[].token` is the token's text (the seed shows a number).
+Where we follow OpenAI rather than the examples of LMI's chat completions schema
+(`chat_input_output_schema.md`): `logprobs` is the object `{"content": [...]}` (the examples wrap
+it in a list) and `top_logprobs[].token` is the token's text (the examples show a number).
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ FIELDS = FieldTable(
 def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.GenerateRequest:
     """The GenerateRequest for a chat completion request.
 
-    Rules (brief and seed "Request Schema"): `do_sample` is set explicitly, true unless
-    temperature is 0 (OpenAI samples by default; DJL's chat path does the same); an unset
+    Rules (OpenAI's API and the schema's "Request Schema"): `do_sample` is set explicitly, true
+    unless temperature is 0 (OpenAI samples by default; DJL's chat path does the same); an unset
     temperature keeps the engine's default (1.0). `max_completion_tokens` (or else
     `max_tokens`) -> `stopping.max_new_tokens`; both unset leaves it unset (the core's default
     applies). `stop` (a string or a list) -> `stopping.stop`. `logit_bias` keys (decimal
