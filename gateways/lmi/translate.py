@@ -1,5 +1,5 @@
-"""LMI <-> gRPC translation: pure functions, no I/O, no clocks, no random ids (DESIGN.md
-"Translation is data in, data out").
+"""LMI <-> gRPC translation: pure functions, no I/O, no clocks, no random ids
+(docs/architecture.md, "Principles").
 
 Request side: `render_options` decides what the response will show, `to_generate_request` maps
 `inputs` + GenerationParameters (seed "GenerationParameters") onto one `GenerateRequest`
@@ -196,7 +196,7 @@ def to_generate_request(
 ) -> spb.GenerateRequest:
     """One GenerateRequest for `inputs` with LMI parameters `p`.
 
-    Mapping (seed "GenerationParameters"; DESIGN.md "Sampling defaults are the engine's"):
+    Mapping (seed "GenerationParameters"; docs/architecture.md, "Sampling defaults are the engine's"):
     sampling fields pass through when given (unset ones take the core engine's defaults, so
     TensorRT-LLM's distinct defaults apply on that engine); `do_sample` only when given (the
     core infers it), except that TGI compatibility reads `do_sample: false` as "not forced",

@@ -6,7 +6,7 @@ Generate stream messages become `$generate_response` objects, GetModelInfo becom
 metadata. No I/O, clocks or random ids here; the routes pass the request id in.
 
 Sources: the generate extension seeds (v2 wins: `id` is echoed), the TensorRT-LLM ensemble's
-inputs and outputs, and DESIGN.md ("Sampling defaults are the engine's", "Errors, per schema").
+inputs and outputs, and docs/architecture.md ("Sampling defaults are the engine's", "Errors").
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Request side: one GenerateRequest per prompt (`to_generate_request`, through the schema's field
 table `FIELDS`), with `session_id` set to the prompt's request_id so that the core continues a
-live session ("continue generation", DESIGN.md "Sessions"). Default precedence (written down
+live session ("continue generation", docs/architecture.md "Sessions"). Default precedence (written down
 once): a `generation_config` field the client set > the gateway's ".env" default > unset (the
 core's engine default).
 
-Response side: the core's lifecycle markers map 1:1 to the seed's events (DESIGN.md "The gRPC
+Response side: the core's lifecycle markers map 1:1 to the seed's events (docs/architecture.md "The gRPC
 contract"): QUEUED -> ACCEPTED, SCHEDULED -> STARTED, PREFILLED -> INITIALIZED. Every message
 whose text delta is non-empty gives one PROGRESS event (when stream_response); a message whose
 delta is empty (the core holds back an incomplete UTF-8 character or a special token it leaves

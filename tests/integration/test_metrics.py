@@ -11,6 +11,7 @@ import grpc
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from tests.integration.core_helpers import generate, request
@@ -69,6 +70,36 @@ async def test_core_counters_match_the_requests(metered):
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert value(samples, name, **m) == 0
     assert ("process_cpu_seconds_total", ()) in samples
+
+
+async def test_core_counts_which_path_each_output_took(metered):
+    """`trellis_core_stream_outputs_total{path}`: a Generate call's outputs all take the delta
+    path; the plain decode steps of a MultiplexGenerate request started with `steps` take the
+    step path (its first and last tokens still travel whole)."""
+    url = f"http://127.0.0.1:{metered.metrics.port}/metrics"
+    m = {"model_name": MODEL}
+
+    def paths(samples) -> tuple[float, float]:
+        return tuple(value(samples, "trellis_core_stream_outputs_total", path=p, **m) for p in ("step", "delta"))
+
+    async with grpc.aio.insecure_channel(metered.address) as channel:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        start = paths(await scrape(url))
+        await generate(stub, {**body("a", max_new=6), "stopping": {"maxNewTokens": 6, "ignoreEos": True}})
+        after_generate = paths(await scrape(url))
+        call = stub.MultiplexGenerate()
+        req = request({**body("b"), "stopping": {"maxNewTokens": 6, "ignoreEos": True}})
+        await call.write(spb.MultiplexGenerateRequest(starts=[spb.MultiplexStart(id=1, request=req, steps=True)]))
+        entries = 0
+        while True:
+            msg = await call.read()
+            entries += len(msg.steps.ids)
+            if any(ev.HasField("status") for ev in msg.events):
+                break
+        call.cancel()
+        end = paths(await scrape(url))
+    assert after_generate[0] == start[0] and after_generate[1] > start[1]
+    assert end[0] - after_generate[0] == entries == 4  # six tokens: the first and the last whole
 
 
 async def test_core_gauges_follow_the_batch_and_rejections_are_counted(metered):
