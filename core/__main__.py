@@ -1,19 +1,19 @@
-"""`trellis-core` / `python -m core`: serve one model over the gRPC Generate API until SIGTERM."""
+"""`trellis-core` / `python -m core`: serve one model over the gRPC Generate API until SIGTERM
+or SIGINT, then drain (servestop, core.server.CoreServer.stop)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import signal
 import sys
 
 import uvloop
 
 import logclip
 import servegc
+import servestop
 from core.config import CoreConfig, load
-from core.server import start_core
+from core.server import CoreServer, start_core
 
 log = logging.getLogger("core")
 
@@ -44,15 +44,14 @@ async def _serve(config: CoreConfig) -> int:
     core = await start_core(config)
     servegc.settle()
     print(f"trellis-core serving '{config.served_model_name}' ({config.engine}) on {core.address}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("draining for up to %.0f s", config.drain_seconds)
+    await servestop.drain_on_signal(lambda: _drain(core))
+    return 0
+
+
+async def _drain(core: CoreServer) -> None:
+    log.info("draining for up to %.0f s", core.config.drain_seconds)
     await core.stop()
     log.info("stopped")
-    return 0
 
 
 if __name__ == "__main__":

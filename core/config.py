@@ -17,6 +17,7 @@ from pathlib import Path
 from core.engine.hf_config import parse_cpus
 from core.engine.registry import ENGINES
 from envflags import EnvArgumentParser, ListAction, comma_list
+from envflags.tls import add_server_tls_arguments
 
 ENV_PREFIX = "TRELLIS_CORE_"
 
@@ -91,7 +92,7 @@ class CoreConfig:
     metrics_require_key: bool = False
     # API keys (core.auth): none accepts every call.
     api_key: tuple[str, ...] = ()
-    # TLS (core.tls): no certificate serves plaintext.
+    # TLS (core.tls; flags and their rules: envflags.tls): no certificate serves plaintext.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     ssl_ca_certs: str | None = None
@@ -263,18 +264,7 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="accept only calls with the metadata 'authorization: Bearer KEY' (repeatable, or comma-separated; "
         "grpc.health.v1 stays open)",
     )
-    p.add_argument("--ssl-certfile", default=d.ssl_certfile, help="serve gRPC over TLS with this PEM certificate chain")
-    p.add_argument("--ssl-keyfile", default=d.ssl_keyfile, help="the TLS certificate's PEM private key")
-    p.add_argument(
-        "--ssl-ca-certs", default=d.ssl_ca_certs, help="PEM CA certificates that sign accepted client certificates"
-    )
-    p.add_argument(
-        "--ssl-cert-reqs",
-        type=int,
-        default=d.ssl_cert_reqs,
-        choices=[0, 1, 2],
-        help="client certificates: 0 none, 1 optional, 2 required (mTLS); as Python's ssl.CERT_*",
-    )
+    add_server_tls_arguments(p, serves="gRPC over TLS", label="TLS")
     p.add_argument(
         "--guide-cache-size",
         type=int,

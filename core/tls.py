@@ -11,7 +11,8 @@ certificate with the old key.
 
 Client certificates (`--ssl-cert-reqs`, the values of Python's `ssl.CERT_*`, as vLLM's flag):
 0 asks for none; 1 asks for one signed by `--ssl-ca-certs` but serves clients without one; 2
-requires one (mTLS: `require_client_authentication`).
+requires one (mTLS: `require_client_authentication`). The flags and the combinations refused
+are the gateways' too (envflags.tls).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from collections.abc import Sequence
 
 import grpc
 
-log = logging.getLogger(__name__)
+from envflags.tls import CERT_REQUIRED, check_server_tls
 
-CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED = 0, 1, 2
+log = logging.getLogger(__name__)
 
 
 class CertificateFiles:
@@ -89,21 +90,15 @@ def server_credentials(
     """The gRPC server's credentials: None without `certfile` (plaintext), else dynamic TLS.
 
     Raises:
-        ValueError: a key without a certificate or the reverse, client certificates asked for
-            without a CA bundle, or `cert_reqs` outside 0-2.
+        ValueError: flags envflags.tls.check_server_tls refuses (a key without a certificate or
+            the reverse, client certificates asked for without a CA bundle, `cert_reqs` outside
+            0-2).
         OSError: a file cannot be read.
     """
-    if cert_reqs not in (CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED):
-        raise ValueError(f"--ssl-cert-reqs must be 0, 1 or 2, got {cert_reqs}")
-    if not certfile and not keyfile:
-        if ca_certs or cert_reqs:
-            raise ValueError("--ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile and --ssl-keyfile")
+    pair = check_server_tls(certfile, keyfile, ca_certs, cert_reqs, label="TLS")
+    if pair is None:
         return None
-    if not (certfile and keyfile):
-        raise ValueError("TLS needs both --ssl-certfile and --ssl-keyfile")
-    if cert_reqs and not ca_certs:
-        raise ValueError("--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs (the CA that signs client certificates)")
-    files = CertificateFiles(certfile, keyfile, ca_certs if cert_reqs else None)
+    files = CertificateFiles(*pair, ca_certs if cert_reqs else None)
     # types-grpcio types the fetcher without its None ("no change"), which grpcio documents.
     return grpc.dynamic_ssl_server_credentials(
         files.configuration(),

@@ -14,6 +14,9 @@ never flips a setting that is on by default. Any other word is an error naming t
 Lists (`comma_list` with `ListAction`, e.g. API keys): a repeatable flag whose every value may
 hold several comma-separated items; its variable holds the same comma-separated list, and the
 command line, when it gives the flag, replaces the variable's list.
+
+The rules of settings both islands have live here too: API keys (envflags.apikeys) and the TLS
+flags a server offers its clients (envflags.tls).
 """
 
 from __future__ import annotations

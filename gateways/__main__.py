@@ -1,4 +1,5 @@
-"""`trellis-gateway <lmi|openai|triton|ws> [flags]`: run one gateway process until SIGTERM.
+"""`trellis-gateway <lmi|openai|triton|ws> [flags]`: run one gateway process until SIGTERM or
+SIGINT, then drain (servestop, gateways.common.drain).
 
 Each gateway package is a gateways.common.app.Gateway: DEFAULT_PORT, add_arguments(parser) and
 make_app(config).
@@ -10,12 +11,12 @@ import asyncio
 import importlib
 import json
 import logging
-import signal
 import sys
 from typing import cast
 
 import logclip
 import servegc
+import servestop
 from gateways.common.app import Gateway, start_app
 from gateways.common.config import GatewayConfig, load
 from gateways.common.drain import drain
@@ -56,12 +57,7 @@ async def _serve(config: GatewayConfig, module: Gateway) -> int:
     servegc.settle()
     scheme = "https" if context else "http"
     print(f"trellis-gateway {config.name} on {scheme}://{config.host}:{port} -> core {config.core}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await drain(app, runner, config.drain_seconds)
+    await servestop.drain_on_signal(lambda: drain(app, runner, config.drain_seconds))
     return 0
 
 

@@ -9,6 +9,7 @@ COPY pyproject.toml README.md ./
 COPY envflags ./envflags
 COPY logclip ./logclip
 COPY servegc ./servegc
+COPY servestop ./servestop
 COPY core ./core
 COPY gateways ./gateways
 COPY gen ./gen

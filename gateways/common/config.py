@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from envflags import EnvArgumentParser, ListAction, comma_list
+from envflags.tls import add_server_tls_arguments
 from gateways.common.targets import parse_core_target
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class GatewayConfig:
         core_api_key: the key sent to the core (`authorization` metadata); empty: none.
         metrics_require_key: `GET /metrics` needs a key too.
         ssl_certfile, ssl_keyfile, ssl_ca_certs, ssl_cert_reqs: HTTPS to clients
-            (gateways.common.tls.server_ssl_context).
+            (gateways.common.tls.server_ssl_context; flags and their rules: envflags.tls).
         core_tls, core_ssl_ca_certs, core_ssl_certfile, core_ssl_keyfile: TLS to the core
             (gateways.common.tls.channel_credentials).
         drain_seconds: on SIGTERM, how long health reports not serving, while requests are
@@ -249,16 +250,7 @@ def load(
         default=False,
         help="GET /metrics needs an API key too (default: open)",
     )
-    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS (and WSS) with this PEM certificate chain")
-    p.add_argument("--ssl-keyfile", default=None, help="the HTTPS certificate's PEM private key")
-    p.add_argument("--ssl-ca-certs", default=None, help="PEM CA certificates that sign accepted client certificates")
-    p.add_argument(
-        "--ssl-cert-reqs",
-        type=int,
-        default=0,
-        choices=[0, 1, 2],
-        help="client certificates: 0 none, 1 optional, 2 required; as Python's ssl.CERT_*",
-    )
+    add_server_tls_arguments(p, serves="HTTPS (and WSS)", label="HTTPS")
     p.add_argument(
         "--core-tls",
         action=argparse.BooleanOptionalAction,

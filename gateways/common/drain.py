@@ -1,4 +1,5 @@
-"""A gateway's graceful stop (SIGTERM), in the order a load balancer needs:
+"""A gateway's graceful stop (SIGTERM or SIGINT: servestop.drain_on_signal), in the order a load
+balancer needs:
 
 1. health turns "not serving" at once (LMI `/ping` and OpenAI `/health` 503, Triton
    `/v2/health/ready` 400), while requests are still accepted and served, for `--drain-seconds`:

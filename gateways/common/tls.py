@@ -3,7 +3,8 @@
 Clients (vLLM's flag names): `--ssl-certfile` and `--ssl-keyfile` serve HTTPS (and WSS on the
 WebSocket gateway); `--ssl-ca-certs` with `--ssl-cert-reqs` (Python's `ssl.CERT_*`: 0 none, 1
 optional, 2 required) asks clients for certificates signed by that CA. `server_ssl_context`
-builds the `ssl.SSLContext` aiohttp serves with.
+builds the `ssl.SSLContext` aiohttp serves with; the flags and the combinations refused are the
+core's too (envflags.tls).
 
 Core: `--core-ssl-ca-certs` (the CA that signs the core's certificate) or `--core-tls` (the
 system's CAs) makes the channel TLS; `--core-ssl-certfile` and `--core-ssl-keyfile` add the
@@ -19,6 +20,7 @@ import ssl
 
 import grpc
 
+from envflags.tls import check_server_tls
 from gateways.common.config import GatewayConfig
 
 
@@ -50,21 +52,17 @@ def server_ssl_context(config: GatewayConfig) -> ssl.SSLContext | None:
     """The SSLContext the gateway serves HTTPS with, or None for plain HTTP.
 
     Raises:
-        ValueError: inconsistent flags (a key without a certificate, client certificates asked
-            for without a CA bundle).
+        ValueError: flags envflags.tls.check_server_tls refuses (a key without a certificate or
+            the reverse, client certificates asked for without a CA bundle, `ssl_cert_reqs`
+            outside 0-2).
         OSError / ssl.SSLError: a file cannot be read or is not PEM.
     """
-    cert, key, ca, reqs = config.ssl_certfile, config.ssl_keyfile, config.ssl_ca_certs, config.ssl_cert_reqs
-    if not cert and not key:
-        if ca or reqs:
-            raise ValueError("--ssl-ca-certs and --ssl-cert-reqs need --ssl-certfile and --ssl-keyfile")
+    ca, reqs = config.ssl_ca_certs, config.ssl_cert_reqs
+    pair = check_server_tls(config.ssl_certfile, config.ssl_keyfile, ca, reqs, label="HTTPS")
+    if pair is None:
         return None
-    if not (cert and key):
-        raise ValueError("HTTPS needs both --ssl-certfile and --ssl-keyfile")
-    if reqs and not ca:
-        raise ValueError("--ssl-cert-reqs 1 or 2 needs --ssl-ca-certs (the CA that signs client certificates)")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert, key)
+    context.load_cert_chain(*pair)
     if ca:
         context.load_verify_locations(ca)
     context.verify_mode = ssl.VerifyMode(reqs)

@@ -2,13 +2,17 @@
 straight over gRPC, the streams finish complete, new calls are refused at once (UNAVAILABLE on
 gRPC, 503 through the HTTP gateways, an ERROR event on WebSocket), health reports NOT_SERVING,
 and the core stops within --drain-seconds (+0.5 s). `make soak` records the times (scenario in
-tests/reliability/scenarios.py)."""
+tests/reliability/scenarios.py). A second signal during the drain (servestop) cuts it short
+neither in the core's process (uvloop's loop) nor in a gateway's (asyncio's), whose health
+reports not serving while it still serves requests, and which then exits."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 
+import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,7 +20,7 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
-from tests.integration.core_helpers import start_core_process
+from tests.integration.core_helpers import start_core_process, start_module
 from tests.integration.gateway_helpers import GATEWAYS
 from tests.reliability.scenarios import drain
 
@@ -27,7 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 async def test_sigterm_finishes_streams_in_flight_and_refuses_new_calls(
     engine, tokenizer_only_dir, tiny_model_dir, start_gateway
 ):
-    """On the mock engine, and on the HF engine (tiny model) with its engine process."""
+    """On the mock engine, and on the HF engine (tiny model) with its engine process; a SIGINT
+    once the drain has begun changes nothing."""
     if engine == "mock":
         args: tuple[str, ...] = ("--model", str(tokenizer_only_dir), "--engine", "mock", "--mock-step-ms", "5")
         drain_s, tokens = 3.0, 200
@@ -43,11 +48,16 @@ async def test_sigterm_finishes_streams_in_flight_and_refuses_new_calls(
             health = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
             assert (await health.read()).status == health_pb2.HealthCheckResponse.SERVING
 
+            statuses = []
+
             async def exited() -> None:
+                # Once the drain has begun (health NOT_SERVING), a second signal changes nothing.
+                while not statuses or statuses[-1] != health_pb2.HealthCheckResponse.NOT_SERVING:
+                    statuses.append((await health.read()).status)
+                proc.send_signal(signal.SIGINT)
                 assert await proc.wait() == 0
 
             figures = await drain(urls, addr, lambda: proc.send_signal(signal.SIGTERM), exited, drain_s, tokens)
-            statuses = []
             with pytest.raises(grpc.aio.AioRpcError):
                 while True:
                     statuses.append((await health.read()).status)
@@ -79,3 +89,29 @@ async def test_drain_stops_streams_still_running_at_its_deadline(start_mock_core
         elapsed = time.monotonic() - started
         stream.cancel()
     assert elapsed < 1.0 + 0.5
+
+
+async def test_a_gateway_process_drains_on_sigterm_and_a_second_signal_does_not_cut_it_short(mock_core):
+    args = ("lmi", "--port", "0", "--core", mock_core.address, "--drain-seconds", "3")
+    proc, port = await start_module("gateways", args, r"on http://127\.0\.0\.1:(\d+)")
+    output = asyncio.ensure_future(proc.stdout.read())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/ping") as r:
+                assert r.status == 200
+            proc.send_signal(signal.SIGTERM)
+            while True:  # health turns at once; the signal is handled between two requests
+                async with http.get(f"{base}/ping") as r:
+                    if r.status == 503:
+                        break
+            proc.send_signal(signal.SIGINT)
+            async with http.post(f"{base}/invocations", json={"inputs": "x"}) as r:
+                assert r.status == 200  # still served while the balancer takes it out
+        assert await proc.wait() == 0
+        assert (await output).decode().count("draining: health reports not serving for 3.0 s") == 1
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await output

@@ -4,8 +4,9 @@ dependencies, and no gateway depends on another.
 - A fresh interpreter imports every module of every gateway (and the gateway CLI); neither
   `core`, `torch` nor `transformers` may be loaded by that.
 - The import graph, read from the source: a gateway's modules import only their own package,
-  gateways.common and envflags from this project; gateways.common imports no gateway; the
-  settings package both islands share (envflags) imports nothing of either.
+  gateways.common and the shared packages from this project; gateways.common imports no
+  gateway; the packages both islands share (envflags, logclip, servegc, servestop) import the
+  standard library and each other only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ast
 import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAYS = ("lmi", "openai", "triton", "ws")
 HEAVY = ("core", "torch", "transformers")
-PROJECT = ("core", "gateways", "envflags", "scripts", "tests")
+#: Top-level packages both islands install; standard library only.
+SHARED = ("envflags", "logclip", "servegc", "servestop")
 
 
 def _modules(package: str) -> list[str]:
@@ -48,11 +51,13 @@ def _imports(module: str) -> set[str]:
 
 
 def _owner(name: str) -> str | None:
-    """The island part a module name belongs to: "core", "envflags", "gateways.common",
+    """The island part a module name belongs to: "core", "shared" (SHARED), "gateways.common",
     "gateways.<name>", "gateways" (the package and its CLI), or None (not this project)."""
     parts = name.split(".")
-    if parts[0] in ("core", "envflags"):
-        return parts[0]
+    if parts[0] == "core":
+        return "core"
+    if parts[0] in SHARED:
+        return "shared"
     if parts[0] != "gateways":
         return None
     if len(parts) > 1 and (parts[1] == "common" or parts[1] in GATEWAYS):
@@ -79,17 +84,23 @@ def test_a_fresh_interpreter_imports_every_gateway_without_the_core():
 @pytest.mark.parametrize("module", _modules("gateways"))
 def test_gateway_imports_stay_on_their_island(module):
     owner = _owner(module)
-    allowed = {owner, "gateways.common", "envflags"}
+    allowed = {owner, "gateways.common", "shared"}
     if owner == "gateways":  # the package and the CLI, which picks a gateway by name at run time
-        allowed = {"gateways", "gateways.common", "envflags"}
+        allowed = {"gateways", "gateways.common", "shared"}
     project = {name for name in _imports(module) if _owner(name) is not None}
     strays = sorted(name for name in project if _owner(name) not in allowed)
     assert strays == [], f"{module} imports {strays}"
 
 
-@pytest.mark.parametrize("module", _modules("envflags"))
-def test_the_shared_settings_package_imports_neither_island(module):
-    assert [name for name in _imports(module) if name.split(".")[0] in PROJECT] == []
+def test_every_shared_package_is_installed():
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(SHARED) <= set(setuptools["packages"])
+
+
+@pytest.mark.parametrize("module", [m for package in SHARED for m in _modules(package)])
+def test_the_shared_packages_import_the_standard_library_only(module):
+    top = {name.split(".")[0] for name in _imports(module)}
+    assert sorted(top - sys.stdlib_module_names - set(SHARED)) == []
 
 
 @pytest.mark.parametrize("module", _modules("core"))
