@@ -29,6 +29,19 @@ One era per upstream binding shape, each rebuilt from the bindings' own source
          |                                              | CANCELLED; SamplingConfig has num_return_sequences
          |                                              | and min_p; block reuse on by default; guided
          |                                              | decoding (below)
+  "1.3"  | the same files in the 1.3.0rc releases that  | as "1.0", except that ExecutorConfig's
+         | still ship the executor (up to rc20), after  | normalize_log_probs defaults to False
+         | PR #12366 (March 2026, "Do not normalize log |
+         | probs by default", executorConfig.h)         |
+
+Log probabilities (every era): `ExecutorConfig.normalize_log_probs` (True by default until
+PR #12366) makes the decoder report each token's logprob in the distribution it was drawn
+from after temperature and top-k/top-p truncation, renormalized: a greedy token's is then 0.0
+(triton-inference-server/tensorrtllm_backend issue #276: "the default setting is greedy search
+and the probability of candidate is always 1. And hence the log prob is always 0";
+NVIDIA/TensorRT-LLM issue #2406 on 0.14, "TRTGptModel normalizeLogProbs: 1"). With it off
+the value is the token's logprob in the model's full distribution (after logit bias and
+penalties), which is what the double computes from its FakeModel.
 
 Guided decoding (era "1.0"; absent before, as in 0.11-0.15: first released in 0.16.0):
 `GuidedDecodingParams(guide_type, guide=None)` with `GuidedDecodingParams.GuideType` (JSON,
@@ -40,12 +53,18 @@ tokenizer_str=None, stop_token_ids=None)` with `GuidedDecodingConfig.GuidedDecod
 behaves as `batch_manager/guidedDecoder.cpp`: LLGUIDANCE is refused at construction ("LLGuidance
 is not supported for guided decoding in C++ runtime."); the tokenizer comes from encoded_vocab
 and tokenizer_str with the padded vocabulary size; each guided request's grammar is compiled at
-its first context step (JSON: the builtin JSON grammar, an object or an array) and its token
-mask applied to the logits before sampling, the matcher advancing with each token. The double
-compiles with llguidance (the grammar library this project ships) where the runtime uses
-XGrammar; the masks are what each guide allows either way. A guide that does not compile fails
-its request with an error response ([UNCONFIRMED]: the runtime's exact behaviour); guided
-parameters without a GuidedDecodingConfig are ignored (no GuidedDecoder exists; [UNCONFIRMED]).
+its first context step by `GuidedDecoder::build`, which runs inside `forwardAsync` for the whole
+scheduled batch (JSON: the builtin JSON grammar; JSON_SCHEMA: `CompileJSONSchema`; REGEX:
+`Grammar::FromRegex`; EBNF_GRAMMAR: `Grammar::FromEBNF`), and its token mask is applied to
+the logits before sampling, the matcher advancing with each token. A guide that does not
+compile throws there, and `forwardAsync`'s handler (`trtGptModelInflightBatching.cpp`,
+`executorImpl.cpp` `terminateActiveRequests`) fails every active request with "Encountered an
+error in forwardAsync function: ...". The double decides what compiles with XGrammar itself
+where the `xgrammar` package is importable (the same calls through its Python API), else with
+llguidance, and builds the masks with llguidance (the grammar library this project ships); the
+masks are what each guide allows either way. Guided parameters on an executor without a
+GuidedDecodingConfig are refused with an error response for that request (no GuidedDecoder
+exists to honour them; the wording of that error is the double's).
 
 Behaviour common to every era, from the same sources: `LlmRequest::createResponse` sends
 `log_probs` cumulative (all generated so far) and `context_logits` on every result when
@@ -89,8 +108,8 @@ log = logging.getLogger("tensorrt_llm.fake")
 
 _EMPTY = inspect.Parameter.empty
 K_MAX_BEAM_WIDTH = 1024
-ERAS = ("0.11", "0.15", "1.0")
-VERSIONS = {"0.11": "0.11.0", "0.15": "0.15.0", "1.0": "1.0.0"}
+ERAS = ("0.11", "0.15", "1.0", "1.3")
+VERSIONS = {"0.11": "0.11.0", "0.15": "0.15.0", "1.0": "1.0.0", "1.3": "1.3.0rc20"}
 
 
 def _signature(positional: Sequence[tuple[str, object]], keyword_only: Sequence[tuple[str, object]] = ()):
@@ -123,7 +142,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     """A module-shaped fake of `tensorrt_llm.bindings.executor` for one binding era.
 
     Args:
-        era: "0.11", "0.15" or "1.0" (see the module docstring).
+        era: "0.11", "0.15", "1.0" or "1.3" (see the module docstring).
         rank: this process's MPI rank; only rank 0 may enqueue (leader mode, §1.14).
         first_request_id: the first id `enqueue_request` returns (default random, so tests
             cannot depend on it: §8 "Don't let tests depend on the first id value").
@@ -132,7 +151,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         raise ValueError(f"era must be one of {ERAS}")
     m = types.ModuleType("tensorrt_llm.bindings.executor")
     m.fake_era = era
-    early, late = era == "0.11", era == "1.0"
+    early, late = era == "0.11", era in ("1.0", "1.3")
     m.fake_rank = rank
     m.fake_instances = []
     m.fake_leader_shutdown = threading.Event()
@@ -524,7 +543,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         ("scheduler_config", None),
         ("kv_cache_config", None),
         ("enable_chunked_context", False),
-        ("normalize_log_probs", True),
+        ("normalize_log_probs", era != "1.3"),  # PR #12366 turned the default off
         ("iter_stats_max_iterations", 1000),
         ("request_stats_max_iterations", 0),
         ("batching_type", m.BatchingType.INFLIGHT),
@@ -624,7 +643,7 @@ class _Live:
 
 def _make_executor_class(m: types.ModuleType, era: str):
     FinishReason = getattr(m, "FinishReason", None)
-    early, late = era == "0.11", era == "1.0"
+    early, late = era == "0.11", era in ("1.0", "1.3")
 
     def reason(name: str):
         if FinishReason is None:  # E0 has no finish reasons at all
@@ -921,7 +940,13 @@ def _make_executor_class(m: types.ModuleType, era: str):
             for live in [x for x in self._active if x.id in self._cancel]:
                 self._terminate_cancelled(live)
                 completed += 1
-            self._schedule()
+            for error in self._schedule():
+                # GuidedDecoder::build throws inside forwardAsync: every active request ends
+                for live in self._active:
+                    self._error(live, f"Encountered an error in forwardAsync function: {error}")
+                completed += len(self._active)
+                self._active = []
+                break
             stages = {}
             for live in list(self._active):
                 prompt = live.req.input_token_ids
@@ -1004,9 +1029,13 @@ def _make_executor_class(m: types.ModuleType, era: str):
                     )
                 )
 
-        def _schedule(self) -> None:
+        def _schedule(self) -> list[str]:
             """Move queued requests into the batch while sequences fit; validate them as the
-            executor does when it fetches new requests (§1.12)."""
+            executor does when it fetches new requests (`executorImpl.cpp`: one error response
+            for that request). Returns the compile errors of guides scheduled this step, which
+            the caller turns into the whole batch's failure (guidedDecoder.cpp, see the module
+            docstring)."""
+            guide_errors = []
             while self._queue and sum(x.n for x in self._active) + self._queue[0].n <= self._max_batch:
                 live = self._queue.popleft()
                 error = self._validate(live)
@@ -1015,13 +1044,13 @@ def _make_executor_class(m: types.ModuleType, era: str):
                     continue
                 error = self._guides.start(live)
                 if error is not None:
-                    self._error(live, f"Encountered an error in forwardAsync function: {error}")
-                    continue
+                    guide_errors.append(error)
                 room = self._max_seq_len - len(live.req.input_token_ids)
                 if live.max_tokens > room:  # §1.12: silently clipped, with a warning
                     log.warning("Number of requested output tokens is changed to (%d)", room)
                     live.max_tokens = room
                 self._active.append(live)
+            return guide_errors
 
         def _validate(self, live: _Live) -> str | None:
             req = live.req
@@ -1050,6 +1079,8 @@ def _make_executor_class(m: types.ModuleType, era: str):
                     "The embedding bias shape is not as expected. Expected last dimension to be same as vocab "
                     f"size: {self._vocab_unpadded}."
                 )
+            if getattr(req, "guided_decoding_params", None) is not None and self._guides.tokenizer is None:
+                return "Guided decoding parameters were given, but the executor has no GuidedDecodingConfig"
             if req.output_config.return_context_logits and not self._gather_context:
                 return "Return context logit need to build engine with gather_context_logits"
             if req.sampling_config.beam_width > self._max_beam_width:
@@ -1113,15 +1144,15 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 x = self._guides.mask(seq.matcher, x)
             top_k = sc.top_k or 0
             top_p = sc.top_p or 0.0
-            if top_k == 0 and top_p == 0.0:  # §1.6: both unset = greedy
+            if top_k == 0 and top_p == 0.0:  # both unset = greedy (samplingConfig.cpp)
                 tok = int(x.argmax())
-                return tok, float(logprobs[tok])
+                return tok, 0.0 if self._normalize else float(logprobs[tok])  # the one candidate: p = 1
             if top_p == 0.0:
                 top_p = 1.0
             temperature = 1.0 if sc.temperature is None else sc.temperature
-            if temperature == 0:  # allowed by validation, meaningless for sampling (§7.4)
+            if temperature == 0:  # allowed by validation, meaningless for sampling
                 tok = int(x.argmax())
-                return tok, float(logprobs[tok])
+                return tok, 0.0 if self._normalize else float(logprobs[tok])
             probs = (x / temperature).softmax(-1)
             if top_k > 0:
                 kth = probs.topk(min(top_k, self._vocab)).values[-1]
@@ -1135,10 +1166,11 @@ def _make_executor_class(m: types.ModuleType, era: str):
             mask = torch.zeros_like(probs, dtype=torch.bool)
             mask[order[keep]] = True
             probs = torch.where(mask, probs, torch.zeros_like(probs))
-            seed = sc._v.get("seed") or 0  # §7.15: unseeded = seed 0
+            seed = sc._v.get("seed") or 0  # unseeded = the runtime's default seed 0
             g = torch.Generator().manual_seed((seed * 1_000_003 + seq.index * 7919 + len(seq.generated)) % (1 << 63))
-            tok = int(torch.multinomial(probs / probs.sum(), 1, generator=g))
-            return tok, float(logprobs[tok])
+            drawn = probs / probs.sum()
+            tok = int(torch.multinomial(drawn, 1, generator=g))
+            return tok, float(drawn[tok].log()) if self._normalize else float(logprobs[tok])
 
         def _respond(self, live: _Live, seq: _Seq) -> None:
             req = live.req
@@ -1236,6 +1268,9 @@ class _FakeGuidedDecoder:
         from llguidance import LLMatcher, grammar_from
 
         t, guide = params.guide_type, params.guide
+        error = self._xgrammar_error(t, guide)
+        if error is not None:
+            return error
         if t == self.types.JSON:
             grammar = LLMatcher.grammar_from_json_schema('{"type": ["object", "array"]}')
         elif t == self.types.JSON_SCHEMA:
@@ -1253,6 +1288,26 @@ class _FakeGuidedDecoder:
             seq.matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
             if seq.matcher.is_error():
                 return seq.matcher.get_error()
+        return None
+
+    def _xgrammar_error(self, guide_type, guide: str | None) -> str | None:
+        """What `GuidedDecoder::build` throws compiling this guide with XGrammar (its Python
+        API makes the same calls), or None; None also where xgrammar is not installed."""
+        try:
+            import xgrammar
+        except ImportError:
+            return None
+        try:
+            if guide_type == self.types.JSON:
+                xgrammar.Grammar.builtin_json_grammar()
+            elif guide_type == self.types.JSON_SCHEMA:
+                xgrammar.Grammar.from_json_schema(guide)
+            elif guide_type == self.types.REGEX:
+                xgrammar.Grammar.from_regex(guide)
+            elif guide_type == self.types.EBNF_GRAMMAR:
+                xgrammar.Grammar.from_ebnf(guide)
+        except Exception as e:
+            return str(e)
         return None
 
     def mask(self, matcher, logits: torch.Tensor) -> torch.Tensor:

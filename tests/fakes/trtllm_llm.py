@@ -6,33 +6,51 @@ As in the real package, the LLM drives an executor: here the executor double of
 RequestOutput on the event loop it was created on. What the LLM layer adds, each from upstream
 source (NVIDIA/TensorRT-LLM):
   * `SamplingParams`, a kw-only dataclass (`tensorrt_llm/sampling_params.py`): an unknown
-    field is a TypeError, its validation a ValueError; greedy with n/best_of > 1 refused;
-  * `generate_async` (`llmapi/llm.py`, `executor/base_worker.py` `_enqueue_request`):
-    `RequestError` (a RuntimeError, `executor/utils.py`) raised at submission for one
-    request's failure: a prompt over max_num_tokens (`_check_arguments`, "should not exceed
-    max_num_tokens") or leaving no room under max_seq_len (`_deduce_max_tokens`' ValueError,
-    wrapped); `end_id=-1` with ignore_eos; `stop_words` with ignore_eos: kept by the
-    1.0-era worker (`executor/worker.py`), `[]` from 1.1 (`base_worker.py`: "stop_words=[] if
-    ignore_eos") -- the release boundary of that change is modelled, not pinned;
+    field is a TypeError, its validation a ValueError; `__post_init__` sets `pad_id = end_id`
+    where unset and `best_of = best_of or n`; greedy with best_of > 1 refused unless the
+    environment has TLLM_ALLOW_N_GREEDY_DECODING set to any non-empty value
+    (`os.environ.get('TLLM_ALLOW_N_GREEDY_DECODING', None)`, read in 0.19 to 1.x);
+  * `generate_async` (`llmapi/llm.py`, `executor/base_worker.py` `_enqueue_request`): a
+    prompt over max_num_tokens is refused unless `enable_chunked_prefill` is on
+    (`_check_arguments`, PyTorch backend: "should not exceed max_num_tokens") with a plain
+    ValueError in the releases whose `llm.py` raises it (1.0 to 1.2 here) and `RequestError`
+    (a RuntimeError, `executor/utils.py`; `tests/unittest/llmapi/test_llm.py`
+    `test_max_num_token_check` expects it) later; a prompt leaving no room under max_seq_len
+    fails with `RequestError` (`_deduce_max_tokens`' ValueError, wrapped); `end_id=-1` with
+    ignore_eos; `stop_words` with ignore_eos: kept by the 1.0-era worker
+    (`executor/worker.py`), `[]` from 1.1 (`base_worker.py`: "stop_words=[] if ignore_eos")
+    -- the release boundaries of these two changes are modelled, not pinned;
   * the `RequestOutput` (`executor/result.py`) binds its async queue to the loop running at
     creation ("if has_event_loop(): self.aqueue = AsyncQueue()"); created without one, async
     iteration fails ("The asyncio event loop was not present during initialization");
-  * PyTorch backend, default TorchSampler (`_torch/pyexecutor/sampler.py`): the end token is
-    appended before the request finishes by END_ID, so it is in `token_ids`; one generator
-    seeded 42 serves every request (a client's seed does not reproduce); no penalty or min_p
-    code; from 1.1 logprobs are keyed by the top-k tokens of `log_softmax` (k = logprobs), so a
-    sampled token outside them has none. `sampler_type="TRTLLMSampler"` (1.1+) or
-    `enable_trtllm_sampler=True` (1.0) selects the C++ sampler instead: per-request seeds,
-    penalties, min_p, the sampled token's logprob;
+  * the PyTorch backend's samplers, chosen per release (RELEASES) as
+    `_torch/pyexecutor/_util.py` `instantiate_sampler` does:
+      - TorchSampler before PRs #16485/#16590/#17172 ("torch-legacy", `_torch/pyexecutor/
+        sampler.py`): the end token is appended before the request finishes by END_ID, so it
+        is in `token_ids`; one generator seeded 42 serves every request (a client's seed does
+        not reproduce); no penalty or min_p code; from 1.1 logprobs are keyed by the top-k
+        tokens of `log_softmax` (k = logprobs), so a sampled token outside them has none;
+      - TorchSampler after them ("torch", the only sampler once PR #18232 removed
+        TRTLLMSampler and `sampler_type`, 2026-08-26, 1.3.0rc26 and 1.4.0rc4): penalties,
+        min_p and the request's seed; the end token appended as before; logprobs hold the
+        sampled token first, then the top-k (`_torch/pyexecutor/sampler/sampler.py`);
+      - TRTLLMSampler, the C++ decoder ("trtllm"): chosen by `enable_trtllm_sampler=True`
+        (1.0), by default while the switch was `use_torch_sampler` (PR #6216 to PR #6831, the
+        1.1 pre-releases), by `sampler_type="TRTLLMSampler"` (PR #6831 to PR #18232): the
+        executor's behaviour, so no end token in `token_ids`, per-request seeds, penalties,
+        min_p, the sampled token's logprob; it does not normalize logprobs;
   * TRT-flow backend (`backend="tensorrt"`): the C++ executor's behaviour (end token
-    excluded, per-request seeds, sampled-token logprobs);
+    excluded, per-request seeds, sampled-token logprobs), `ExecutorConfig.normalize_log_probs`
+    from the LLM's args (`llm.py`, False by default);
   * guided decoding (`sampling_params.py`): `GuidedDecodingParams(json, regex, grammar,
     json_object, structural_tag)`, a kw-only dataclass whose `_validate` refuses more than one
     guide, in `SamplingParams.guided_decoding`, turned into the executor's GuidedDecodingParams
     as `_get_guided_decoding_params` does (json_object -> JSON, json -> JSON_SCHEMA, dicts
     serialized, regex -> REGEX, grammar -> EBNF_GRAMMAR, structural_tag -> STRUCTURAL_TAG);
     the LLM's `guided_decoding_backend` ("xgrammar" | "llguidance", `llmapi/llm_args.py`) gives
-    the executor its GuidedDecodingConfig from the tokenizer (`_xgrammar_tokenizer_info`).
+    the executor its GuidedDecodingConfig from the tokenizer (`_xgrammar_tokenizer_info`);
+    without one, a guided request is refused (the executor double's error response, as a
+    `RequestError`), and a guide the grammar backend cannot compile fails the whole batch.
 
 Test hooks: `fake_executor` (the executor double inside), `fake_kill()`, `fake_fail_submit()`.
 """
@@ -41,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import itertools
 import json
 import os
@@ -111,6 +130,9 @@ class SamplingParams:
     guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self):
+        if self.pad_id is None:
+            self.pad_id = self.end_id
+        self.best_of = self.best_of or self.n
         if self.guided_decoding is not None:
             self.guided_decoding._validate()
         if self.top_p is not None and not 0 <= self.top_p <= 1:
@@ -119,13 +141,12 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.temperature is not None and self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.best_of is not None and self.best_of < self.n:
+        if self.best_of < self.n:
             raise ValueError("best_of must be >= n")
-        width = max(self.n, self.best_of or 1)
-        if width > 1 and self._greedy() and os.environ.get("TLLM_ALLOW_N_GREEDY_DECODING") != "1":
+        if self.best_of > 1 and self._greedy() and not os.environ.get("TLLM_ALLOW_N_GREEDY_DECODING", None):
             raise ValueError(
                 "Greedy decoding in the LLM API does not allow multiple returns. Please set to best_of=1, got "
-                f"best_of={width}. Please set to best_of=1 or set an environment variable "
+                f"best_of={self.best_of}. Please set to best_of=1 or set an environment variable "
                 "TLLM_ALLOW_N_GREEDY_DECODING=1 to allow best_of > 1 under the greedy decoding."
             )
 
@@ -176,13 +197,13 @@ class RequestOutput:
         self.request_id = rid
         self.prompt = None
         self.prompt_token_ids = prompt_ids
-        self.outputs = [CompletionOutput(i) for i in range(max(params.n, params.best_of or 1))]
+        self.outputs = [CompletionOutput(i) for i in range(params.best_of)]
         self.finished = False
         self.context_logits = None
         self._params = params
         self._streaming = streaming
         self._stops = stops
-        self._sampler = sampler  # "torch" (TorchSampler), "trtllm" (C++ sampler) or "trt" (TRT flow)
+        self._sampler = sampler  # "torch-legacy", "torch" (TorchSampler), "trtllm" (C++ sampler), "trt" (TRT flow)
         try:  # result.py: the async queue exists only when created on a running loop
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -205,8 +226,8 @@ class RequestOutput:
         new = list(res.output_token_ids[0])
         name = res.finish_reasons[0].name if res.is_sequence_final else None
         values = list(res.log_probs[0][len(out.logprobs) :]) if res.log_probs is not None else None
-        if name == "END_ID" and self._sampler != "trt":
-            # PyTorch backend: the end token is added before the request finishes by END_ID
+        if name == "END_ID" and self._sampler in ("torch", "torch-legacy"):
+            # TorchSampler: the end token is added before the request finishes by END_ID
             new.append(self._params.end_id)
             if values is not None:
                 context = self.prompt_token_ids + out.token_ids + new[:-1]
@@ -214,17 +235,18 @@ class RequestOutput:
         base = self.prompt_token_ids + out.token_ids
         out.token_ids += new
         if values is not None:
-            if self._sampler == "torch" and self._llm.fake_topk_logprobs:
-                k = int(self._params.logprobs or 1)  # keyed by the top-k tokens, not the sampled one
-                for i in range(len(new)):
+            style = self._llm.fake_logprobs if self._sampler in ("torch", "torch-legacy") else "sampled"
+            if style != "sampled":
+                k = int(self._params.logprobs or 1)
+                for i, token in enumerate(new):
                     dist = self._llm.fake_log_softmax(base + new[:i], self._params)
                     top = dist.topk(k)
-                    out.logprobs.append(
-                        {
-                            int(t): Logprob(float(v), r + 1)
-                            for r, (t, v) in enumerate(zip(top.indices, top.values, strict=True))
-                        }
-                    )
+                    entry = {}
+                    if style == "sampled+topk":  # the sampled token first, with its rank
+                        entry[token] = Logprob(float(dist[token]), int((dist > dist[token]).sum()) + 1)
+                    for r, (t, v) in enumerate(zip(top.indices, top.values, strict=True)):
+                        entry.setdefault(int(t), Logprob(float(v), r + 1))
+                    out.logprobs.append(entry)
             else:
                 out.logprobs += [{t: Logprob(v, 1)} for t, v in zip(new, values, strict=False)]
             out.cumulative_logprob = res.cum_log_probs[0] if res.cum_log_probs else None
@@ -304,8 +326,11 @@ class LLM:
     fake_release: ClassVar[str] = "1.2.0"
     fake_backend: ClassVar[str] = "pytorch"
     fake_release_args: ClassVar[frozenset[str]] = frozenset({"sampler_type"})
-    fake_topk_logprobs: ClassVar[bool] = True
+    fake_sampler_types: ClassVar[frozenset[str]] = frozenset({"TRTLLMSampler", "TorchSampler", "auto"})
+    fake_torch_sampler: ClassVar[str] = "torch-legacy"
+    fake_logprobs: ClassVar[str] = "topk"
     fake_ignore_eos_drops_stops: ClassVar[bool] = True
+    fake_length_error: ClassVar[type[Exception]] = ValueError
     _llm_args: ClassVar[set[str]] = {
         "max_batch_size",
         "max_num_tokens",
@@ -323,6 +348,8 @@ class LLM:
         "skip_tokenizer_init",
         "tokenizer",
         "guided_decoding_backend",
+        "enable_chunked_prefill",
+        "normalize_log_probs",
     }
 
     def __init__(self, model, tokenizer=None, **kwargs):
@@ -345,12 +372,18 @@ class LLM:
             pipeline_parallel_size=kwargs.get("pipeline_parallel_size", 1),
             skip_tokenizer_init=bool(kwargs.get("skip_tokenizer_init", False)),
         )
+        self.args.enable_chunked_prefill = bool(kwargs.get("enable_chunked_prefill", False))
+        sampler_type = kwargs.get("sampler_type")
+        if sampler_type is not None and sampler_type not in self.fake_sampler_types:
+            raise ValueError(f"TorchLlmArgs: sampler_type: Input should be one of {sorted(self.fake_sampler_types)}")
         if self.fake_backend == "tensorrt":
             self.fake_sampler = "trt"
-        elif kwargs.get("sampler_type") == "TRTLLMSampler" or kwargs.get("enable_trtllm_sampler"):
+        elif sampler_type == "TRTLLMSampler" or kwargs.get("enable_trtllm_sampler"):
             self.fake_sampler = "trtllm"
+        elif "use_torch_sampler" in self.fake_release_args and not kwargs.get("use_torch_sampler"):
+            self.fake_sampler = "trtllm"  # PR #6216: the C++ sampler by default
         else:
-            self.fake_sampler = "torch"
+            self.fake_sampler = self.fake_torch_sampler
         self._global_generator = random.Random(42)  # TorchSampler: one generator seeded 42 for all
         self.fake_module = trtllm_executor.make_module("1.0")
         tl = self.fake_module
@@ -384,7 +417,12 @@ class LLM:
         config = tl.ExecutorConfig(
             max_beam_width=1,
             max_batch_size=self.args.max_batch_size,
+            max_num_tokens=self.args.max_num_tokens,
             kv_cache_config=tl.KvCacheConfig(enable_block_reuse=True),
+            enable_chunked_context=self.args.enable_chunked_prefill,
+            # llm.py: normalize_log_probs from the LLM's args (False); the PyTorch backend's
+            # samplers do not normalize either (PR #12366's description)
+            normalize_log_probs=bool(kwargs.get("normalize_log_probs", False)),
             guided_decoding_config=guided,
         )
         self.fake_executor = tl.Executor(b"engine", json.dumps(engine), tl.ModelType.DECODER_ONLY, config)
@@ -418,8 +456,8 @@ class LLM:
         if self.args.skip_tokenizer_init and (p.end_id is None or p.stop or p.bad):
             raise ValueError("without a tokenizer, end_id must be set and stop/bad strings cannot be encoded")
         prompt = [int(t) for t in inputs]
-        if len(prompt) > self.args.max_num_tokens:  # llm.py _check_arguments
-            raise RequestError(
+        if not self.args.enable_chunked_prefill and len(prompt) > self.args.max_num_tokens:  # _check_arguments
+            raise self.fake_length_error(
                 f"The sum of prompt length ({float(len(prompt))}), query length (0) should not exceed max_num_tokens "
                 f"({self.args.max_num_tokens})"
             )
@@ -430,16 +468,16 @@ class LLM:
                 f"({self.args.max_seq_len}) - `splited_prompt_len` ({len(prompt)})"
             )
         tl = self.fake_module
-        width = max(p.n, p.best_of or 1)
-        torch_sampler = self.fake_sampler == "torch"
+        width = p.best_of
+        torch_sampler = self.fake_sampler == "torch-legacy"
         sc = {
             "beam_width": 1,
             "num_return_sequences": width if width > 1 else None,
-            # TorchSampler: the client's seed is not used; draws come from the shared generator
+            # early TorchSampler: the client's seed is not used; draws come from the shared generator
             "seed": self._global_generator.randrange(1 << 63) if torch_sampler else p.seed,
             "min_tokens": p.min_tokens,
         }
-        if not torch_sampler:  # TorchSampler has no penalty or min_p code
+        if not torch_sampler:  # the early TorchSampler has no penalty or min_p code
             sc |= {
                 "repetition_penalty": p.repetition_penalty,
                 "presence_penalty": p.presence_penalty,
@@ -545,11 +583,49 @@ def _executor_guide(tl, g: GuidedDecodingParams | None):
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """What changes between the LLM API releases the double models.
+
+    Attributes:
+        sampler_args: the LLM args that pick the sampler.
+        sampler_types: `llm_args.SamplerType` members, where the release has the enum.
+        torch_sampler: the TorchSampler of the release ("torch-legacy" or "torch").
+        logprobs: how TorchSampler fills `CompletionOutput.logprobs`: "sampled" (the sampled
+            token only), "topk" (the top-k of log_softmax), "sampled+topk" (the sampled token,
+            then the top-k).
+        ignore_eos_drops_stops: the worker sends `stop_words=[]` with ignore_eos.
+        length_error: what `_check_arguments` raises for a prompt over max_num_tokens.
+        version: `tensorrt_llm.__version__`.
+    """
+
+    sampler_args: frozenset[str]
+    sampler_types: frozenset[str]
+    torch_sampler: str
+    logprobs: str
+    ignore_eos_drops_stops: bool
+    length_error: type[Exception]
+    version: str
+
+
+_SAMPLER_TYPES = frozenset({"TRTLLMSampler", "TorchSampler", "auto"})
 RELEASES = {
-    # release: (args that select the sampler, TorchSampler keys logprobs by top-k, ignore_eos drops stop words)
-    "1.0.0": (frozenset({"enable_trtllm_sampler"}), False, False),
-    "1.2.0": (frozenset({"sampler_type"}), True, True),
-    "1.3.0": (frozenset({"sampler_type"}), True, True),
+    # 1.0: `enable_trtllm_sampler` (docs/source/1.0/features/sampling.md)
+    "1.0.0": Release(
+        frozenset({"enable_trtllm_sampler"}), frozenset(), "torch-legacy", "sampled", False, ValueError, "1.0.0"
+    ),
+    # PR #6216 (July 2025) to PR #6831 (August 2025): `use_torch_sampler`, TRTLLMSampler by default
+    "1.1.0rc0": Release(
+        frozenset({"use_torch_sampler"}), frozenset(), "torch-legacy", "topk", True, ValueError, "1.1.0rc0"
+    ),
+    # PR #6831: `sampler_type` (auto -> TorchSampler)
+    "1.2.0": Release(frozenset({"sampler_type"}), _SAMPLER_TYPES, "torch-legacy", "topk", True, ValueError, "1.2.0"),
+    "1.3.0": Release(
+        frozenset({"sampler_type"}), _SAMPLER_TYPES, "torch-legacy", "topk", True, RequestError, "1.3.0rc10"
+    ),
+    # PR #18232 (2026-08-26): TRTLLMSampler and `sampler_type` removed; TorchSampler has PRs
+    # #16485 (penalties), #16590 (min_p), #17172 (per-request seeds)
+    "1.4.0": Release(frozenset(), frozenset(), "torch", "sampled+topk", True, RequestError, "1.4.0rc4"),
 }
 
 
@@ -557,29 +633,33 @@ def install(
     monkeypatch, *, version: str = "1.2.0", backend: str = "pytorch", sampler_switch: bool = True
 ) -> types.ModuleType:
     """Put the LLM API double into sys.modules as `tensorrt_llm` (with `tensorrt_llm.llmapi`,
-    `tensorrt_llm.executor`, and `tensorrt_llm.bindings.executor` -- without `Executor` from
-    1.3, as after v1.3.0rc20); returns the top-level module.
+    `tensorrt_llm.llmapi.llm_args`, `tensorrt_llm.executor`, and
+    `tensorrt_llm.bindings.executor` -- without `Executor` from 1.3, as after v1.3.0rc20);
+    returns the top-level module.
 
     Args:
         version: one of RELEASES.
         backend: "pytorch" (the 1.x default) or "tensorrt" (the TRT flow).
         sampler_switch: False models a release whose LLM args have no way to pick the C++
-            sampler (TorchSampler only).
+            sampler (the early TorchSampler only).
     """
     import sys
 
-    switch, topk, drops = RELEASES[version]
+    release = RELEASES[version]
     top = types.ModuleType("tensorrt_llm")
-    top.__version__ = version
+    top.__version__ = release.version
     top.SamplingParams = SamplingParams
     top.fake_instances = []
 
     class TrackedLLM(LLM):
         fake_release = version
         fake_backend = backend
-        fake_release_args = switch if sampler_switch else frozenset()
-        fake_topk_logprobs = topk
-        fake_ignore_eos_drops_stops = drops
+        fake_release_args = release.sampler_args if sampler_switch else frozenset()
+        fake_sampler_types = release.sampler_types if sampler_switch else frozenset()
+        fake_torch_sampler = release.torch_sampler
+        fake_logprobs = release.logprobs
+        fake_ignore_eos_drops_stops = release.ignore_eos_drops_stops
+        fake_length_error = release.length_error
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -595,6 +675,11 @@ def install(
     llmapi.SamplingParams = SamplingParams
     llmapi.GuidedDecodingParams = GuidedDecodingParams
     llmapi.TorchLlmArgs = TorchLlmArgs
+    llm_args = types.ModuleType("tensorrt_llm.llmapi.llm_args")
+    llm_args.TorchLlmArgs = TorchLlmArgs
+    if TrackedLLM.fake_sampler_types:
+        llm_args.SamplerType = enum.Enum("SamplerType", {name: name for name in sorted(TrackedLLM.fake_sampler_types)})
+    llmapi.llm_args = llm_args
     executor_pkg = types.ModuleType("tensorrt_llm.executor")
     executor_utils = types.ModuleType("tensorrt_llm.executor.utils")
     executor_pkg.RequestError = executor_utils.RequestError = RequestError
@@ -607,6 +692,7 @@ def install(
     for name, module in {
         "tensorrt_llm": top,
         "tensorrt_llm.llmapi": llmapi,
+        "tensorrt_llm.llmapi.llm_args": llm_args,
         "tensorrt_llm.executor": executor_pkg,
         "tensorrt_llm.executor.utils": executor_utils,
         "tensorrt_llm.bindings": bindings,

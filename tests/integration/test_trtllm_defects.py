@@ -1,6 +1,8 @@
-"""One test per defect of issue 12, each against the double of the era where it lives.
+"""Behaviours of the real library that broke the TensorRT-LLM engines: one test each, against
+the double of the era where the behaviour lives.
 
-Every docstring names the upstream source (NVIDIA/TensorRT-LLM) the behaviour was read in.
+Every docstring names the upstream source (NVIDIA/TensorRT-LLM unless said otherwise) and the
+releases the behaviour was read in.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.engine.trtllm import executor as trtllm
 from core.engine.trtllm import llm as trtllm_llm
@@ -29,6 +32,7 @@ from tests.integration.core_helpers import request_of as request
 from tests.integration.core_helpers import wait_health
 
 MODEL = FakeModel(4096)
+LENGTH_MESSAGE = "The sum of prompt length (20.0), query length (0) should not exceed max_num_tokens (16)"
 
 
 def _llm(fake):
@@ -42,11 +46,9 @@ async def test_1_request_error_at_submit_fails_the_request_not_the_engine(monkey
     """`RequestError` (a RuntimeError, `tensorrt_llm/executor/utils.py`) is one request's
     failure; `tests/unittest/llmapi/test_llm.py::test_max_num_token_check` expects it from
     `llm.generate` for a prompt over max_num_tokens ("should not exceed max_num_tokens")."""
-    fake_llm.install(monkeypatch)
-    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm", trt_max_num_tokens=4) as (
-        server,
-        stub,
-    ):
+    fake = fake_llm.install(monkeypatch, version="1.3.0")
+    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (server, stub):
+        _llm(fake).fake_fail_submit(fake_llm.RequestError(LENGTH_MESSAGE))
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await collect(stub, request("a prompt of more than four tokens, surely"))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -141,7 +143,7 @@ async def test_7_torch_sampler_gaps_are_refused_and_no_seed_is_reported(monkeypa
         assert not msgs[-1].HasField("seed") and not msgs[-1].effective_sampling.HasField("seed")
         msgs = await collect(stub, request(stopping={"max_new_tokens": 2}))  # greedy needs no seed
         assert msgs[-1].HasField("seed")
-        assert server.engine.sampler == "torch"
+        assert server.engine.sampler == "torch-legacy"
 
 
 @pytest.mark.parametrize("version, arg", [("1.0.0", "enable_trtllm_sampler"), ("1.2.0", "sampler_type")])
@@ -229,7 +231,7 @@ async def test_11_the_llm_double_keeps_upstream_behaviour(monkeypatch, tmp_path)
     (`executor/result.py`)."""
     import json
 
-    top = fake_llm.install(monkeypatch, sampler_switch=False)
+    top = fake_llm.install(monkeypatch, version="1.3.0", sampler_switch=False)
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 4096, "max_position_embeddings": 64}))
     if True:
         llm = top.LLM(tmp_path, skip_tokenizer_init=True, max_num_tokens=16)
@@ -303,3 +305,289 @@ async def test_12_context_logits_arrive_on_every_result(monkeypatch, tmp_path, t
         msgs = await collect(stub, request(stopping={"max_new_tokens": 3}, output={"prompt_logprobs": 1}))
         assert sum(1 for m in msgs if m.prompt_tokens) == 1
     assert tl.fake_instances
+
+
+# --------------------------------------------------------------------------------- 13
+
+
+def _full_logprob(context: list[int], token: int) -> float:
+    return float(MODEL.logits(context).log_softmax(-1)[token])
+
+
+@pytest.mark.parametrize("era", ["0.11", "0.15", "1.0", "1.3"])
+async def test_13_logprobs_are_the_models_on_every_executor_release(
+    monkeypatch, tokenizer, tmp_path, tiny_model_dir, era
+):
+    """`ExecutorConfig.normalize_log_probs` (`cpp/tensorrt_llm/executor/executorConfig.cpp`,
+    0.11 to 1.3.0rc20) defaults to True until PR #12366 (March 2026, "Do not normalize log
+    probs by default"); normalized, a greedy token's logprob is 0.0
+    (triton-inference-server/tensorrtllm_backend issue #276; issue #2406 on 0.14) and a sampled
+    token's is taken in the truncated top-k distribution. The engine turns it off wherever the
+    release has it: greedy and sampled tokens both report their logprob in the model's
+    distribution."""
+    trtllm_executor.install(monkeypatch, era)
+    out = make_engine_output(tmp_path / "e", tiny_model_dir)
+    async with serve_engine(trtllm.build, out, tokenizer, engine="trtllm") as (server, stub):
+        prompt = tokenizer.encode("hello")
+        greedy, lps = MODEL.greedy(prompt, 4)
+        msgs = await collect(stub, request(stopping={"max_new_tokens": 4}, output={"logprobs": True}))
+        toks = [t for m in msgs for o in m.outputs for t in o.tokens]
+        assert [t.id for t in toks] == greedy
+        assert [t.logprob for t in toks] == pytest.approx(lps, abs=1e-4) and all(t.logprob < 0 for t in toks)
+        msgs = await collect(
+            stub,
+            request(
+                sampling={"do_sample": True, "top_k": 3, "seed": 5},
+                stopping={"max_new_tokens": 4},
+                output={"logprobs": True},
+            ),
+        )
+        ids = tokens_of(msgs)
+        lps = [t.logprob for m in msgs for o in m.outputs for t in o.tokens]
+        assert lps == pytest.approx([_full_logprob(prompt + ids[:i], t) for i, t in enumerate(ids)], abs=1e-4)
+        assert server.engine._executor.config.normalize_log_probs is False
+
+
+# --------------------------------------------------------------------------------- 14
+
+
+@pytest.mark.parametrize(
+    "version, sampler, seed_reported",
+    [("1.0.0", "trtllm", True), ("1.1.0rc0", "trtllm", True), ("1.2.0", "trtllm", True), ("1.4.0", "torch", False)],
+)
+async def test_14_the_sampler_is_the_one_the_release_has(
+    monkeypatch, tokenizer, tiny_model_dir, version, sampler, seed_reported
+):
+    """`enable_trtllm_sampler` (1.0), `use_torch_sampler` with TRTLLMSampler the default (the
+    1.1 pre-releases between PR #6216 and PR #6831), `sampler_type` (PR #6831 on, deprecated by
+    PR #11938), and no switch at all once PR #18232 (2026-08-26; 1.3.0rc26, 1.4.0rc4) removed
+    TRTLLMSampler and `sampler_type` -- where passing it is refused and TorchSampler has
+    penalties (PR #16485), min_p (PR #16590) and per-request seeds (PR #17172). Each release
+    builds and takes penalties, min_p and a seed; TorchSampler's seeds do not reproduce across
+    batches (PR #17172: FlashInfer reads the first row's seed), so no seed is reported there."""
+    fake = fake_llm.install(monkeypatch, version=version)
+    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (server, stub):
+        body = request(
+            sampling={"do_sample": True, "seed": 11, "repetition_penalty": 1.2, "min_p": 0.05},
+            stopping={"max_new_tokens": 4},
+        )
+        msgs = await collect(stub, body)
+        assert len(tokens_of(msgs)) == 4 and msgs[-1].HasField("seed") is seed_reported
+        assert server.engine.sampler == sampler and _llm(fake).fake_sampler == sampler
+        sent = _llm(fake).fake_executor.fake_requests
+        sc = sent[max(sent)].sampling_config
+        assert (sc.repetition_penalty, sc.min_p, sc.seed) == (pytest.approx(1.2), pytest.approx(0.05), 11)
+
+
+# --------------------------------------------------------------------------------- 15
+
+
+@pytest.fixture
+def bad_for_xgrammar():
+    """A guide llguidance compiles and XGrammar refuses (its regex converter has no Unicode
+    classes: "Regex parsing error at position 1"); needs xgrammar, which TensorRT-LLM brings."""
+    pytest.importorskip("xgrammar", reason="xgrammar is not installed (TensorRT-LLM brings it)")
+    return pb.GuidedDecoding(regex=r"\p{L}+")
+
+
+def test_15_the_double_fails_the_whole_batch_on_a_guide_that_does_not_compile(tmp_path, tokenizer):
+    """`GuidedDecoder::build` (`batch_manager/guidedDecoder.cpp`, 0.16 to 1.3.0rc20) compiles
+    a request's grammar inside `forwardAsync`; its exception reaches `terminateActiveRequests`,
+    which errors every active request, not only the guided one."""
+    from core.engine.trtllm.mapping import xgrammar_tokenizer_info
+
+    tl = trtllm_executor.make_module("1.0")
+    engine = trtllm_executor.write_engine_dir(tmp_path / "e")
+    guided = tl.GuidedDecodingConfig(
+        tl.GuidedDecodingConfig.GuidedDecodingBackend.XGRAMMAR, **xgrammar_tokenizer_info(tokenizer, 2)
+    )
+    with tl.Executor(engine, tl.ModelType.DECODER_ONLY, tl.ExecutorConfig(guided_decoding_config=guided)) as ex:
+        running = ex.enqueue_request(tl.Request([1, 300], 200, streaming=True, end_id=2))
+        while not ex.await_responses(running, timeout=1.0):
+            pass
+        bad = tl.GuidedDecodingParams(tl.GuidedDecodingParams.GuideType.REGEX, "a(?=b)")  # no compiler takes it
+        guided_id = ex.enqueue_request(tl.Request([1, 301], 4, end_id=2, guided_decoding_params=bad))
+        for rid in (running, guided_id):
+            last = None
+            while last is None or not (last.has_error() or last.result.is_final):
+                got = ex.await_responses(rid, timeout=1.0)
+                last = got[-1] if got else last
+            assert last.has_error() and "Encountered an error in forwardAsync function" in last.error_msg
+    plain = trtllm_executor.make_module("1.0")
+    with plain.Executor(engine, plain.ModelType.DECODER_ONLY, plain.ExecutorConfig()) as ex:
+        params = plain.GuidedDecodingParams(plain.GuidedDecodingParams.GuideType.REGEX, "[0-9]")
+        rid = ex.enqueue_request(plain.Request([1, 300], 4, end_id=2, guided_decoding_params=params))
+        got = []
+        while not got:
+            got = ex.await_responses(rid, timeout=1.0)
+        assert got[0].has_error() and "no GuidedDecodingConfig" in got[0].error_msg
+
+
+@pytest.mark.parametrize("kind", ["trtllm", "trtllm-llm"])
+async def test_15_a_guide_xgrammar_refuses_fails_alone_before_the_batch(
+    monkeypatch, tokenizer, tmp_path, tiny_model_dir, bad_for_xgrammar, kind
+):
+    """The core checks guides with llguidance, the runtime compiles them with XGrammar
+    (`guidedDecoder.cpp`: `Grammar::FromRegex`); each guide is compiled with XGrammar before it
+    is sent, so one it refuses fails with INVALID_ARGUMENT naming its field and the request
+    already running finishes."""
+    if kind == "trtllm":
+        trtllm_executor.install(monkeypatch, "1.0")
+        build, model = trtllm.build, make_engine_output(tmp_path / "e", tiny_model_dir)
+    else:
+        fake_llm.install(monkeypatch)
+        build, model = trtllm_llm.build, tiny_model_dir
+    async with serve_engine(build, model, tokenizer, engine=kind) as (server, stub):
+        running = stub.Generate(request(stopping={"max_new_tokens": 120}))
+        while not (await running.read()).outputs:
+            pass
+        guided = spb.GenerateRequest(text="hi", stopping=pb.StoppingParams(max_new_tokens=4))
+        guided.guided_decoding.CopyFrom(bad_for_xgrammar)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub, guided)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert GatewayError.from_rpc_error(e.value).param == "guided_decoding.regex"
+        assert "XGrammar" in e.value.details()
+        rest = []
+        while (message := await running.read()) is not grpc.aio.EOF:
+            rest.append(message)
+        assert finish_of(rest).finish_reason == pb.FINISH_REASON_LENGTH
+        assert server.engine.alive
+
+
+# --------------------------------------------------------------------------------- 16
+
+
+@pytest.mark.parametrize("chunking", [True, False])
+async def test_16_a_prompt_longer_than_max_num_tokens(monkeypatch, tokenizer, tiny_model_dir, chunking):
+    """`llmapi/llm.py` `_check_arguments` (PyTorch backend, 1.x) refuses a prompt over
+    `max_num_tokens` unless `enable_chunked_prefill` is on. The engine turns it on where the
+    LLM takes it, so such a prompt is served; where it does not, the engine's limit is
+    `max_num_tokens` and a longer prompt is CONTEXT_LENGTH_EXCEEDED before the LLM sees it."""
+    fake = fake_llm.install(monkeypatch)
+    if not chunking:
+        del sys.modules["tensorrt_llm.llmapi"].TorchLlmArgs.model_fields["enable_chunked_prefill"]
+    text = "a prompt of many more than eight tokens, as this one surely is"
+    assert len(tokenizer.encode(text)) > 8
+    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm", trt_max_num_tokens=8) as (
+        server,
+        stub,
+    ):
+        assert _llm(fake).args.enable_chunked_prefill is chunking
+        if chunking:
+            msgs = await collect(stub, request(text, stopping={"max_new_tokens": 3}))
+            assert len(tokens_of(msgs)) == 3
+            assert server.engine.info.max_input_length is None
+        else:
+            assert server.engine.info.max_input_length == 8
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await collect(stub, request(text, stopping={"max_new_tokens": 3}))
+            assert GatewayError.from_rpc_error(e.value).reason == "CONTEXT_LENGTH_EXCEEDED"
+            assert _llm(fake).fake_executor.fake_requests == {}
+        short = await collect(stub, request("hi", stopping={"max_new_tokens": 2}))
+        assert len(tokens_of(short)) == 2
+
+
+# --------------------------------------------------------------------------------- 17
+
+
+async def test_17_binding_errors_are_invalid_argument_naming_the_field(
+    monkeypatch, tokenizer, tmp_path, tiny_model_dir
+):
+    """The executor checks `embedding_bias` against the model's vocabulary
+    (`createNewDecoderRequests.cpp`), which can be smaller than the tokenizer's: a logit_bias
+    id below `len(tokenizer)` but at or above the engine's `vocab_size` is the client's error,
+    INVALID_ARGUMENT on `sampling.logit_bias`, as is anything the bindings refuse while the
+    request is built (pybind11 TypeError, TLLM_CHECK RuntimeError)."""
+    tl = trtllm_executor.install(monkeypatch, "1.0")
+    out = make_engine_output(tmp_path / "e", tiny_model_dir, vocab_size=4000)
+    assert tokenizer.vocab_size == 4096
+    async with serve_engine(trtllm.build, out, tokenizer, engine="trtllm", trt_guided_decoding_backend="none") as (
+        server,
+        stub,
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub, request(bias={4050: 1.0}, stopping={"max_new_tokens": 2}))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert GatewayError.from_rpc_error(e.value).param == "sampling.logit_bias"
+        real = tl.SamplingConfig
+
+        def refusing(**kwargs):
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: topK >= 0")
+
+        monkeypatch.setattr(tl, "SamplingConfig", refusing)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub, request(stopping={"max_new_tokens": 2}))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert GatewayError.from_rpc_error(e.value).param == "sampling" and "topK" in e.value.details()
+        monkeypatch.setattr(tl, "SamplingConfig", real)
+        msgs = await collect(stub, request(bias={3999: 1.0}, stopping={"max_new_tokens": 2}))
+        assert len(tokens_of(msgs)) == 2 and server.engine.alive
+
+
+# --------------------------------------------------------------------------------- 18
+
+
+def test_18_sampling_params_post_init_and_greedy_n(monkeypatch):
+    """`sampling_params.py` `__post_init__` (0.19 to 1.x): `pad_id = end_id` where unset,
+    `best_of = best_of or n`; `_validate` allows greedy best_of > 1 when
+    TLLM_ALLOW_N_GREEDY_DECODING holds any non-empty value
+    (`os.environ.get('TLLM_ALLOW_N_GREEDY_DECODING', None)`)."""
+    params = fake_llm.SamplingParams(end_id=2, n=3, top_k=5)
+    assert (params.pad_id, params.best_of) == (2, 3)
+    monkeypatch.delenv("TLLM_ALLOW_N_GREEDY_DECODING", raising=False)
+    with pytest.raises(ValueError, match="Greedy decoding"):
+        fake_llm.SamplingParams(end_id=2, n=2)
+    monkeypatch.setenv("TLLM_ALLOW_N_GREEDY_DECODING", "true")
+    assert fake_llm.SamplingParams(end_id=2, n=2).best_of == 2
+
+
+@pytest.mark.parametrize("version, sampler, eos_in_ids", [("1.2.0", "trtllm", False), ("1.4.0", "torch", True)])
+async def test_18_the_llm_double_follows_each_sampler(monkeypatch, tmp_path, version, sampler, eos_in_ids):
+    """TRTLLMSampler is the C++ decoder: the end token stays out of `token_ids`; TorchSampler
+    appends it (`_torch/pyexecutor/sampler.py`), and the 2026 TorchSampler's logprobs hold the
+    sampled token first, then the top-k (`_torch/pyexecutor/sampler/sampler.py`). A guided
+    request without a guided decoding backend is refused."""
+    import json
+
+    import torch
+
+    top = fake_llm.install(monkeypatch, version=version)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 4096, "max_position_embeddings": 64}))
+    switch = {"sampler_type": "TRTLLMSampler"} if version == "1.2.0" else {}
+    llm = top.LLM(tmp_path, skip_tokenizer_init=True, **switch)
+    try:
+        assert llm.fake_sampler == sampler
+        bias = torch.zeros(4096)
+        bias[2] = 100.0
+        params = top.SamplingParams(end_id=2, max_tokens=5, embedding_bias=bias, logprobs=1)
+        ro = await llm.generate_async([5, 6, 7], params).aresult()
+        assert (ro.outputs[0].token_ids[-1:] == [2]) is eos_in_ids and ro.outputs[0].finish_reason == "stop"
+        ro = await llm.generate_async([5, 6, 7], top.SamplingParams(end_id=2, max_tokens=4, logprobs=1)).aresult()
+        out = ro.outputs[0]
+        assert all(next(iter(entry)) == token for entry, token in zip(out.logprobs, out.token_ids, strict=True))
+        guide = fake_llm.GuidedDecodingParams(regex="[0-9]")
+        with pytest.raises(fake_llm.RequestError, match="no GuidedDecodingConfig"):
+            await llm.generate_async([5], top.SamplingParams(end_id=2, guided_decoding=guide)).aresult()
+        if version == "1.4.0":
+            with pytest.raises(ValueError):
+                top.LLM(tmp_path, skip_tokenizer_init=True, sampler_type="TRTLLMSampler")
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("error", [ValueError, fake_llm.RequestError])
+async def test_18_the_prompt_length_check_is_context_length_exceeded_either_way(
+    monkeypatch, tokenizer, tiny_model_dir, error
+):
+    """`_check_arguments` raises a plain ValueError for a prompt over max_num_tokens in the
+    1.x releases before its `RequestError` (1.2's `llm.py`: "raise ValueError(f'The sum of
+    prompt length ...')"); both are CONTEXT_LENGTH_EXCEEDED, and the engine stays up."""
+    fake = fake_llm.install(monkeypatch)
+    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (server, stub):
+        _llm(fake).fake_fail_submit(error(LENGTH_MESSAGE))
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await collect(stub, request(stopping={"max_new_tokens": 2}))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert GatewayError.from_rpc_error(e.value).reason == "CONTEXT_LENGTH_EXCEEDED"
+        assert server.engine.alive and len(tokens_of(await collect(stub, request(stopping={"max_new_tokens": 2})))) == 2

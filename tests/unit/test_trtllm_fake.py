@@ -266,10 +266,35 @@ def test_log_probs_are_cumulative_per_response(engine_dir):
     tl = trtllm_executor.make_module("1.0")
     _, lps = MODEL.greedy(PROMPT, 3)
     oc = tl.OutputConfig(return_log_probs=True)
-    with executor(tl, engine_dir) as ex:
+    with executor(tl, engine_dir, normalize_log_probs=False) as ex:
         responses = drain(ex, ex.enqueue_request(request(tl, streaming=True, max_tokens=3, output_config=oc)))
         assert [len(r.result.log_probs[0]) for r in responses] == [1, 2, 3]
         assert responses[-1].result.log_probs[0] == pytest.approx(lps, abs=1e-5)
+
+
+@pytest.mark.parametrize("era, normalized", [("0.11", True), ("0.15", True), ("1.0", True), ("1.3", False)])
+def test_log_probs_are_normalized_by_default_until_1_3(engine_dir, era, normalized):
+    """`ExecutorConfig.normalize_log_probs` defaults to True until PR #12366 (1.3.0rc): greedy
+    tokens then read 0.0 (tensorrtllm_backend issue #276), sampled tokens the logprob in the
+    truncated, renormalized distribution (above the full distribution's)."""
+    tl = trtllm_executor.make_module(era)
+    _, lps = MODEL.greedy(PROMPT, 3)
+    oc = tl.OutputConfig(return_log_probs=True)
+    with executor(tl, engine_dir) as ex:
+        assert ex.config.normalize_log_probs is normalized
+        greedy = drain(ex, ex.enqueue_request(request(tl, streaming=True, max_tokens=3, output_config=oc)))
+        assert greedy[-1].result.log_probs[0] == pytest.approx([0.0] * 3 if normalized else lps, abs=1e-5)
+        seed = {"random_seed" if era == "0.11" else "seed": 5}
+        sc = tl.SamplingConfig(beam_width=1, top_k=3, **seed)
+        sampled = drain(ex, ex.enqueue_request(request(tl, max_tokens=3, output_config=oc, sampling_config=sc)))
+        values = sampled[-1].result.log_probs[0]
+        assert all(v <= 0 for v in values)
+    with executor(tl, engine_dir, normalize_log_probs=False) as ex:
+        sc = tl.SamplingConfig(beam_width=1, top_k=3, **seed)
+        full = drain(ex, ex.enqueue_request(request(tl, max_tokens=3, output_config=oc, sampling_config=sc)))
+        assert full[-1].result.output_token_ids == sampled[-1].result.output_token_ids
+        raw = full[-1].result.log_probs[0]
+        assert all(n > r for n, r in zip(values, raw, strict=True)) if normalized else values == raw
 
 
 def test_num_return_sequences_gives_child_responses(engine_dir):

@@ -90,6 +90,8 @@ class BindingApi:
         executor_config_fields: optional ExecutorConfig constructor keywords that exist.
         guide_types: the GuidedDecodingParams.GuideType names of the release (empty: no
             guided decoding, before 0.16).
+        normalize_log_probs: ExecutorConfig takes normalize_log_probs (every release with the
+            executor; `executorConfig.cpp`, default True until PR #12366, March 2026).
     """
 
     max_tokens: str = "max_tokens"
@@ -100,6 +102,7 @@ class BindingApi:
     finish_reasons: bool = True
     executor_config_fields: frozenset[str] = frozenset(EXECUTOR_CONFIG_FIELDS)
     guide_types: frozenset[str] = frozenset()
+    normalize_log_probs: bool = True
 
 
 def _accepts(ctor: Callable[..., object], *args: object, **kwargs: object) -> bool:
@@ -125,6 +128,7 @@ def detect_api(tl: Bindings) -> BindingApi:
         finish_reasons=hasattr(tl.Result(), "finish_reasons"),
         executor_config_fields=fields,
         guide_types=_guide_types(tl),
+        normalize_log_probs=_accepts(tl.ExecutorConfig, max_beam_width=1, normalize_log_probs=False),
     )
 
 
@@ -154,6 +158,9 @@ class LlmApi:
         llm_args: field names `LLM(**kwargs)` accepts (its pydantic args model forbids
             others); empty when they cannot be read.
         version: `tensorrt_llm.__version__`.
+        sampler_types: the members of `tensorrt_llm.llmapi.llm_args.SamplerType` (the values
+            `sampler_type` takes, 1.1 to the releases before PR #18232); empty where the
+            release has no such enum.
     """
 
     llm: Any
@@ -163,6 +170,7 @@ class LlmApi:
     llm_args: frozenset[str]
     version: str
     guided_decoding_params: Any = None
+    sampler_types: frozenset[str] = frozenset()
 
 
 def import_llm_api() -> LlmApi:
@@ -193,7 +201,17 @@ def import_llm_api() -> LlmApi:
         llm_args=_llm_arg_names(llmapi),
         version=release_of(top),
         guided_decoding_params=getattr(llmapi, "GuidedDecodingParams", None),
+        sampler_types=_sampler_types(),
     )
+
+
+def _sampler_types() -> frozenset[str]:
+    """Members of `llmapi/llm_args.py` `SamplerType` (TRTLLMSampler, TorchSampler, auto)."""
+    try:
+        enum = importlib.import_module("tensorrt_llm.llmapi.llm_args").SamplerType
+    except (ImportError, AttributeError):
+        return frozenset()
+    return frozenset(str(name) for name in getattr(enum, "__members__", {}))
 
 
 def _llm_arg_names(llmapi: Any) -> frozenset[str]:

@@ -5,13 +5,13 @@ Rule sources:
   * the LMI seed, "Additional TensorRT-LLM Generation Parameters": greedy is the default
     decoding; a greedy request reports temperature 0.8 (which greedy ignores) and leaves top_k
     and top_p unset; a sampling request fills top_k 5, top_p 0.85 and temperature 1.0 where the
-    client left them unset (DESIGN.md, "Sampling defaults are the engine's");
-  * `reference/trtllm-executor.md` §1.6 and §7.2-7.4: the runtime has no do_sample. Greedy is
-    top_k and top_p both unset (an all-default SamplingConfig is greedy); top_p 0 fails
-    SamplingConfig validation; temperature 0 corrupted other requests of the batch, so it is
-    mapped to greedy and never sent;
-  * §7.15: an unseeded request uses seed 0, so identical unseeded requests would sample alike;
-    the caller draws a random per-request seed, and the seed used is reported.
+    client left them unset (each engine reports its own sampling defaults, docs/tensorrt-llm.md);
+  * the executor's `SamplingConfig` (`cpp/tensorrt_llm/executor/samplingConfig.cpp`): the
+    runtime has no do_sample. Greedy is top_k and top_p both unset (an all-default
+    SamplingConfig is greedy); top_p 0 fails its validation ("topP > 0.f"); temperature 0
+    corrupted other requests of the batch, so it is mapped to greedy and never sent;
+  * an unseeded request uses the runtime's default seed 0, so identical unseeded requests
+    would sample alike; the caller draws a random per-request seed, and the seed used is reported.
 
 `ResolvedSampling` fields left None are not sent to the runtime (its own defaults apply: no
 penalties, min_p 0). do_sample, when unset, is inferred as everywhere else in the core

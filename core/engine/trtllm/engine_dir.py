@@ -17,7 +17,8 @@ from core.engine.registry import ENGINE_MANIFEST
 
 @dataclass(frozen=True)
 class EngineLayout:
-    """Where an engine lives and the limits it was built with (§3.3, §3.4).
+    """Where an engine lives and the limits it was built with (the engine's `config.json`
+    `build_config`, as `trtllm-build` writes it, and our `trellis-engine.json`).
 
     Attributes:
         engine_dir: directory with config.json and rank{N}.engine.

@@ -20,8 +20,11 @@ strings, logprob formatting and sessions are the core's shared request pipeline.
     construct the executor and wait in `shutdown()` (`run_if_follower_rank`).
   * Guided decoding: where the release has it (0.16 and later), the executor gets a
     `GuidedDecodingConfig` for XGrammar built from the tokenizer at start, and a guided request
-    its `GuidedDecodingParams` (mapping.EXECUTOR_GUIDE_TYPES); earlier releases list no guide
-    kinds, so the core refuses guided requests before they reach the engine.
+    its `GuidedDecodingParams` (mapping.EXECUTOR_GUIDE_TYPES), once XGrammar compiled it here
+    (guides.XGrammarCheck: the runtime's failure would fail the whole batch); earlier releases
+    list no guide kinds, so the core refuses guided requests before they reach the engine.
+  * Logprobs are the model's: `ExecutorConfig(normalize_log_probs=False)` wherever the
+    release has it (options.executor_config).
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.trtllm.bindings import Bindings, detect_api, import_bindings, release_of
 from core.engine.trtllm.defaults import resolve_trtllm_sampling
 from core.engine.trtllm.engine_dir import EngineLayout, read_engine_layout
+from core.engine.trtllm.guides import XGrammarCheck, import_xgrammar
 from core.engine.trtllm.mapping import (
     EXECUTOR_GUIDE_TYPES,
     RuntimeFinish,
+    binding_call,
     classify_enqueue_error,
     classify_error,
     embedding_bias,
@@ -198,6 +203,7 @@ class TrtllmEngine(EngineLifecycle):
             else options.max_queue_size
         )
         self._executor: Any = None
+        self._guides: XGrammarCheck | None = None  # set at start, where the import's seconds are spent
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._enqueue_lock = threading.Lock()
@@ -224,6 +230,8 @@ class TrtllmEngine(EngineLifecycle):
         info = xgrammar_tokenizer_info(self._tokenizer, self._ids.end_id)
         guided = guided_decoding_config(self._tl, self.api, self.options, info)
         config = executor_config(self._tl, self.api, self.options, self.layout, guided)
+        if guided is not None:
+            self._guides = XGrammarCheck(await asyncio.to_thread(import_xgrammar))
         tl = self._tl
         self._executor = await asyncio.to_thread(tl.Executor, self.layout.engine_dir, tl.ModelType.DECODER_ONLY, config)
         if not self._executor.can_enqueue_requests():
@@ -276,6 +284,9 @@ class TrtllmEngine(EngineLifecycle):
         Raises:
             NotReady / EngineDead: the engine is not serving.
             InvalidArgument: the request id is already running.
+            InvalidArgument: the bindings refuse a value (naming its field where one is at
+                fault), a logit_bias id beyond the model's vocabulary, or a guide XGrammar
+                cannot compile (guides.XGrammarCheck).
             Overloaded: the executor's queue (or ours, on releases without one) is full.
             EngineFailure: the executor refused the request.
         """
@@ -314,10 +325,16 @@ class TrtllmEngine(EngineLifecycle):
         tl = self._tl
         ids = self._ids
         stop_words = stop_words_for(req, ids.extra_eos)
-        sampling = tl.SamplingConfig(
-            **sampling_kwargs(req.sampling, self.api, n=req.num_sequences, min_new_tokens=req.min_new_tokens)
+        sampling = binding_call(
+            tl.SamplingConfig,
+            "sampling parameters",
+            "sampling",
+            **sampling_kwargs(req.sampling, self.api, n=req.num_sequences, min_new_tokens=req.min_new_tokens),
         )
-        output = tl.OutputConfig(
+        output = binding_call(
+            tl.OutputConfig,
+            "output options",
+            "output",
             return_log_probs=req.logprobs,
             return_context_logits=req.prompt_logprobs is not None,
             exclude_input_from_output=True,
@@ -336,13 +353,19 @@ class TrtllmEngine(EngineLifecycle):
         if req.bad_words_ids:
             kwargs["bad_words"] = [list(w) for w in req.bad_words_ids]
         if req.logit_bias:
-            kwargs["embedding_bias"] = embedding_bias(req.logit_bias, self.layout.vocab_size)
+            kwargs["embedding_bias"] = binding_call(
+                embedding_bias, "logit_bias", "sampling.logit_bias", bias=req.logit_bias, width=self.layout.vocab_size
+            )
         if req.guide is not None:
             if req.guide.kind not in self.info.guided_decoding:
                 raise InvalidArgument(f"The trtllm engine does not support {req.guide.kind}.", field=req.guide.field)
+            if self._guides is not None:  # before the runtime, where a failure fails the whole batch
+                self._guides.check(req.guide)
             guide_type = getattr(tl.GuidedDecodingParams.GuideType, EXECUTOR_GUIDE_TYPES[req.guide.kind])
-            kwargs["guided_decoding_params"] = tl.GuidedDecodingParams(guide_type, guide_text(req.guide))
-        executor_request = tl.Request(**kwargs)
+            kwargs["guided_decoding_params"] = binding_call(
+                tl.GuidedDecodingParams, "guide", req.guide.field, guide_type=guide_type, guide=guide_text(req.guide)
+            )
+        executor_request = binding_call(tl.Request, "request", None, **kwargs)
         local_stops = local_stop_tokens(req, ids.extra_eos) if req.min_new_tokens > 0 else frozenset()
         seqs = [
             SequenceTracker(

@@ -20,14 +20,19 @@ Differences from `--engine trtllm`, each because the LLM API has no way to do it
     not by the runtime, and multi-token bad words are refused;
   * the queue bound (`--max-queue-size`) is kept by this engine (requests without output yet);
   * executor-only flags are not applied; SCHEDULED and PREFILLED come with the first output;
-  * where the release cannot select the C++ sampler, the TorchSampler's gaps are refused
-    (penalties, min_p, client seeds) and sampling requests report no seed (see
-    `options.llm_kwargs`).
+  * the sampler is the release's (`options.select_sampler`): the C++ TRTLLMSampler wherever
+    it can be chosen; otherwise TorchSampler, whose gaps before PRs #16485/#16590/#17172 are
+    refused (penalties, min_p, client seeds), and sampling requests report no seed where
+    TorchSampler serves them (no seed reproduces across batches);
+  * chunked prefill is on where the release takes `enable_chunked_prefill`; elsewhere prompts
+    are limited to the LLM's `max_num_tokens` (`llm.py` `_check_arguments`), and the engine
+    says so (EngineInfo.max_input_length).
 
 Guided decoding: the LLM is built with `guided_decoding_backend` (--trt-guided-decoding-backend,
 xgrammar by default) and a guided request's `SamplingParams(guided_decoding=
 GuidedDecodingParams(...))` carries the same guide the executor engine sends
-(mapping.llm_guided_kwargs).
+(mapping.llm_guided_kwargs), once XGrammar compiled it here when that is the backend
+(guides.XGrammarCheck).
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ from typing import TYPE_CHECKING, Any
 from core.engine.base import EngineLifecycle, OutputStream
 from core.engine.trtllm.bindings import LlmApi, import_llm_api
 from core.engine.trtllm.defaults import resolve_trtllm_sampling
+from core.engine.trtllm.guides import XGrammarCheck, import_xgrammar
 from core.engine.trtllm.mapping import (
+    binding_call,
     classify_error,
     embedding_bias,
     guided_kinds,
@@ -79,9 +86,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TORCH_SAMPLER_GAPS = frozenset({"repetition_penalty", "presence_penalty", "frequency_penalty", "min_p", "seed"})
-"""What the PyTorch backend's default TorchSampler does not honour in the releases before PRs
-#16485 (penalties), #16590 (min_p) and #17172 (per-request seeds; before it one generator
-seeded 42 serves every request, `_torch/pyexecutor/sampler.py` `TorchSampler._global_seed`)."""
+"""What the PyTorch backend's TorchSampler does not honour in the releases before PRs #16485
+(penalties), #16590 (min_p) and #17172 (per-request seeds; before it one generator seeded 42
+serves every request, `_torch/pyexecutor/sampler.py` `TorchSampler._global_seed`): the
+"torch-legacy" sampler of `options.select_sampler`."""
 
 
 def build(config: CoreConfig, tokenizer: Tokenizer) -> Engine:
@@ -142,15 +150,20 @@ class TrtllmLlmEngine(EngineLifecycle):
         self._model_vocab = int(hf.get("vocab_size") or tokenizer.vocab_size)
         self._vocab_size = int(tokenizer.vocab_size)
         self._context = int(hf.get("max_position_embeddings") or hf.get("n_positions") or 2048)
-        self.sampler: Sampler = "torch"
-        self.info = self._make_info(self._context)
+        self.sampler: Sampler = "torch-legacy"
+        self._guides: XGrammarCheck | None = None  # set at start, where the import's seconds are spent
+        self.info = self._make_info(self._context, None)
         self._llm: Any = None
         self._main: asyncio.AbstractEventLoop | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._live: dict[str, _Live] = {}
 
-    def _make_info(self, context: int) -> EngineInfo:
+    def _make_info(self, context: int, max_input: int | None) -> EngineInfo:
+        """The engine's facts; `max_input` is the longest prompt the LLM takes (None: the
+        context bounds it). Seeds reproduce on the C++ sampler only: TorchSampler's
+        per-request seeds (PR #17172) reach only the first row of a FlashInfer sampling call
+        (flashinfer-ai/flashinfer PR #4861), so a seeded request's tokens depend on its batch."""
         opts = self.options
         return EngineInfo(
             engine=self.kind,
@@ -159,10 +172,11 @@ class TrtllmLlmEngine(EngineLifecycle):
             max_num_beams=1,
             max_n=min(opts.max_n, opts.max_batch_size),
             unsupported_sampling_fields=frozenset({"typical_p"})
-            | (TORCH_SAMPLER_GAPS if self.sampler == "torch" else frozenset()),
+            | (TORCH_SAMPLER_GAPS if self.sampler == "torch-legacy" else frozenset()),
+            max_input_length=max_input,
             max_top_logprobs=0,
             supports_prompt_logprobs=False,
-            reproducible_seeds=self.sampler != "torch",
+            reproducible_seeds=self.sampler == "trtllm",
             guided_decoding=self._guide_kinds(),
         )
 
@@ -190,8 +204,21 @@ class TrtllmLlmEngine(EngineLifecycle):
         self._thread.start()
         kwargs, self.sampler = llm_kwargs(self._api, self.options, tokenizer_dir=self._tokenizer_dir)
         self._llm = await self._on_llm_loop(self._construct(kwargs))
-        max_seq_len = getattr(getattr(self._llm, "args", None), "max_seq_len", None)
-        self.info = self._make_info(int(max_seq_len or self._context))
+        args = getattr(self._llm, "args", None)
+        context = int(getattr(args, "max_seq_len", None) or self._context)
+        max_num_tokens = getattr(args, "max_num_tokens", None)
+        chunked = bool(getattr(args, "enable_chunked_prefill", False))
+        # Without chunked prefill `_check_arguments` refuses a prompt over max_num_tokens.
+        max_input = None if chunked or not max_num_tokens else min(int(max_num_tokens), context - 1)
+        if max_input is not None:
+            log.warning(
+                "trtllm-llm engine: this TensorRT-LLM release cannot chunk the prefill; prompts are limited to "
+                "max_num_tokens (%d tokens; --trt-max-num-tokens raises it)",
+                max_input,
+            )
+        if self._guide_kinds() and kwargs.get("guided_decoding_backend") == "xgrammar":
+            self._guides = XGrammarCheck(await asyncio.to_thread(import_xgrammar))
+        self.info = self._make_info(context, max_input)
         self._started = self._alive = True
         log.info("trtllm-llm engine: %s (TensorRT-LLM %s, %s sampler)", self._model, self._api.version, self.sampler)
 
@@ -278,7 +305,8 @@ class TrtllmLlmEngine(EngineLifecycle):
         Raises:
             NotReady / EngineDead: the engine is not serving.
             InvalidArgument: the request id is already running, a multi-token bad word, greedy
-                n > 1, or values `SamplingParams` refuses.
+                n > 1, values `SamplingParams` refuses, a logit_bias id beyond the model's
+                vocabulary, or a guide XGrammar cannot compile.
             Overloaded: --max-queue-size requests have no output yet.
         """
         live = self._prepare(request)
@@ -308,13 +336,19 @@ class TrtllmLlmEngine(EngineLifecycle):
             req, end_id=ids.end_id, pad_id=ids.pad_id, extra_eos=ids.extra_eos, logprobs=llm_logprobs_wanted(req)
         )
         if req.logit_bias:
-            kwargs["embedding_bias"] = embedding_bias(req.logit_bias, self._model_vocab)
+            kwargs["embedding_bias"] = binding_call(
+                embedding_bias, "logit_bias", "sampling.logit_bias", bias=req.logit_bias, width=self._model_vocab
+            )
         if req.guide is not None:
             if req.guide.kind not in self.info.guided_decoding:
                 raise InvalidArgument(
                     f"The trtllm-llm engine does not support {req.guide.kind}.", field=req.guide.field
                 )
-            kwargs["guided_decoding"] = self._api.guided_decoding_params(**llm_guided_kwargs(req.guide))
+            if self._guides is not None:  # before the runtime, where a failure fails the whole batch
+                self._guides.check(req.guide)
+            kwargs["guided_decoding"] = binding_call(
+                self._api.guided_decoding_params, "guide", req.guide.field, **llm_guided_kwargs(req.guide)
+            )
         try:
             params = self._api.sampling_params(**kwargs)
         except (ValueError, TypeError) as e:  # TypeError: a field this release's dataclass lacks
@@ -387,12 +421,17 @@ class TrtllmLlmEngine(EngineLifecycle):
         """The core error for an exception from `generate_async`: `RequestError` (a
         RuntimeError subclass, `tensorrt_llm/executor/utils.py`) is one request's failure --
         the worker wraps every enqueue failure in it (`base_worker.py` `_enqueue_request`), and
-        `llm.py` `_check_arguments` raises it for a prompt over max_num_tokens; ValueError is
-        an argument the LLM API refuses; a full queue is Overloaded; anything else means the
-        LLM itself cannot take requests."""
+        recent `llm.py` `_check_arguments` raises it for a prompt over max_num_tokens;
+        ValueError is an argument the LLM API refuses, the same prompt length check among
+        them in earlier releases (1.0 to 1.2 `_check_arguments`), so its message is classified
+        too; a full queue is Overloaded; anything else means the LLM itself cannot take
+        requests."""
         if self._is_request_error(error):
             return classify_error(str(error))
         if isinstance(error, ValueError):
+            classified = classify_error(str(error))
+            if isinstance(classified, InvalidArgument):
+                return classified
             return InvalidArgument(f"TensorRT-LLM refused the request: {error}")
         if "queue" in str(error).lower():
             return Overloaded("The server is at capacity (the TensorRT-LLM queue is full); retry later.")

@@ -1,13 +1,12 @@
 """Pure mapping between the core's engine requests and TensorRT-LLM's parameter objects.
 
 Everything here is a function of its arguments (torch is imported only to build
-`embedding_bias`). Sources are cited per function; `reference/trtllm-executor.md` is cited as
-§N where it agrees with upstream source.
+`embedding_bias`). Sources (NVIDIA/TensorRT-LLM) are cited per function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,7 +38,8 @@ _LLM_FINISH: dict[str, RuntimeFinish] = {"length": "LENGTH", "timeout": "TIMED_O
 
 
 def sampling_kwargs(s: ResolvedSampling, api: BindingApi, *, n: int, min_new_tokens: int) -> dict[str, object]:
-    """SamplingConfig keywords for resolved sampling (§1.6, §7.2-§7.4).
+    """SamplingConfig keywords for resolved sampling (`executor/samplingConfig.cpp`; the
+    sampling defaults of docs/tensorrt-llm.md).
 
     Greedy sends no top_k, top_p or temperature (an all-default config is greedy); sampling
     sends them, never top_p <= 0 nor temperature 0. The seed is always sent, reduced to the
@@ -70,7 +70,8 @@ def sampling_kwargs(s: ResolvedSampling, api: BindingApi, *, n: int, min_new_tok
 def local_stop_tokens(req: EngineRequest, extra_eos: Iterable[int]) -> frozenset[int]:
     """Single stop tokens the engine matches itself instead of the runtime.
 
-    With min_new_tokens > 0 the runtime's stop words would ignore the minimum (§7.5), so stop
+    With min_new_tokens > 0 the runtime's stop words would ignore the minimum (`LlmRequest` checks
+    stop words before min_tokens), so stop
     token ids and the model's other EOS ids are matched locally. With ignore_eos the LLM API
     sends `stop_words=[]` in some releases (`tensorrt_llm/executor/base_worker.py`,
     `_enqueue_request`: "stop_words=[] if ignore_eos", 2026 main) and the client's stop tokens
@@ -86,7 +87,7 @@ def local_stop_tokens(req: EngineRequest, extra_eos: Iterable[int]) -> frozenset
 
 def stop_words_for(req: EngineRequest, extra_eos: Iterable[int]) -> list[list[int]]:
     """The executor's `stop_words`: stop strings' tokens, stop token ids and the model's EOS
-    ids other than end_id as one-token words (§1.8, §7.5), without duplicates; empty when
+    ids other than end_id as one-token words (`Request(stop_words=...)`), without duplicates; empty when
     min_new_tokens > 0 (the engine matches stop tokens itself then, `local_stop_tokens`)."""
     if req.min_new_tokens > 0:
         return []
@@ -134,7 +135,19 @@ def special_ids(tokenizer: Tokenizer) -> SpecialIds:
 def embedding_bias(bias: Mapping[int, float], width: int) -> torch.Tensor:
     """A request's logit_bias as the dense float32 `embedding_bias` tensor of `width`, the
     model's unpadded vocabulary (`EngineLayout.vocab_size`; `SamplingParams.embedding_bias`:
-    "shape is [vocab_size]")."""
+    "shape is [vocab_size]").
+
+    Raises:
+        InvalidArgument: a token id at or above `width` ("sampling.logit_bias"). The core
+            checks ids against the tokenizer, which can know more tokens than the model's
+            embedding has rows (added special tokens).
+    """
+    outside = sorted(t for t in bias if not 0 <= t < width)
+    if outside:
+        raise InvalidArgument(
+            f"logit_bias names token id {outside[0]}, outside this model's vocabulary of {width} tokens.",
+            field="sampling.logit_bias",
+        )
     import torch
 
     tensor = torch.zeros(width, dtype=torch.float32)
@@ -143,11 +156,28 @@ def embedding_bias(bias: Mapping[int, float], width: int) -> torch.Tensor:
     return tensor
 
 
+def binding_call(ctor: Callable[..., Any], what: str, field: str | None, **kwargs: Any) -> Any:
+    """`ctor(**kwargs)` for a TensorRT-LLM binding or parameter class, its refusal as the
+    client's error.
+
+    The bindings check their arguments as they are built: pybind11/nanobind raise TypeError
+    for a value of the wrong type, TLLM_CHECK a RuntimeError (`samplingConfig.cpp`,
+    `request.cpp`), and tensor indexing IndexError; each is about the request's values.
+
+    Raises:
+        InvalidArgument: naming `field` (None: the request as a whole) and `what` was built.
+    """
+    try:
+        return ctor(**kwargs)
+    except (TypeError, ValueError, RuntimeError, IndexError) as e:
+        raise InvalidArgument(f"TensorRT-LLM refused the {what}: {e}", field=field) from e
+
+
 def new_logprobs(values: Sequence[float] | None, received: int, count: int) -> list[float] | None:
     """Per-token logprobs of the `count` new tokens of a streaming executor response.
 
     Every era returns every generated token's logprob so far (`LlmRequest::createResponse`:
-    `result.logProbs = getLogProbs()`, §1.9); a per-token list is accepted too. `received` is
+    `result.logProbs = getLogProbs()`); a per-token list is accepted too. `received` is
     how many tokens of the sequence came before. None when the response has no usable values.
     """
     if values is None:
@@ -161,7 +191,9 @@ def new_logprobs(values: Sequence[float] | None, received: int, count: int) -> l
 
 
 def classify_error(message: str) -> CoreError:
-    """The core error for an executor error response, or an LLM API `RequestError` (§1.12, §1.5)."""
+    """The core error for an executor error response (`executorImpl.cpp`: "Encountered an
+    error when fetching new request: ..."), or an LLM API `RequestError` or ValueError
+    (`llmapi/llm.py` `_check_arguments`, `executor/base_worker.py` `_deduce_max_tokens`)."""
     if "exceeds maximum input length" in message or "should not exceed max_num_tokens" in message:
         return ContextLengthExceeded(f"The prompt is longer than this engine accepts: {message}")
     if "default_max_tokens" in message or "max_seq_len" in message:
@@ -176,7 +208,8 @@ def classify_error(message: str) -> CoreError:
 
 
 def classify_enqueue_error(error: Exception, *, stopping: bool) -> CoreError:
-    """The core error for an exception from enqueue_request (§1.2, §7.12)."""
+    """The core error for an exception from enqueue_request (`executorImpl.cpp`: "Maximum
+    queue size of N has been reached", "Shutdown called")."""
     message = str(error)
     if "Maximum queue size" in message:
         return Overloaded("The server is at capacity (the TensorRT-LLM queue is full); retry later.")

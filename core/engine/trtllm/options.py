@@ -19,7 +19,14 @@ from core.engine.trtllm.engine_dir import EngineLayout
 log = logging.getLogger(__name__)
 
 SchedulerPolicy = Literal["guaranteed_no_evict", "max_utilization", "static_batch"]
-Sampler = Literal["trtllm", "torch"]
+Sampler = Literal["trtllm", "torch", "torch-legacy"]
+"""The PyTorch backend's sampler: "trtllm" (the C++ TRTLLMSampler), "torch" (TorchSampler with
+penalties, min_p and per-request seeds: PRs #16485, #16590, #17172, the only sampler after
+PR #18232) or "torch-legacy" (TorchSampler before them: see `llm.TORCH_SAMPLER_GAPS`)."""
+
+#: The first release without TRTLLMSampler and `sampler_type` (PR #18232, 2026-08-26; the 1.4
+#: line from 1.4.0rc4). Its TorchSampler carries PRs #16485, #16590 and #17172, all merged before.
+TORCH_SAMPLER_ONLY_FROM = "1.3.0rc26"
 GuidedBackend = Literal["xgrammar", "llguidance", "none"]
 
 
@@ -126,6 +133,10 @@ def executor_config(
     the engine's value, and without max_queue_size the engine bounds its own queue. Block reuse
     is turned off with a warning when the engine lacks paged context FMHA. `guided` is the
     `guided_decoding_config` (`guided_decoding_config()`; None: left out).
+    `normalize_log_probs` is always False where the release has it: normalized, the runtime
+    reports each token's logprob in the top-k/top-p truncated distribution, 0.0 for every
+    greedy token (`ExecutorConfig` defaulted to True until PR #12366, March 2026;
+    triton-inference-server/tensorrtllm_backend issue #276, NVIDIA/TensorRT-LLM issue #2406).
 
     Raises:
         RuntimeError: chunked context asked of an engine without paged context FMHA, or a
@@ -152,6 +163,8 @@ def executor_config(
         "max_queue_size": opts.max_queue_size or None,
     }
     optional: dict[str, Any] = {} if guided is None else {"guided_decoding_config": guided}
+    if api.normalize_log_probs:
+        optional["normalize_log_probs"] = False
     for name, value in wanted.items():
         if value is None:
             continue
@@ -182,11 +195,11 @@ EXECUTOR_ONLY = (
 def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple[dict[str, Any], Sampler]:
     """Keywords of `tensorrt_llm.LLM(model, **kwargs)` and the sampler they select.
 
-    The engine asks for the C++ sampler (`TRTLLMSampler`) wherever the release has a switch
-    for it (`sampler_type` from 1.1, `enable_trtllm_sampler` in 1.0): the default TorchSampler
-    ignores penalties and min_p and seeds one generator for every request in the releases up to
-    the ones that carry PRs #16485/#16590/#17172 (July-August 2026), and the 1.0 sampling docs
-    (`docs/source/1.0/features/sampling.md`) name `enable_trtllm_sampler` as the way to get them.
+    The sampler is chosen by what the release has (`select_sampler`). Chunked prefill is
+    turned on where the LLM takes `enable_chunked_prefill`: without it `llm.py`
+    `_check_arguments` refuses any prompt longer than `max_num_tokens` (8192 by default) on
+    the PyTorch backend, however long the context; upstream turns it off again, with a
+    warning, for attention backends that cannot chunk (`_torch/pyexecutor/py_executor_creator.py`).
     Executor-only flags that were changed are logged as ignored. Guided decoding goes on with
     `guided_decoding_backend` (`llmapi/llm_args.py`: "xgrammar" or "llguidance", the latter
     on the PyTorch backend only) where the release takes it, with the LLM's tokenizer loaded.
@@ -207,17 +220,51 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     }
     if opts.max_num_tokens:
         kwargs["max_num_tokens"] = opts.max_num_tokens
+    if "enable_chunked_prefill" in api.llm_args:
+        kwargs["enable_chunked_prefill"] = True
     if opts.guided_decoding_backend != "none" and "guided_decoding_backend" in api.llm_args:
         kwargs["guided_decoding_backend"] = opts.guided_decoding_backend
         # The grammar backend is described by the LLM's own tokenizer (`llmapi/llm.py`:
         # GuidedDecodingConfig(**_xgrammar_tokenizer_info(self.tokenizer))), which
         # skip_tokenizer_init leaves unloaded; token ids in and detokenize=False still hold.
         kwargs["skip_tokenizer_init"] = False
-    sampler: Sampler = "torch"
-    if "sampler_type" in api.llm_args:
-        kwargs["sampler_type"] = "TRTLLMSampler"
-        sampler = "trtllm"
-    elif "enable_trtllm_sampler" in api.llm_args:
-        kwargs["enable_trtllm_sampler"] = True
-        sampler = "trtllm"
-    return kwargs, sampler
+    switch, sampler = select_sampler(api)
+    return kwargs | switch, sampler
+
+
+def select_sampler(api: LlmApi) -> tuple[dict[str, Any], Sampler]:
+    """The LLM keywords that pick the sampler, and the sampler the release will run, by era
+    (`llmapi/llm_args.py` and `_torch/pyexecutor/_util.py` of each):
+
+      * `sampler_type` with a TRTLLMSampler member (1.1 after PR #6831 to the releases before
+        PR #18232; deprecated by PR #11938, March 2026): ask for "TRTLLMSampler", which honours
+        penalties, min_p and per-request seeds where TorchSampler long did not;
+      * `use_torch_sampler` (the 1.1 pre-releases between PR #6216 and PR #6831): TRTLLMSampler
+        is the default; `use_torch_sampler=False` says so;
+      * `enable_trtllm_sampler` (1.0, `docs/source/1.0/features/sampling.md`): ask for it;
+      * none of them from TORCH_SAMPLER_ONLY_FROM on (also a `sampler_type` without a
+        TRTLLMSampler member): TorchSampler is the only sampler and has penalties, min_p and
+        per-request seeds;
+      * none of them before: the early TorchSampler without those ("torch-legacy").
+    """
+    args = api.llm_args
+    if "sampler_type" in args and (not api.sampler_types or "TRTLLMSampler" in api.sampler_types):
+        return {"sampler_type": "TRTLLMSampler"}, "trtllm"
+    if "use_torch_sampler" in args:
+        return {"use_torch_sampler": False}, "trtllm"
+    if "enable_trtllm_sampler" in args:
+        return {"enable_trtllm_sampler": True}, "trtllm"
+    if args and release_at_least(api.version, TORCH_SAMPLER_ONLY_FROM):
+        return {}, "torch"
+    return {}, "torch-legacy"
+
+
+def release_at_least(version: str, first: str) -> bool:
+    """Whether a TensorRT-LLM `__version__` (PEP 440: "1.3.0rc26") is `first` or later;
+    False for an unparsable one ("unknown")."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) >= Version(first)
+    except InvalidVersion:
+        return False
