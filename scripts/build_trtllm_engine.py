@@ -2,7 +2,7 @@
 
 Runs the model family's `convert_checkpoint.py` (or `quantization/quantize.py` for FP8 / INT4-AWQ)
 from TensorRT-LLM's examples, then `trtllm-build`, and writes a serving manifest next to the
-engine. Flags and their TensorRT-LLM counterparts: `shared/reference/trtllm-executor.md` §3.
+engine. Flags and their TensorRT-LLM counterparts: docs/tensorrt-llm.md, "Build an engine".
 TensorRT-LLM releases up to 1.2.x (and 1.3.0rc20) have the engine build path; later ones do
 not (see docs/tensorrt-llm.md).
 
@@ -262,7 +262,7 @@ def convert_command(
 
 
 def _kv_cache_flags(help_text: str | None, paged: bool) -> list[str]:
-    """`--kv_cache_type` in recent trtllm-build, `--paged_kv_cache` (deprecated alias) before (§3.2)."""
+    """`--kv_cache_type` in recent trtllm-build, `--paged_kv_cache` (deprecated alias) before."""
     if help_text is not None and "--kv_cache_type" not in help_text:
         return ["--paged_kv_cache", "enable" if paged else "disable"]
     return ["--kv_cache_type", "paged" if paged else "continuous"]

@@ -76,7 +76,7 @@ embedding bias must be [vocab_size] of the unpadded vocabulary (the decoder chec
 
 The fake "GPU" is an execution-loop thread stepping a FakeModel: one token per active
 sequence per iteration, context phases split by max_num_tokens when chunked context is on.
-Things `reference/trtllm-executor.md` marks [UNCONFIRMED] are modelled as noted where they occur.
+What upstream source leaves open is marked [UNCONFIRMED] where the double models it.
 
 Test hooks (not part of the real API) are prefixed `fake_`: pause/resume the loop, fail the
 next forward step, kill the executor, and inspect what the adapter sent (`fake_requests`,
@@ -133,7 +133,7 @@ def _bind(sig: inspect.Signature, cls_name: str, args, kwargs) -> dict:
 
 
 def _check(cond: bool, what: str) -> None:
-    """TLLM_CHECK: surfaces in Python as RuntimeError (§1.6; the exact type is [UNCONFIRMED])."""
+    """TLLM_CHECK: surfaces in Python as RuntimeError (pybind11 translates std::runtime_error)."""
     if not cond:
         raise RuntimeError(f"[TensorRT-LLM][ERROR] Assertion failed: {what}")
 
@@ -143,9 +143,9 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
 
     Args:
         era: "0.11", "0.15", "1.0" or "1.3" (see the module docstring).
-        rank: this process's MPI rank; only rank 0 may enqueue (leader mode, §1.14).
+        rank: this process's MPI rank; only rank 0 may enqueue (leader mode).
         first_request_id: the first id `enqueue_request` returns (default random, so tests
-            cannot depend on it: §8 "Don't let tests depend on the first id value").
+            cannot depend on it).
     """
     if era not in ERAS:
         raise ValueError(f"era must be one of {ERAS}")
@@ -160,7 +160,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     if not early:
         m.__version__ = VERSIONS[era]  # `m.attr("__version__") = tle::version()` from 0.12
 
-    # ------------------------------------------------------------------ enums (§1.1)
+    # ------------------------------------------------------------------ enums
     m.ModelType = enum.IntEnum(
         "ModelType",
         {"DECODER_ONLY": 0, "ENCODER_ONLY": 1, "ENCODER_DECODER": 2},
@@ -185,7 +185,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         },
     )
 
-    # ------------------------------------------------------------------ SamplingConfig (§1.6)
+    # ------------------------------------------------------------------ SamplingConfig
     canonical = [
         "top_k",
         "top_p",
@@ -216,7 +216,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         sc_readable = {"beam_width", *canonical, *extra, *sc_aliases}
 
     class SamplingConfig:
-        """§1.6: all fields Optional, None = runtime default, unset fields read back None;
+        """`samplingConfig.cpp`: all fields Optional, None = runtime default, unset fields read back None;
         validated in the constructor (TLLM_CHECK)."""
 
         def __init__(self, *args, **kwargs):
@@ -224,7 +224,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
             for old, new in sc_aliases.items():
                 if era == "0.15" and v.get(old) is not None:
                     log.warning("%s is being deprecated; please use %s instead.", old, new)
-                    if v.get(new) is None:  # §1.6 "the new name wins if both given"
+                    if v.get(new) is None:  # "the new name wins if both given"
                         v[new] = v[old]
                 if old in v:
                     value = v.pop(old)
@@ -280,7 +280,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
 
     m.SamplingConfig = SamplingConfig
 
-    # ------------------------------------------------------------------ OutputConfig (§1.7)
+    # ------------------------------------------------------------------ OutputConfig
     oc_fields = [
         ("return_log_probs", False),
         ("return_context_logits", False),
@@ -291,7 +291,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     oc_sig = _signature(oc_fields)
 
     class OutputConfig:
-        """§1.7: read/write attributes."""
+        """read/write attributes."""
 
         def __init__(self, *args, **kwargs):
             self.__dict__.update(_bind(oc_sig, "OutputConfig", args, kwargs))
@@ -347,7 +347,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         m.GuidedDecodingParams = GuidedDecodingParams
         m.GuidedDecodingConfig = GuidedDecodingConfig
 
-    # ------------------------------------------------------------------ Request (§1.8)
+    # ------------------------------------------------------------------ Request
     common_req = [
         ("streaming", False),
         ("sampling_config", None),
@@ -379,7 +379,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
             )
 
     class Request:
-        """§1.8: constructor names by era; read-only properties."""
+        """constructor names by era; read-only properties."""
 
         def __init__(self, *args, **kwargs):
             v = _bind(req_sig, "Request", args, kwargs)
@@ -422,7 +422,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
 
     m.Request = Request
 
-    # ------------------------------------------------------------------ Result / Response (§1.9)
+    # ------------------------------------------------------------------ Result / Response
     result_fields = [
         "is_final",
         "output_token_ids",
@@ -435,7 +435,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         result_fields += ["finish_reasons", "sequence_index", "is_sequence_final", "decoding_iter"]
 
     class Result:
-        """§1.9: read/write struct, constructible for tests; E0 lacks finish_reasons and
+        """read/write struct, constructible for tests; 0.11 lacks finish_reasons and
         sequence fields."""
 
         __slots__ = tuple(result_fields)
@@ -456,7 +456,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     m.Result = Result
 
     class Response:
-        """§1.9: `has_error()` is a method; `error_msg` / `result` throw when absent."""
+        """`has_error()` is a method; `error_msg` / `result` throw when absent."""
 
         def __init__(self, request_id: int, error_msg_or_result, client_id: int | None = None):
             self._id = request_id
@@ -488,7 +488,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         Response.client_id = property(lambda self: self._client_id)
     m.Response = Response
 
-    # ------------------------------------------------------------------ configs (§1.3-1.5)
+    # ------------------------------------------------------------------ configs
     kv_sig = _signature(
         [
             ("enable_block_reuse", late),
@@ -502,7 +502,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     )
 
     class KvCacheConfig:
-        """§1.4: enable_block_reuse defaults to False before E2 and True in E2."""
+        """enable_block_reuse defaults to False before 1.0 and True from 1.0."""
 
         def __init__(self, *args, **kwargs):
             v = _bind(kv_sig, "KvCacheConfig", args, kwargs)
@@ -522,7 +522,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         )
 
     class SchedulerConfig:
-        """§1.5: read-only properties; E0 calls the policy `policy`."""
+        """read-only properties; 0.11 calls the policy `policy`."""
 
         def __init__(self, *args, **kwargs):
             object.__setattr__(self, "_v", _bind(sched_sig, "SchedulerConfig", args, kwargs))
@@ -569,7 +569,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     ec_names = {n for n, _ in ec_fields} - ({"max_batch_size"} if early else set())
 
     class ExecutorConfig:
-        """§1.3: keyword constructor, every field also a read/write property; fields a version
+        """keyword constructor, every field also a read/write property; fields a version
         lacks do not exist (so `hasattr` feature-detects them)."""
 
         def __init__(self, *args, **kwargs):
@@ -590,12 +590,12 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
 
     m.ExecutorConfig = ExecutorConfig
 
-    # ------------------------------------------------------------------ stats (§1.13)
+    # ------------------------------------------------------------------ stats
     m.KvCacheStats = types.SimpleNamespace
     m.InflightBatchingStats = types.SimpleNamespace
 
     class IterationStats(types.SimpleNamespace):
-        """§1.13 fields; `to_json_str()`."""
+        """The executor's IterationStats fields; `to_json_str()`."""
 
         def to_json_str(self) -> str:
             def plain(x):
@@ -612,7 +612,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
 
 
 class _Seq:
-    """One returned sequence (a child request when num_return_sequences > 1, §1.6)."""
+    """One returned sequence (a child request when num_return_sequences > 1)."""
 
     def __init__(self, index: int):
         self.index = index
@@ -646,12 +646,12 @@ def _make_executor_class(m: types.ModuleType, era: str):
     early, late = era == "0.11", era in ("1.0", "1.3")
 
     def reason(name: str):
-        if FinishReason is None:  # E0 has no finish reasons at all
+        if FinishReason is None:  # 0.11 has no finish reasons at all
             return 0
         return FinishReason[name] if hasattr(FinishReason, name) else FinishReason.NOT_FINISHED
 
     class Executor:
-        """§1.2. Constructors: (engine dir, model type, config) reading the directory's config.json,
+        """Constructors: (engine dir, model type, config) reading the directory's config.json,
         or (engine bytes, config.json text, model type, config); methods as tabled there."""
 
         def __init__(self, *args):
@@ -734,7 +734,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             self.shutdown()
             return False
 
-        # -------------------------------------------------------------- API (§1.2)
+        # -------------------------------------------------------------- API
         def _raise_if_shutdown(self) -> None:
             if self._shutdown:
                 raise RuntimeError("[TensorRT-LLM][ERROR] Shutdown called")
@@ -742,7 +742,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 raise RuntimeError(self._killed)
 
         def can_enqueue_requests(self) -> bool:
-            """False after shutdown and on non-leader ranks (§1.2, §1.14)."""
+            """False after shutdown and on non-leader ranks."""
             return self._leader and not self._shutdown and self._killed is None
 
         def enqueue_request(self, request) -> int:
@@ -750,10 +750,10 @@ def _make_executor_class(m: types.ModuleType, era: str):
 
         def enqueue_requests(self, requests) -> list[int]:
             """Ids are unique and increasing; raises after shutdown and when max_queue_size would be
-            exceeded, counting child requests (§1.2, §1.3, §7.12)."""
+            exceeded, counting child requests."""
             self._in_enqueue += 1
             try:
-                if self._in_enqueue > 1:  # §1.2: thread safety of concurrent enqueues is unknown
+                if self._in_enqueue > 1:  # thread safety of concurrent enqueues is unknown
                     self.fake_concurrent_enqueues += 1
                 with self._cv:
                     self._raise_if_shutdown()
@@ -786,7 +786,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             return 1 if sc.beam_width > 1 else (sc.num_return_sequences or 1)
 
         def await_responses(self, *args, timeout=None):
-            """Three overloads (§1.2): all requests / one id / a list of ids. Returns [] on timeout,
+            """Three overloads: all requests / one id / a list of ids. Returns [] on timeout,
             blocks without one, returns when shutdown() is called, raises afterwards."""
             target = None
             if args and isinstance(args[0], int | list):
@@ -845,7 +845,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 return sum(1 for r in self._ready if id is None or r.request_id == id)
 
         def cancel_request(self, id: int) -> None:
-            """Asynchronous (§1.10): takes effect at the next iteration; no-op on terminated ids."""
+            """Asynchronous: takes effect at the next iteration; no-op on terminated ids."""
             with self._cv:
                 self._raise_if_shutdown()
                 self.fake_cancel_calls.append(id)
@@ -856,8 +856,8 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 self._cv.notify_all()
 
         def shutdown(self) -> None:
-            """Blocks until the loop exits; idempotent; wakes blocked await_responses (§1.2).
-            On a non-leader rank it blocks until the leader shuts down (§1.14)."""
+            """Blocks until the loop exits; idempotent; wakes blocked await_responses.
+            On a non-leader rank it blocks until the leader shuts down."""
             if not self._leader:
                 m.fake_follower_waiting.set()
                 m.fake_leader_shutdown.wait()
@@ -870,7 +870,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 m.fake_leader_shutdown.set()
 
         def get_latest_iteration_stats(self):
-            """Drains a deque of at most iter_stats_max_iterations entries (§1.2, §1.13)."""
+            """Drains a deque of at most iter_stats_max_iterations entries."""
             with self._cv:
                 self._raise_if_shutdown()
                 out = collections.deque(self._iter_stats)
@@ -896,7 +896,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 self._cv.notify_all()
 
         def fake_fail_forward(self, message: str = "CUDA error: an illegal memory access was encountered") -> None:
-            """Make the next forward step fail: every active request gets an error Response (§1.12)."""
+            """Make the next forward step fail: every active request gets an error Response."""
             with self._cv:
                 self._fail_next = message
                 self._cv.notify_all()
@@ -936,7 +936,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                     self._error(live, f"Encountered an error in forwardAsync function: {msg}")
                 completed += len(self._active)
                 self._active = []
-            # §1.10: cancellation is checked once per iteration; only active requests end.
+            # cancellation is checked once per iteration; only active requests end.
             for live in [x for x in self._active if x.id in self._cancel]:
                 self._terminate_cancelled(live)
                 completed += 1
@@ -1046,7 +1046,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 if error is not None:
                     guide_errors.append(error)
                 room = self._max_seq_len - len(live.req.input_token_ids)
-                if live.max_tokens > room:  # §1.12: silently clipped, with a warning
+                if live.max_tokens > room:  # silently clipped, with a warning
                     log.warning("Number of requested output tokens is changed to (%d)", room)
                     live.max_tokens = room
                 self._active.append(live)
@@ -1089,7 +1089,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
 
         # -------------------------------------------------------------- decoding
         def _step(self, live: _Live) -> None:
-            """One token for every unfinished sequence, then its streaming Response (§1.11)."""
+            """One token for every unfinished sequence, then its streaming Response."""
             req = live.req
             sc = req.sampling_config
             for seq in live.seqs:
@@ -1100,7 +1100,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                     seq.matcher.consume_token(tok)
                 end_id = req.end_id
                 if end_id is not None and end_id >= 0 and tok == end_id:
-                    seq.done, seq.reason = True, reason("END_ID")  # §7.5: the end token is excluded
+                    seq.done, seq.reason = True, reason("END_ID")  # the end token is excluded
                 else:
                     seq.generated.append(tok)
                     seq.logprobs.append(lp)
@@ -1128,7 +1128,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 counts = torch.bincount(torch.tensor(seq.generated), minlength=self._vocab).to(torch.float32)
                 x = x - (counts > 0).float() * (sc.presence_penalty or 0.0) - counts * (sc.frequency_penalty or 0.0)
             min_tokens = sc._v.get("min_tokens")
-            # Runtime default min_tokens is 1 (§1.6 defaults): the end token is banned until then.
+            # Runtime default min_tokens is 1: the end token is banned until then.
             if (
                 req.end_id is not None
                 and req.end_id >= 0
@@ -1176,7 +1176,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             req = live.req
             oc = req.output_config
             res = m.Result()
-            if req.streaming:  # only the tokens not yet sent; never the prompt (§1.7, §1.11)
+            if req.streaming:  # only the tokens not yet sent; never the prompt
                 tokens = seq.generated[seq.sent :]
             elif oc.exclude_input_from_output:
                 tokens = list(seq.generated)
@@ -1184,7 +1184,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 tokens = list(req.input_token_ids) + seq.generated
             seq.sent = len(seq.generated)
             res.output_token_ids = [tokens]
-            if oc.return_log_probs:  # cumulative per response (§1.9, §7.8)
+            if oc.return_log_probs:  # cumulative per response
                 res.log_probs = [list(seq.logprobs)]
                 res.cum_log_probs = [float(sum(seq.logprobs))]
             if oc.return_context_logits:  # on every result (LlmRequest::createResponse)
@@ -1198,7 +1198,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
         def _finish_fields(self, live: _Live, seq: _Seq, res) -> None:
             if seq.done:
                 live.finals_sent += 1
-            res.is_final = live.finals_sent == live.n  # only when every sequence is done (§1.6)
+            res.is_final = live.finals_sent == live.n  # only when every sequence is done
             if not early:
                 res.finish_reasons = [seq.reason if seq.done else reason("NOT_FINISHED")]
                 res.sequence_index = seq.index
@@ -1210,7 +1210,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             return () if early else (req.client_id,)
 
         def _terminate_cancelled(self, live: _Live) -> None:
-            """§1.10 (E2): the request ends with a final Response, finish reason CANCELLED and its
+            """The request ends with a final Response, finish reason CANCELLED and its
             generated tokens cleared. Earlier eras had no CANCELLED reason; whether they returned
             partial tokens is [UNCONFIRMED]: modelled as no tokens and NOT_FINISHED."""
             self._active.remove(live)
@@ -1331,7 +1331,7 @@ def engine_config(
     gather_context_logits: bool = False,
     version: str = "1.0.0",
 ) -> dict:
-    """The config.json trtllm-build writes into an engine directory (§3.3)."""
+    """The config.json trtllm-build writes into an engine directory."""
     return {
         "version": version,
         "pretrained_config": {
@@ -1354,7 +1354,7 @@ def engine_config(
 
 
 def write_engine_dir(path: Path, **limits) -> Path:
-    """Write what trtllm-build leaves in an engine directory (§3.3): config.json (see
+    """Write what trtllm-build leaves in an engine directory: config.json (see
     `engine_config` for the keyword arguments) and one rank{N}.engine per rank (placeholder bytes)."""
     path.mkdir(parents=True, exist_ok=True)
     config = engine_config(**limits)

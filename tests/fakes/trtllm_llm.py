@@ -98,7 +98,7 @@ class GuidedDecodingParams:
 
 @dataclasses.dataclass(kw_only=True)
 class SamplingParams:
-    """§2 SamplingParams (the fields the adapter may use); None = runtime default."""
+    """SamplingParams (the fields the adapter may use); None = runtime default."""
 
     end_id: int | None = None
     pad_id: int | None = None
@@ -160,7 +160,7 @@ class SamplingParams:
 
 
 class CompletionOutput:
-    """§2 CompletionOutput: cumulative token_ids/logprobs plus diff helpers."""
+    """CompletionOutput: cumulative token_ids/logprobs plus diff helpers."""
 
     def __init__(self, index: int):
         self.index = index
@@ -188,7 +188,7 @@ class CompletionOutput:
 
 
 class RequestOutput:
-    """§2 RequestOutput: async-iterable (yields itself per update) and `aresult()`."""
+    """RequestOutput: async-iterable (yields itself per update) and `aresult()`."""
 
     def __init__(
         self, llm: LLM, rid: int, prompt_ids: list[int], params: SamplingParams, streaming: bool, stops, sampler: str
@@ -301,7 +301,7 @@ class RequestOutput:
 
 
 class KvCacheConfig:
-    """`tensorrt_llm.llmapi.KvCacheConfig`: a pydantic mirror, extra fields forbidden (§2)."""
+    """`tensorrt_llm.llmapi.KvCacheConfig`: a pydantic mirror, extra fields forbidden."""
 
     _fields: ClassVar[dict] = {
         "enable_block_reuse": True,

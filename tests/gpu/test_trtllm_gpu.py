@@ -1,9 +1,18 @@
-"""Real TensorRT-LLM on a GPU: the first thing to run on a GPU machine (docs/tensorrt-llm.md).
+r"""Real TensorRT-LLM on a GPU: the first thing to run on a GPU machine (docs/tensorrt-llm.md).
 
 One smoke test per engine kind. Each builds nothing it need not: `--engine trtllm` builds a
 tiny engine from the demo model with scripts/build_trtllm_engine.py and serves it;
 `--engine trtllm-llm` serves the demo checkpoint itself. Both compare greedy output with the
 HF engine on the same weights (float32 on CPU vs float16 on GPU: the first tokens must agree).
+
+Then, per engine, what the doubles can only model:
+  * logprobs of greedy and sampled tokens are the model's (never the 0.0 of a normalized
+    greedy candidate, `ExecutorConfig.normalize_log_probs`), close to the HF engine's;
+  * a guide that XGrammar refuses and llguidance accepts (`\p{L}+`) fails alone with
+    INVALID_ARGUMENT while a request next to it finishes (the runtime would fail the batch,
+    `GuidedDecoder::build`);
+  * `--engine trtllm-llm` serves a prompt longer than the LLM's `max_num_tokens` (chunked
+    prefill; `llm.py` `_check_arguments`).
 
 Skipped unless TensorRT-LLM imports and CUDA is available; the executor test also needs
 TRTLLM_EXAMPLES_DIR (TensorRT-LLM's examples directory matching the installed release).
@@ -18,6 +27,7 @@ import os
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
@@ -33,6 +43,7 @@ from core.engine.registry import tokenizer_path  # noqa: E402
 from core.engine.trtllm import executor as trtllm  # noqa: E402
 from core.engine.trtllm import llm as trtllm_llm  # noqa: E402
 from core.tokenizer import Tokenizer  # noqa: E402
+from gateways.common.status import GatewayError  # noqa: E402
 from tests.conftest import core_config  # noqa: E402
 from tests.fakes.trtllm_harness import collect, finish_of, serve_engine, tokens_of  # noqa: E402
 
@@ -68,11 +79,57 @@ def demo() -> Path:
     return DEMO
 
 
+def _with_logprobs(request: spb.GenerateRequest) -> spb.GenerateRequest:
+    request.output.logprobs = True
+    return request
+
+
+def _logprobs(messages) -> list[float | None]:
+    return [t.logprob if t.HasField("logprob") else None for m in messages for o in m.outputs for t in o.tokens]
+
+
 @pytest.fixture(scope="module")
 async def hf_greedy(demo) -> list[int]:
     tokenizer = Tokenizer.load(demo)
     async with serve_engine(hf.build, demo, tokenizer, engine="hf") as (_server, stub):
         return tokens_of(await collect(stub, _request()))
+
+
+@pytest.fixture(scope="module")
+async def hf_logprobs(demo) -> list[float | None]:
+    tokenizer = Tokenizer.load(demo)
+    async with serve_engine(hf.build, demo, tokenizer, engine="hf") as (_server, stub):
+        return _logprobs(await collect(stub, _with_logprobs(_request())))
+
+
+async def _check_logprobs(stub, hf_logprobs: list[float | None]) -> None:
+    """Greedy logprobs are the model's (close to HF's on the leading tokens, not 0.0); sampled
+    tokens have logprobs at or below 0 that are not all 0.0."""
+    greedy = _logprobs(await collect(stub, _with_logprobs(_request())))
+    assert all(v is not None and v <= 0 for v in greedy) and any(v < -1e-3 for v in greedy)  # type: ignore[operator]
+    assert greedy[:AGREE] == pytest.approx(hf_logprobs[:AGREE], abs=0.15)
+    sampled_request = _with_logprobs(_request())
+    sampled_request.sampling.do_sample = True
+    sampled_request.sampling.seed = 7
+    sampled = [v for v in _logprobs(await collect(stub, sampled_request)) if v is not None]
+    assert sampled and all(v <= 0 for v in sampled) and any(v < -1e-3 for v in sampled)
+
+
+async def _check_bad_guide_next_to_a_running_request(stub) -> None:
+    r"""A guide XGrammar refuses (llguidance takes `\p{L}+`) fails alone, before the runtime."""
+    running = stub.Generate(_request(48))
+    while not (await running.read()).outputs:
+        pass
+    bad = _request(4)
+    bad.guided_decoding.regex = r"\p{L}+"
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await collect(stub, bad)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert GatewayError.from_rpc_error(e.value).param == "guided_decoding.regex"
+    rest = []
+    while (message := await running.read()) is not grpc.aio.EOF:
+        rest.append(message)
+    assert finish_of(rest).finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_EOS)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +155,32 @@ async def test_executor_engine_matches_hf(demo_engine, hf_greedy):
         biased = _request(8)
         biased.sampling.logit_bias[2] = 100.0
         assert finish_of(await collect(stub, biased)).finish_reason == pb.FINISH_REASON_EOS
+
+
+async def test_executor_engine_logprobs_and_guides(demo_engine, hf_logprobs):
+    tokenizer = Tokenizer.load(tokenizer_path(core_config(demo_engine, engine="trtllm")))
+    async with serve_engine(trtllm.build, demo_engine, tokenizer, engine="trtllm") as (_server, stub):
+        await _check_logprobs(stub, hf_logprobs)
+        await _check_bad_guide_next_to_a_running_request(stub)
+
+
+async def test_llm_api_engine_logprobs_and_guides(demo, hf_logprobs):
+    tokenizer = Tokenizer.load(demo)
+    async with serve_engine(trtllm_llm.build, demo, tokenizer, engine="trtllm-llm") as (_server, stub):
+        await _check_logprobs(stub, hf_logprobs)
+        await _check_bad_guide_next_to_a_running_request(stub)
+
+
+async def test_llm_api_engine_serves_a_prompt_longer_than_max_num_tokens(demo):
+    tokenizer = Tokenizer.load(demo)
+    text = " ".join(["The license grants every user the right to copy the work."] * 40)
+    assert 256 < len(tokenizer.encode(text)) < 900  # over max_num_tokens, within the demo's 1024 context
+    async with serve_engine(trtllm_llm.build, demo, tokenizer, engine="trtllm-llm", trt_max_num_tokens=256) as (
+        _server,
+        stub,
+    ):
+        msgs = await collect(stub, spb.GenerateRequest(text=text, stopping=pb.StoppingParams(max_new_tokens=8)))
+        assert len(tokens_of(msgs)) >= 1 and msgs[-1].usage.prompt_tokens > 256
 
 
 async def test_llm_api_engine_matches_hf(demo, hf_greedy):

@@ -97,13 +97,13 @@ async def test_streams_greedy_tokens_in_order(monkeypatch, tokenizer, engine_out
         assert seed == msgs[-1].seed
         assert tl.fake_era == era
         assert server.engine.stats().active == 0 and server.engine.stats().queued == 0
-        stats = server.engine.iteration_stats()  # §1.13, drained
+        stats = server.engine.iteration_stats()  # drained
         assert stats and '"num_active_requests"' in stats[-1] and server.engine.iteration_stats() == []
 
 
 async def test_several_responses_in_one_batch_are_concatenated(monkeypatch, tokenizer, engine_out):
-    # §1.11: a consumer that falls behind gets several Responses of one id in one batch, and the
-    # final one may be empty (END_ID is excluded). Responses are built by hand (§1.9: Result and
+    # a consumer that falls behind gets several Responses of one id in one batch, and the
+    # final one may be empty (END_ID is excluded). Responses are built by hand (Result and
     # Response are constructible) and dispatched as the awaiter would.
     tl = trtllm_executor.install(monkeypatch, "1.0")
     engine = trtllm.build(core_config(engine_out(), engine="trtllm"), tokenizer)
@@ -480,7 +480,7 @@ async def test_prompt_too_long_fails_before_any_message(monkeypatch, tokenizer, 
 
 
 async def test_error_response_maps_to_invalid_argument(monkeypatch, tokenizer, engine_out):
-    # §1.5: max_utilization + streaming + no chunked context rejects prompt + max_tokens - 1 >
+    # max_utilization + streaming + no chunked context rejects prompt + max_tokens - 1 >
     # max_input_len with an error Response (after the request was queued).
     trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(

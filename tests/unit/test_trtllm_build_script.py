@@ -1,6 +1,7 @@
 """scripts/build_trtllm_engine.py: input checks, `--dry-run` commands, and a full build with a
 fake `trtllm-build` on PATH and a fake TensorRT-LLM examples directory (each fake records its
-argv and writes the files the real tool would, trtllm-executor.md §3)."""
+argv and writes the files the real tool would: an engine directory's `config.json` and
+`rank{N}.engine` files)."""
 
 from __future__ import annotations
 

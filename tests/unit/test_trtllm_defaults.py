@@ -1,7 +1,7 @@
 """The TensorRT-LLM sampling defaults (core.engine.trtllm.defaults), as a table.
 
-Source: the LMI seed's "Additional TensorRT-LLM Generation Parameters" table and
-trtllm-executor.md §1.6 / §7.2-7.4 / §7.15 (see the module docstring).
+Source: the LMI seed's "Additional TensorRT-LLM Generation Parameters" table and the
+executor's `SamplingConfig` rules (see the module docstring of core.engine.trtllm.defaults).
 """
 
 from __future__ import annotations

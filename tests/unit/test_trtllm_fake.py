@@ -1,6 +1,7 @@
-"""The executor double reproduces the documented behaviour (trtllm-executor.md §8, citing §1.x).
+"""The executor double reproduces the bindings' behaviour as read in upstream source (the
+files its module docstring names, per era).
 
-If the double drifts from the reference, the engine tests prove nothing; these tests pin it.
+If the double drifts from upstream, the engine tests prove nothing; these tests pin it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def executor(tl, engine_dir, **config):
 
 
 def drain(ex, rid) -> list:
-    """Every Response of `rid` until its final one (per-id await_responses, §1.2)."""
+    """Every Response of `rid` until its final one (per-id await_responses)."""
     out = []
     while not out or (not out[-1].has_error() and not out[-1].result.is_final):
         got = ex.await_responses(rid, timeout=datetime.timedelta(seconds=5))
@@ -47,7 +48,7 @@ def request(tl, **kw):
     return tl.Request(input_token_ids=kw.pop("input_token_ids", PROMPT), max_tokens=length, **kw)
 
 
-# ------------------------------------------------------------------------- names (§1.6, §1.8)
+# ------------------------------------------------------------------------- names
 
 
 def test_recent_naming_is_keyword_only():
@@ -111,7 +112,7 @@ def test_early_shape_is_the_0_11_bindings():
     assert not hasattr(tl.Response(1, result), "client_id")
 
 
-# ------------------------------------------------------------------------- SamplingConfig validation (§1.6)
+# ------------------------------------------------------------------------- SamplingConfig validation
 
 
 @pytest.mark.parametrize(
@@ -144,7 +145,7 @@ def test_sampling_config_unset_reads_none_and_seed_is_unsigned():
         tl.SamplingConfig(seed=-1)
 
 
-# ------------------------------------------------------------------------- enqueue (§1.2, §1.3)
+# ------------------------------------------------------------------------- enqueue
 
 
 def test_ids_are_unique_increasing_and_shutdown_refuses(engine_dir):
@@ -181,7 +182,7 @@ def test_queue_full_counts_child_requests(engine_dir):
         ex.shutdown()
 
 
-# ------------------------------------------------------------------------- per-request behaviour (§1.11, §1.12)
+# ------------------------------------------------------------------------- per-request behaviour
 
 
 def test_prompt_too_long_is_one_error_response(engine_dir):
@@ -217,7 +218,7 @@ def test_end_id_is_excluded_and_the_final_response_is_empty(engine_dir):
     with executor(tl, engine_dir) as ex:
         rid = ex.enqueue_request(request(tl, streaming=True, max_tokens=8, embedding_bias=bias))
         responses = drain(ex, rid)
-        # default min_tokens 1: the end token is banned at the first step (§1.6 runtime defaults)
+        # default min_tokens 1: the end token is banned at the first step
         assert [r.result.output_token_ids[0] for r in responses][-1] == []
         assert len(responses) == 2 and 2 not in responses[0].result.output_token_ids[0]
         assert responses[-1].result.finish_reasons[0] == tl.FinishReason.END_ID
@@ -307,7 +308,7 @@ def test_num_return_sequences_gives_child_responses(engine_dir):
         assert sum(r.result.is_sequence_final for r in responses) == 2
 
 
-# ------------------------------------------------------------------------- awaiting (§1.2)
+# ------------------------------------------------------------------------- awaiting
 
 
 def test_await_timeout_and_terminated_ids(engine_dir):
@@ -343,7 +344,7 @@ def test_shutdown_wakes_a_blocked_awaiter(engine_dir):
     assert got == [[]]
 
 
-# ------------------------------------------------------------------------- cancellation (§1.10)
+# ------------------------------------------------------------------------- cancellation
 
 
 @pytest.mark.parametrize("era, reason", [("1.0", "CANCELLED"), ("0.15", "NOT_FINISHED")])
@@ -362,7 +363,7 @@ def test_cancel_takes_effect_on_the_next_step_with_no_tokens(engine_dir, era, re
         assert ex.get_num_responses_ready(rid) == 0 and ex.fake_live_count == 0
 
 
-# ------------------------------------------------------------------------- stats (§1.13)
+# ------------------------------------------------------------------------- stats
 
 
 def test_iteration_stats_are_a_bounded_drained_deque(engine_dir):
