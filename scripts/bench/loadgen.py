@@ -218,8 +218,8 @@ class GrpcClient(Client):
 class MuxClient(Client):
     """Every request on one MultiplexGenerate stream, through the gateways' own core client
     (gateways.common.core_client): the core's cost behind a gateway, without the HTTP side.
-    Text-only requests, as gateways send them; a message with text counts as one token, settled
-    against usage.completion_tokens."""
+    Requests ask for `steps`, as the gateways' streaming routes do; a step or message with text
+    counts as one token, settled against usage.completion_tokens."""
 
     def __init__(self, address: str, max_new_tokens: int):
         self.address, self.max_new_tokens = address, max_new_tokens
@@ -240,12 +240,16 @@ class MuxClient(Client):
     async def run(self, prompt: str) -> Sample:
         stopping = self.pb.StoppingParams(max_new_tokens=self.max_new_tokens, ignore_eos=True)
         timeline = Timeline(self.meter)
-        stream = await self.open(self.client.generate(self.spb.GenerateRequest(text=prompt, stopping=stopping)))
+        request = self.spb.GenerateRequest(text=prompt, stopping=stopping)
+        stream = await self.open(self.client.generate(request, steps=True))
         last = None
         try:
-            async for msg in stream:
-                timeline.arrived(sum(1 for o in msg.outputs if o.text))
-                last = msg
+            async for delta in stream:
+                if isinstance(delta, tuple):  # a Step: (text, token_id, logprob)
+                    timeline.arrived(1 if delta[0] else 0)
+                    continue
+                timeline.arrived(sum(1 for o in delta.outputs if o.text))
+                last = delta
         finally:
             stream.cancel()
         if last is not None:
