@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import zlib
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -130,12 +131,14 @@ async def read_json(
     Raises:
         web.HTTPRequestEntityTooLarge: the body exceeds --max-body-bytes (the error middleware
             answers 413 in the schema's shape).
-        web.HTTPUnsupportedMediaType: a non-JSON Content-Type with `json_only` (415, likewise).
-        GatewayError: INVALID_ARGUMENT for a blank body (with `empty`), invalid UTF-8 or JSON.
+        web.HTTPUnsupportedMediaType: a non-JSON Content-Type with `json_only`, or a
+            Content-Encoding other than gzip, deflate and identity (415, likewise).
+        GatewayError: INVALID_ARGUMENT for a blank body (with `empty`), a body its
+            Content-Encoding cannot decode, invalid UTF-8 or JSON.
     """
     if json_only:
         check_json_content_type(request)
-    raw = await request.read()
+    raw = decode_body(await request.read(), request.headers.get(hdrs.CONTENT_ENCODING, ""), param, request)
     if empty is not None and not raw.strip():
         raise GatewayError.invalid(empty, param)
     try:
@@ -144,6 +147,55 @@ async def read_json(
         if e.param is None:
             e.param = param
         raise
+
+
+#: zlib's window bits for each Content-Encoding a body may have (RFC 9110 section 8.4.1):
+#: gzip's wrapper, and for deflate the zlib wrapper (RFC 1950) or, as some clients send, gzip's.
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 32 + zlib.MAX_WBITS}
+
+
+def decode_body(raw: bytes, encoding: str, param: str | None, request: web.Request) -> bytes:
+    """A request body with its Content-Encoding undone, never more than --max-body-bytes.
+
+    The server reads bodies without decoding them (`start_app`), so a body that expands past
+    the limit costs no more than the limit to inflate, and a body the gateway refuses is never
+    inflated at all.
+
+    Args:
+        raw: the body as received (at most --max-body-bytes, aiohttp's client_max_size).
+        encoding: the Content-Encoding header: "", "identity", "gzip", "x-gzip", "deflate", or
+            a comma-separated list of them, applied in order (so undone in reverse).
+        param: the field to name in the errors.
+        request: the request (for the limit).
+
+    Raises:
+        web.HTTPRequestEntityTooLarge: the decoded body exceeds the limit (413).
+        web.HTTPUnsupportedMediaType: another coding, e.g. br or zstd (415, RFC 9110 section
+            15.5.16).
+        GatewayError: INVALID_ARGUMENT for data the coding cannot decode.
+    """
+    limit = request.app[CONFIG_KEY].max_body_bytes
+    for coding in reversed([c.strip().lower() for c in encoding.split(",") if c.strip()]):
+        if coding == "identity":
+            continue
+        wbits = _WBITS.get(coding)
+        if wbits is None:
+            raise web.HTTPUnsupportedMediaType(
+                text=f"The request body's Content-Encoding '{coding}' is not supported; send gzip, deflate or identity."
+            )
+        decoder = zlib.decompressobj(wbits)
+        try:
+            out = decoder.decompress(raw, limit + 1)
+        except zlib.error as e:
+            raise GatewayError.invalid(f"The request body could not be decoded as {coding}: {e}.", param) from None
+        if len(out) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(out))
+        if not decoder.eof or decoder.unused_data:
+            raise GatewayError.invalid(
+                f"The request body could not be decoded as {coding}: it is truncated or has trailing data.", param
+            )
+        raw = out
+    return raw
 
 
 def check_json_content_type(request: web.Request) -> None:
@@ -247,10 +299,24 @@ async def start_app(
     Handler cancellation is on: a client that disconnects cancels its handler task at once, and
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
     Requests that are not HTTP/1.x are logged in one line (`ClientProtocolErrors`).
+
+    Bodies are read as received (`read_json` decodes them, bounded: `decode_body`), and a
+    response to a request whose body was not read to its end closes the connection at once
+    (aiohttp would otherwise go on reading, and inflating, the rest for up to 10 s: its
+    lingering close), so a refused body (401, 404, 405, 413) costs nothing more. Idle
+    keep-alive connections close after --keepalive-timeout.
     """
     if not any(isinstance(f, ClientProtocolErrors) for f in _SERVER_LOG.filters):
         _SERVER_LOG.addFilter(ClientProtocolErrors())
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        auto_decompress=False,
+        lingering_time=0,
+        keepalive_timeout=app[CONFIG_KEY].keepalive_timeout,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()

@@ -38,7 +38,9 @@ class GatewayConfig:
         request_timeout: seconds a whole request may take end to end (0: no limit).
         queue_timeout: seconds a request may wait in the core's queue before it is scheduled
             (0: no limit); then 504 (DEADLINE_EXCEEDED, reason QUEUE_TIMEOUT).
-        max_body_bytes: largest request body accepted (larger bodies get 413).
+        max_body_bytes: largest request body accepted (larger bodies get 413), on the wire and
+            once decompressed.
+        keepalive_timeout: seconds an idle keep-alive connection stays open.
         max_message_bytes: gRPC message size limit towards the core.
         max_json_depth: deepest nesting of arrays and objects in a request body or frame.
         retry_after_seconds: the Retry-After of 429 and 503 responses.
@@ -73,6 +75,7 @@ class GatewayConfig:
     request_timeout: float = 0.0
     queue_timeout: float = 0.0
     max_body_bytes: int = 2 * 1024 * 1024
+    keepalive_timeout: float = 75.0
     max_message_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 32
     retry_after_seconds: int = 1
@@ -123,6 +126,7 @@ _COMMON = {
     "request_timeout",
     "queue_timeout",
     "max_body_bytes",
+    "keepalive_timeout",
     "max_message_bytes",
     "max_json_depth",
     "retry_after_seconds",
@@ -222,7 +226,12 @@ def load(
         default=d.queue_timeout,
         help="seconds a request may wait to be scheduled (0: none)",
     )
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body (413 above)")
+    p.add_argument(
+        "--max-body-bytes", type=int, default=d.max_body_bytes, help="largest request body, decompressed (413 above)"
+    )
+    p.add_argument(
+        "--keepalive-timeout", type=float, default=d.keepalive_timeout, help="seconds an idle connection stays open"
+    )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest nesting of arrays and objects")
     p.add_argument(
