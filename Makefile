@@ -19,12 +19,18 @@ venv: $(STAMP)
 # torch comes first, from the local CPU wheel: installing it as a dependency would pull the
 # newest CUDA build (several GB). text-generation pins huggingface-hub<1.0, which transformers 5
 # cannot use, so it goes in without its dependencies (its real imports are all present).
+# xgrammar, the grammar library TensorRT-LLM compiles guides with (the version its
+# requirements.txt pins), is for the tests of the TensorRT-LLM engines' XGrammar check. It goes
+# in without its dependencies too: its metadata asks for triton (a GPU compiler, hundreds of MB)
+# and ninja, which only its GPU kernels use; what it imports (torch, transformers, pydantic,
+# numpy) is all present, and grammars compile on CPU without them.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e ".[core,gateway,dev]"
 	$(PY) -m pip install -q --no-deps text-generation==0.7.0
+	$(PY) -m pip install -q --no-deps xgrammar==0.1.25
 	touch $(STAMP)
 
 model: $(MODEL)/config.json

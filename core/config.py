@@ -104,6 +104,7 @@ class CoreConfig:
     trt_enable_block_reuse: bool = True
     trt_scheduler_policy: str = "guaranteed_no_evict"
     trt_enable_chunked_context: bool = False
+    trt_enable_chunked_prefill: bool = True
     trt_iter_stats_max_iterations: int = 1000
     trt_request_stats_max_iterations: int = 0
     trt_await_timeout_ms: int = 5
@@ -299,7 +300,14 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--trt-enable-chunked-context",
         action=argparse.BooleanOptionalAction,
         default=d.trt_enable_chunked_context,
-        help="TensorRT-LLM: chunked prefill",
+        help="TensorRT-LLM executor (--engine trtllm): chunked prefill",
+    )
+    p.add_argument(
+        "--trt-enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=d.trt_enable_chunked_prefill,
+        help="TensorRT-LLM LLM API (--engine trtllm-llm): chunked prefill where the release has it (off: prompts "
+        "are limited to max_num_tokens)",
     )
     p.add_argument(
         "--trt-iter-stats-max-iterations",

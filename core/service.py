@@ -24,7 +24,7 @@ from core.config import CoreConfig
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
 from core.multiplex import CallOutput, MultiplexSession
 from core.pipeline import RequestPipeline, merge_deltas
-from core.types import GUIDE_KINDS, SamplingOptions
+from core.types import GUIDE_KINDS, EngineInfo, SamplingOptions
 from core.validation import validate_request
 from core.wire import Malformed
 
@@ -152,6 +152,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             unsupported_sampling_fields=sorted(info.unsupported_sampling_fields),
             max_n=p.limits.max_n,
             guided_decoding=[k for k in GUIDE_KINDS if k in info.guided_decoding],
+            max_input_tokens=_max_input_tokens(info),
         )
 
     async def Tokenize(
@@ -177,6 +178,13 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         except CoreError as e:
             await context.abort_with_status(e.to_status())
         return spb.TokenizeResponse(token_ids=ids, rendered_prompt=rendered)
+
+
+def _max_input_tokens(info: EngineInfo) -> int:
+    """The longest prompt, in tokens, that core.validation.resolve_max_new_tokens lets through:
+    the engine's input limit, within the context less the one token left for generation."""
+    longest = info.max_context_length - 1
+    return longest if info.max_input_length is None else min(info.max_input_length, longest)
 
 
 async def _refuse(context: grpc.aio.ServicerContext[Any, Any], error: CoreError) -> NoReturn:

@@ -12,7 +12,8 @@ Then, per engine, what the doubles can only model:
     INVALID_ARGUMENT while a request next to it finishes (the runtime would fail the batch,
     `GuidedDecoder::build`);
   * `--engine trtllm-llm` serves a prompt longer than the LLM's `max_num_tokens` (chunked
-    prefill; `llm.py` `_check_arguments`).
+    prefill; `llm.py` `_check_arguments`), and refuses it itself, as CONTEXT_LENGTH_EXCEEDED,
+    with `--no-trt-enable-chunked-prefill`.
 
 Skipped unless TensorRT-LLM imports and CUDA is available; the executor test also needs
 TRTLLM_EXAMPLES_DIR (TensorRT-LLM's examples directory matching the installed release).
@@ -171,16 +172,34 @@ async def test_llm_api_engine_logprobs_and_guides(demo, hf_logprobs):
         await _check_bad_guide_next_to_a_running_request(stub)
 
 
-async def test_llm_api_engine_serves_a_prompt_longer_than_max_num_tokens(demo):
+@pytest.mark.parametrize("chunked", [True, False])
+async def test_llm_api_engine_serves_a_prompt_longer_than_max_num_tokens(demo, chunked):
+    """With chunked prefill the prompt is served; with --no-trt-enable-chunked-prefill the
+    engine reports max_num_tokens as GetModelInfo.max_input_tokens and refuses the prompt
+    itself, and the LLM serves on."""
     tokenizer = Tokenizer.load(demo)
     text = " ".join(["The license grants every user the right to copy the work."] * 40)
     assert 256 < len(tokenizer.encode(text)) < 900  # over max_num_tokens, within the demo's 1024 context
-    async with serve_engine(trtllm_llm.build, demo, tokenizer, engine="trtllm-llm", trt_max_num_tokens=256) as (
-        _server,
-        stub,
-    ):
-        msgs = await collect(stub, spb.GenerateRequest(text=text, stopping=pb.StoppingParams(max_new_tokens=8)))
-        assert len(tokens_of(msgs)) >= 1 and msgs[-1].usage.prompt_tokens > 256
+    async with serve_engine(
+        trtllm_llm.build,
+        demo,
+        tokenizer,
+        engine="trtllm-llm",
+        trt_max_num_tokens=256,
+        trt_enable_chunked_prefill=chunked,
+    ) as (_server, stub):
+        info = await stub.GetModelInfo(spb.GetModelInfoRequest())
+        long = spb.GenerateRequest(text=text, stopping=pb.StoppingParams(max_new_tokens=8))
+        if chunked:
+            assert info.max_input_tokens == info.max_context_length - 1
+            msgs = await collect(stub, long)
+            assert len(tokens_of(msgs)) >= 1 and msgs[-1].usage.prompt_tokens > 256
+        else:
+            assert info.max_input_tokens == 256
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await collect(stub, long)
+            assert GatewayError.from_rpc_error(e.value).reason == "CONTEXT_LENGTH_EXCEEDED"
+            assert len(tokens_of(await collect(stub, _request(4)))) >= 1
 
 
 async def test_llm_api_engine_matches_hf(demo, hf_greedy):

@@ -291,6 +291,7 @@ async def test_get_model_info_and_tokenize(stub, tokenizer):
     info = await stub.GetModelInfo(spb.GetModelInfoRequest())
     assert (info.model_name, info.model_version, info.engine) == ("tiny", "1", "hf")
     assert info.max_context_length == 1024 and info.vocab_size == tokenizer.vocab_size
+    assert info.max_input_tokens == 1023  # one token of the context is left for generation
     assert info.has_chat_template and not info.accepts_images and info.max_num_beams == 1
     assert info.default_max_new_tokens == 30 and info.max_top_logprobs == 20
     assert info.greedy_defaults.do_sample is False and info.sampling_defaults.do_sample is True

@@ -47,6 +47,7 @@ async def test_model_info_names_the_mock_engine(stub, mock_core):
     info = await stub.GetModelInfo(spb.GetModelInfoRequest())
     assert (info.engine, info.model_name) == ("mock", "mock")
     assert info.max_context_length == mock_core.engine.info.max_context_length
+    assert info.max_input_tokens == info.max_context_length - 1
     assert info.max_top_logprobs == 20 and info.max_num_beams == 1
 
 
@@ -211,6 +212,15 @@ async def test_prompt_logprobs_and_context_length(start_mock_core, stub):
             await generate(small, {"tokenIds": {"ids": ids}, "stopping": {"maxNewTokens": 7}})
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert bad_request_field(e.value) == "stopping.max_new_tokens"
+        # The longest prompt GetModelInfo reports is served; one token more is refused.
+        longest = (await small.GetModelInfo(spb.GetModelInfoRequest())).max_input_tokens
+        assert longest == 15
+        fit = await generate(small, {"tokenIds": {"ids": list(range(100, 100 + longest))}})
+        assert fit[-1].usage.completion_tokens == 1
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await generate(small, {"tokenIds": {"ids": list(range(100, 101 + longest))}})
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad_request_field(e.value) == "token_ids"
     finally:
         await channel.close()
         await core.stop(0)

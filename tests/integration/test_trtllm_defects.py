@@ -8,9 +8,11 @@ releases the behaviour was read in.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 import threading
 import types
+from typing import Any
 
 import grpc
 import pytest
@@ -37,6 +39,17 @@ LENGTH_MESSAGE = "The sum of prompt length (20.0), query length (0) should not e
 
 def _llm(fake):
     return fake.fake_instances[-1]
+
+
+def _records(msgs: list[spb.GenerateResponse]) -> list[pb.Token]:
+    """The token records (id, logprob) of a one-sequence stream, concatenated."""
+    return [t for m in msgs for o in m.outputs for t in o.tokens]
+
+
+async def _logprob_tokens(stub, max_new_tokens: int, **sampling: Any) -> list[pb.Token]:
+    """The token records of one request for logprobs with these sampling fields."""
+    stopping = {"max_new_tokens": max_new_tokens}
+    return _records(await collect(stub, request(sampling=sampling, stopping=stopping, output={"logprobs": True})))
 
 
 # --------------------------------------------------------------------------------- 1
@@ -70,7 +83,7 @@ async def test_4_eos_in_token_ids_is_not_reported(monkeypatch, tokenizer, tiny_m
     async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (_server, stub):
         msgs = await collect(stub, request(bias={2: 100.0}, stopping={"max_new_tokens": 10}, output={"logprobs": True}))
         assert finish_of(msgs).finish_reason == pb.FINISH_REASON_EOS
-        toks = [t for m in msgs for o in m.outputs for t in o.tokens]
+        toks = _records(msgs)
         assert [t.id for t in toks] == tokens_of(msgs) and 2 not in tokens_of(msgs) and len(toks) == 1
         assert msgs[-1].usage.completion_tokens == 1
 
@@ -84,24 +97,10 @@ async def test_5_a_logprob_the_llm_did_not_give_is_left_unset(monkeypatch, token
     top-k sampling ask for top_k alternatives, which always hold the sampled token."""
     fake_llm.install(monkeypatch, sampler_switch=False)  # TorchSampler only
     async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (_server, stub):
-        msgs = await collect(
-            stub,
-            request(
-                sampling={"do_sample": True, "top_k": 0, "top_p": 1.0},
-                stopping={"max_new_tokens": 24},
-                output={"logprobs": True},
-            ),
-        )
-        toks = [t for m in msgs for o in m.outputs for t in o.tokens]
+        toks = await _logprob_tokens(stub, 24, do_sample=True, top_k=0, top_p=1.0)
         assert toks and all(not t.HasField("logprob") or t.logprob < 0 for t in toks)
         assert any(not t.HasField("logprob") for t in toks)  # full-vocabulary sampling left some out
-        msgs = await collect(
-            stub,
-            request(
-                sampling={"do_sample": True, "top_k": 5}, stopping={"max_new_tokens": 12}, output={"logprobs": True}
-            ),
-        )
-        toks = [t for m in msgs for o in m.outputs for t in o.tokens]
+        toks = await _logprob_tokens(stub, 12, do_sample=True, top_k=5)
         assert all(t.HasField("logprob") and t.logprob < 0 for t in toks)
 
 
@@ -330,20 +329,11 @@ async def test_13_logprobs_are_the_models_on_every_executor_release(
     async with serve_engine(trtllm.build, out, tokenizer, engine="trtllm") as (server, stub):
         prompt = tokenizer.encode("hello")
         greedy, lps = MODEL.greedy(prompt, 4)
-        msgs = await collect(stub, request(stopping={"max_new_tokens": 4}, output={"logprobs": True}))
-        toks = [t for m in msgs for o in m.outputs for t in o.tokens]
+        toks = await _logprob_tokens(stub, 4)
         assert [t.id for t in toks] == greedy
         assert [t.logprob for t in toks] == pytest.approx(lps, abs=1e-4) and all(t.logprob < 0 for t in toks)
-        msgs = await collect(
-            stub,
-            request(
-                sampling={"do_sample": True, "top_k": 3, "seed": 5},
-                stopping={"max_new_tokens": 4},
-                output={"logprobs": True},
-            ),
-        )
-        ids = tokens_of(msgs)
-        lps = [t.logprob for m in msgs for o in m.outputs for t in o.tokens]
+        toks = await _logprob_tokens(stub, 4, do_sample=True, top_k=3, seed=5)
+        ids, lps = [t.id for t in toks], [t.logprob for t in toks]
         assert lps == pytest.approx([_full_logprob(prompt + ids[:i], t) for i, t in enumerate(ids)], abs=1e-4)
         assert server.engine._executor.config.normalize_log_probs is False
 
@@ -458,34 +448,55 @@ async def test_15_a_guide_xgrammar_refuses_fails_alone_before_the_batch(
 # --------------------------------------------------------------------------------- 16
 
 
-@pytest.mark.parametrize("chunking", [True, False])
-async def test_16_a_prompt_longer_than_max_num_tokens(monkeypatch, tokenizer, tiny_model_dir, chunking):
+def _ids_request(n: int, max_new_tokens: int) -> spb.GenerateRequest:
+    """A prompt of exactly `n` token ids (not EOS)."""
+    return spb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=[100 + i for i in range(n)]),
+        stopping=pb.StoppingParams(max_new_tokens=max_new_tokens),
+    )
+
+
+@pytest.mark.parametrize("case", ["chunked", "opted-out", "not-in-release"])
+async def test_16_a_prompt_longer_than_max_num_tokens(monkeypatch, caplog, tokenizer, tiny_model_dir, case):
     """`llmapi/llm.py` `_check_arguments` (PyTorch backend, 1.x) refuses a prompt over
     `max_num_tokens` unless `enable_chunked_prefill` is on. The engine turns it on where the
-    LLM takes it, so such a prompt is served; where it does not, the engine's limit is
-    `max_num_tokens` and a longer prompt is CONTEXT_LENGTH_EXCEEDED before the LLM sees it."""
+    LLM takes it, so such a prompt is served; where it does not, or with
+    `--no-trt-enable-chunked-prefill`, the engine's limit is `max_num_tokens`, GetModelInfo
+    reports it as max_input_tokens, and a longer prompt is CONTEXT_LENGTH_EXCEEDED before the
+    LLM sees it; the start log says why."""
+    caplog.set_level(logging.WARNING, logger="core.engine.trtllm.llm")
     fake = fake_llm.install(monkeypatch)
-    if not chunking:
+    if case == "not-in-release":
         del sys.modules["tensorrt_llm.llmapi"].TorchLlmArgs.model_fields["enable_chunked_prefill"]
-    text = "a prompt of many more than eight tokens, as this one surely is"
-    assert len(tokenizer.encode(text)) > 8
-    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm", trt_max_num_tokens=8) as (
-        server,
-        stub,
-    ):
-        assert _llm(fake).args.enable_chunked_prefill is chunking
-        if chunking:
-            msgs = await collect(stub, request(text, stopping={"max_new_tokens": 3}))
+    async with serve_engine(
+        trtllm_llm.build,
+        tiny_model_dir,
+        tokenizer,
+        engine="trtllm-llm",
+        trt_max_num_tokens=8,
+        trt_enable_chunked_prefill=case != "opted-out",
+    ) as (server, stub):
+        assert _llm(fake).args.enable_chunked_prefill is (case == "chunked")
+        why = {"chunked": None, "opted-out": "--no-trt-enable-chunked-prefill", "not-in-release": "cannot chunk"}[case]
+        limits = [
+            r.getMessage() for r in caplog.records if "prompts are limited to max_num_tokens (8" in r.getMessage()
+        ]
+        assert [why in m for m in limits] == ([] if why is None else [True])
+        info = await stub.GetModelInfo(spb.GetModelInfoRequest())
+        if case == "chunked":
+            msgs = await collect(stub, _ids_request(9, 3))
             assert len(tokens_of(msgs)) == 3
             assert server.engine.info.max_input_length is None
+            assert info.max_input_tokens == info.max_context_length - 1 == 1023
         else:
-            assert server.engine.info.max_input_length == 8
+            assert server.engine.info.max_input_length == info.max_input_tokens == 8
             with pytest.raises(grpc.aio.AioRpcError) as e:
-                await collect(stub, request(text, stopping={"max_new_tokens": 3}))
+                await collect(stub, _ids_request(9, 3))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert GatewayError.from_rpc_error(e.value).reason == "CONTEXT_LENGTH_EXCEEDED"
+            assert "more than the 8 this engine accepts" in e.value.details()
             assert _llm(fake).fake_executor.fake_requests == {}
-        short = await collect(stub, request("hi", stopping={"max_new_tokens": 2}))
-        assert len(tokens_of(short)) == 2
+        assert len(tokens_of(await collect(stub, _ids_request(8, 2)))) == 2
 
 
 # --------------------------------------------------------------------------------- 17

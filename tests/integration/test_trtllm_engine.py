@@ -471,7 +471,8 @@ async def test_engine_level_cancel_ends_with_cancelled(monkeypatch, tokenizer, e
 async def test_prompt_too_long_fails_before_any_message(monkeypatch, tokenizer, engine_out):
     trtllm_executor.install(monkeypatch, "1.0")
     async with serve_engine(trtllm.build, engine_out(max_input_len=32), tokenizer, engine="trtllm") as (server, stub):
-        call = stub.Generate(spb.GenerateRequest(token_ids=pb.TokenIds(ids=[100] * 40)))
+        assert (await stub.GetModelInfo(spb.GetModelInfoRequest())).max_input_tokens == 32
+        call = stub.Generate(spb.GenerateRequest(token_ids=pb.TokenIds(ids=[100] * 33)))
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await call.read()
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -561,6 +562,7 @@ async def test_model_info_reports_trtllm_defaults(monkeypatch, tokenizer, engine
     async with serve_engine(trtllm.build, engine_out(max_seq_len=300), tokenizer, engine="trtllm") as (_server, stub):
         info = await stub.GetModelInfo(spb.GetModelInfoRequest())
         assert info.engine == "trtllm" and info.max_context_length == 300 and info.max_num_beams == 1
+        assert info.max_input_tokens == 256  # the engine's max_input_len
         g, s = info.greedy_defaults, info.sampling_defaults
         assert not g.do_sample and g.temperature == pytest.approx(0.8)
         assert not g.HasField("top_k") and not g.HasField("top_p")

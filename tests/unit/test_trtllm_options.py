@@ -65,11 +65,14 @@ def test_release_order_is_pep_440():
     assert not release_at_least("1.3.0rc25", "1.3.0rc26") and not release_at_least("not a version", "1.0")
 
 
-@pytest.mark.parametrize("has_field", [True, False])
-def test_chunked_prefill_is_asked_for_where_the_llm_takes_it(has_field):
+@pytest.mark.parametrize(
+    "has_field, wanted, sent", [(True, True, True), (True, False, False), (False, True, None), (False, False, None)]
+)
+def test_chunked_prefill_is_asked_for_where_the_llm_takes_it(has_field, wanted, sent):
     fields = frozenset({"enable_chunked_prefill"}) if has_field else frozenset()
-    kwargs, _ = llm_kwargs(api(fields | {"sampler_type"}), TrtllmOptions(), tokenizer_dir="t")
-    assert kwargs.get("enable_chunked_prefill") is (True if has_field else None)
+    opts = TrtllmOptions(enable_chunked_prefill=wanted)
+    kwargs, _ = llm_kwargs(api(fields | {"sampler_type"}), opts, tokenizer_dir="t")
+    assert kwargs.get("enable_chunked_prefill") is sent
 
 
 @pytest.mark.parametrize("era", trtllm_executor.ERAS)

@@ -24,9 +24,11 @@ Differences from `--engine trtllm`, each because the LLM API has no way to do it
     it can be chosen; otherwise TorchSampler, whose gaps before PRs #16485/#16590/#17172 are
     refused (penalties, min_p, client seeds), and sampling requests report no seed where
     TorchSampler serves them (no seed reproduces across batches);
-  * chunked prefill is on where the release takes `enable_chunked_prefill`; elsewhere prompts
-    are limited to the LLM's `max_num_tokens` (`llm.py` `_check_arguments`), and the engine
-    says so (EngineInfo.max_input_length).
+  * chunked prefill is on where the release takes `enable_chunked_prefill` (unless
+    `--no-trt-enable-chunked-prefill`); elsewhere prompts are limited to the LLM's
+    `max_num_tokens` (`llm.py` `_check_arguments`), and the engine says so
+    (EngineInfo.max_input_length, GetModelInfoResponse.max_input_tokens) and refuses a longer
+    prompt with CONTEXT_LENGTH_EXCEEDED before the LLM sees it.
 
 Guided decoding: the LLM is built with `guided_decoding_backend` (--trt-guided-decoding-backend,
 xgrammar by default) and a guided request's `SamplingParams(guided_decoding=
@@ -102,6 +104,16 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> Engine:
     from core.engine.registry import tokenizer_path
 
     return TrtllmLlmEngine(api, config.model, tokenizer, TrtllmOptions.from_config(config), tokenizer_path(config))
+
+
+def _unchunked_reason(asked: bool | None) -> str:
+    """Why the LLM runs without chunked prefill, given the `enable_chunked_prefill` it was
+    built with (None: the release does not take it)."""
+    if asked is None:
+        return "this TensorRT-LLM release cannot chunk the prefill"
+    if not asked:
+        return "chunked prefill is off (--no-trt-enable-chunked-prefill)"
+    return "the LLM reports chunked prefill off"
 
 
 @dataclass(eq=False)
@@ -212,8 +224,9 @@ class TrtllmLlmEngine(EngineLifecycle):
         max_input = None if chunked or not max_num_tokens else min(int(max_num_tokens), context - 1)
         if max_input is not None:
             log.warning(
-                "trtllm-llm engine: this TensorRT-LLM release cannot chunk the prefill; prompts are limited to "
-                "max_num_tokens (%d tokens; --trt-max-num-tokens raises it)",
+                "trtllm-llm engine: %s; prompts are limited to max_num_tokens (%d tokens; --trt-max-num-tokens "
+                "raises it)",
+                _unchunked_reason(kwargs.get("enable_chunked_prefill")),
                 max_input,
             )
         if self._guide_kinds() and kwargs.get("guided_decoding_backend") == "xgrammar":

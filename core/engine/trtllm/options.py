@@ -42,6 +42,8 @@ class TrtllmOptions:
         enable_block_reuse: KV-cache block reuse across requests.
         scheduler_policy: capacity scheduler policy (executor only).
         enable_chunked_context: chunked prefill (executor only).
+        enable_chunked_prefill: chunked prefill where the LLM takes `enable_chunked_prefill`
+            (LLM API only); off, prompts are limited to the LLM's `max_num_tokens`.
         iter_stats_max_iterations: iteration stats kept by the executor.
         request_stats_max_iterations: request stats kept; > 0 gives exact SCHEDULED/PREFILLED.
         await_timeout_ms: timeout of each await_responses call of the awaiter thread.
@@ -57,6 +59,7 @@ class TrtllmOptions:
     enable_block_reuse: bool = True
     scheduler_policy: SchedulerPolicy = "guaranteed_no_evict"
     enable_chunked_context: bool = False
+    enable_chunked_prefill: bool = True
     iter_stats_max_iterations: int = 1000
     request_stats_max_iterations: int = 0
     await_timeout_ms: int = 5
@@ -92,6 +95,7 @@ class TrtllmOptions:
             enable_block_reuse=config.trt_enable_block_reuse,
             scheduler_policy=policy,
             enable_chunked_context=config.trt_enable_chunked_context,
+            enable_chunked_prefill=config.trt_enable_chunked_prefill,
             iter_stats_max_iterations=config.trt_iter_stats_max_iterations,
             request_stats_max_iterations=config.trt_request_stats_max_iterations,
             await_timeout_ms=max(1, config.trt_await_timeout_ms),
@@ -196,10 +200,11 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     """Keywords of `tensorrt_llm.LLM(model, **kwargs)` and the sampler they select.
 
     The sampler is chosen by what the release has (`select_sampler`). Chunked prefill is
-    turned on where the LLM takes `enable_chunked_prefill`: without it `llm.py`
-    `_check_arguments` refuses any prompt longer than `max_num_tokens` (8192 by default) on
-    the PyTorch backend, however long the context; upstream turns it off again, with a
-    warning, for attention backends that cannot chunk (`_torch/pyexecutor/py_executor_creator.py`).
+    turned on where the LLM takes `enable_chunked_prefill`, unless `opts.enable_chunked_prefill`
+    is off (then it is sent as False): without it `llm.py` `_check_arguments` refuses any
+    prompt longer than `max_num_tokens` (8192 by default) on the PyTorch backend, however long
+    the context; upstream turns it off again, with a warning, for attention backends that
+    cannot chunk (`_torch/pyexecutor/py_executor_creator.py`).
     Executor-only flags that were changed are logged as ignored. Guided decoding goes on with
     `guided_decoding_backend` (`llmapi/llm_args.py`: "xgrammar" or "llguidance", the latter
     on the PyTorch backend only) where the release takes it, with the LLM's tokenizer loaded.
@@ -221,7 +226,7 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     if opts.max_num_tokens:
         kwargs["max_num_tokens"] = opts.max_num_tokens
     if "enable_chunked_prefill" in api.llm_args:
-        kwargs["enable_chunked_prefill"] = True
+        kwargs["enable_chunked_prefill"] = opts.enable_chunked_prefill
     if opts.guided_decoding_backend != "none" and "guided_decoding_backend" in api.llm_args:
         kwargs["guided_decoding_backend"] = opts.guided_decoding_backend
         # The grammar backend is described by the LLM's own tokenizer (`llmapi/llm.py`:

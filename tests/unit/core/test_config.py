@@ -21,6 +21,15 @@ def test_environment_fallbacks_and_flag_precedence():
     assert load(["--port", "8"], env).port == 8
 
 
+def test_chunked_prefill_is_on_unless_turned_off():
+    """--trt-enable-chunked-prefill (trtllm-llm) defaults on; --no-... and the environment turn it off."""
+    assert load(["--model", "/m"], {}).trt_enable_chunked_prefill is True
+    assert load(["--model", "/m", "--no-trt-enable-chunked-prefill"], {}).trt_enable_chunked_prefill is False
+    env = {"TRELLIS_CORE_TRT_ENABLE_CHUNKED_PREFILL": "false"}
+    assert load(["--model", "/m"], env).trt_enable_chunked_prefill is False
+    assert load(["--model", "/m", "--trt-enable-chunked-prefill"], env).trt_enable_chunked_prefill is True
+
+
 def test_an_empty_boolean_keeps_the_default():
     env = {"TRELLIS_CORE_TRT_ENABLE_BLOCK_REUSE": "", "TRELLIS_CORE_TRT_ENABLE_CHUNKED_CONTEXT": " "}
     c = load(["--model", "/m"], env)
