@@ -11,17 +11,25 @@ their own processes for the same reason).
 Shape: `HfProcessEngine` implements core.engine.base.Engine in the core process; the child
 process runs core.engine.hf.HfEngine's batching loop unchanged in its main thread. Messages
 are pickled over two one-way pipes (multiprocessing's spawn context: a forked child would copy
-the core's gRPC threads, which fork cannot do safely):
+the core's gRPC threads, which fork cannot do safely), each one of the typed messages below, so
+that mypy checks what each side sends and that each receiver handles every kind (`match`
+ending in `assert_never`):
 
-  core -> engine   ("generate", EngineRequest), ("abort", request_id), ("stop", None)
-  engine -> core   ("ready", None) or ("failed", reason) once loaded;
-                   ("outputs", [packed EngineOutput, ...]): one message per engine step,
-                   every request's outputs of that step in order (`pack`: plain tuples, which
-                   pickle about 10x faster than the dataclasses);
-                   ("dead", reason) when the batching loop itself failed
+  core -> engine   ToEngine: Generate(request), Abort(request_id), Stop()
+  engine -> core   Loaded, exactly once and first: Ready() or Failed(reason);
+                   then Running: Outputs, one per engine step, every request's outputs of that
+                   step in order as `Packed` tuples (`pack`: plain tuples pickle about 10x
+                   faster than the dataclasses), a bare list as it is the hot path;
+                   Dead(reason) when the batching loop failed
+
+Every engine output crosses packed, the refusal of a request the engine process cannot admit
+included: the core unpacks each one.
 
 Admission (queue bound, duplicate ids, batch limits) is decided in the core process, so
-`generate` raises synchronously as the Engine contract requires; the proxy counts a request as
+`generate` raises synchronously as the Engine contract requires. Only the engine process
+compiles guides: a guide that does not compile there (the request pipeline refuses those
+before, core.guided.check_compiles), like a request that arrives as it stops, ends its stream
+with the error instead (an Outputs list of one packed output). The proxy counts a request as
 queued until its SCHEDULED output arrives, which is never fewer than the engine's own queue.
 The engine process exits when told to stop, when its batching loop dies, or when the core
 process goes away (its end of the pipe closes).
@@ -45,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, assert_never
 
 import servegc
 from core.engine.base import EngineLifecycle, OutputStream
@@ -78,9 +86,6 @@ if TYPE_CHECKING:
     from core.engine.hf import HfEngine
     from core.tokenizer import Tokenizer
 
-#: How the engine process sends a message to the core.
-Send = Callable[[tuple[str, Any]], None]
-
 log = logging.getLogger(__name__)
 
 #: Seconds shutdown waits for the engine process to exit before killing it.
@@ -95,6 +100,128 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> Engine:
     if not config.engine_process:
         return hf.build(config, tokenizer)
     return HfProcessEngine(config.model, hf.engine_kwargs(config, tokenizer), cpus=config.engine_cpus)
+
+
+# -------------------------------------------------------------------- wire format
+
+#: One sequence's news as plain values: (index, token_ids, logprobs, top_logprobs, finish
+#: reason value, stop_token_id) (core.types.SequenceStep).
+PackedSequence: TypeAlias = tuple[
+    int, list[int], list[float | None] | None, list[list[tuple[int, float]]] | None, str | None, int | None
+]
+#: A prompt token as plain values: (token_id, logprob, top) (core.types.PromptTokenInfo).
+PackedPromptToken: TypeAlias = tuple[int, float | None, list[tuple[int, float]]]
+#: An EngineOutput as plain values: (request_id, state value, sequences, prompt_logprobs,
+#: finished, cached_tokens, error, time).
+Packed: TypeAlias = tuple[
+    str, int | None, list[PackedSequence], list[PackedPromptToken] | None, bool, int, Exception | None, float
+]
+
+
+def pack(out: EngineOutput) -> Packed:
+    """An EngineOutput as plain tuples (see Packed); `unpack` inverts it."""
+    return (
+        out.request_id,
+        None if out.state is None else out.state.value,
+        [
+            (
+                s.index,
+                s.token_ids,
+                s.logprobs,
+                s.top_logprobs,
+                None if s.finish_reason is None else s.finish_reason.value,
+                s.stop_token_id,
+            )
+            for s in out.sequences
+        ],
+        None if out.prompt_logprobs is None else [(p.token_id, p.logprob, p.top) for p in out.prompt_logprobs],
+        out.finished,
+        out.cached_tokens,
+        out.error,
+        out.time,
+    )
+
+
+def unpack(packed: Packed) -> EngineOutput:
+    """The EngineOutput `pack` flattened."""
+    rid, state, seqs, prompt, finished, cached, error, at = packed
+    return EngineOutput(
+        rid,
+        None if state is None else RequestState(state),
+        [
+            SequenceStep(i, ids, lps, tops, None if reason is None else FinishReason(reason), stop)
+            for i, ids, lps, tops, reason, stop in seqs
+        ],
+        None if prompt is None else [PromptTokenInfo(*p) for p in prompt],
+        finished,
+        cached,
+        error,
+        at,
+    )
+
+
+# -------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """core -> engine: run `request` (the core process admitted it already)."""
+
+    request: EngineRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """core -> engine: cancel a request at the engine's next step boundary (no-op when unknown
+    or finished)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """core -> engine: end the requests left with NotReady and exit."""
+
+
+#: What the core sends the engine process.
+ToEngine: TypeAlias = Generate | Abort | Stop
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """engine -> core, first: the model is loaded; requests are welcome."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """engine -> core, first and last: loading the model failed (`reason`: the exception's type
+    and message); the process exits."""
+
+    reason: str
+
+
+#: engine -> core: one engine step's outputs, every request's in order (packed). The one
+#: message without a dataclass of its own, as it is the one sent every engine step: a frozen
+#: dataclass around the list costs about 7 µs more per message to pickle and unpickle, +11 % of
+#: a 32-output step's whole cost (pack, pickle, unpickle, unpack; scripts/bench/engine_messages.py),
+#: and no other message is a list, so `case list()` tells it apart all the same.
+Outputs: TypeAlias = list[Packed]
+
+
+@dataclass(frozen=True, slots=True)
+class Dead:
+    """engine -> core, last: the batching loop failed (`reason`: the error); the process exits
+    and every request left ends with EngineDead."""
+
+    reason: str
+
+
+#: The engine process's first message: whether it loaded the model.
+Loaded: TypeAlias = Ready | Failed
+#: Its messages after Ready.
+Running: TypeAlias = Outputs | Dead
+#: What the engine process sends the core.
+FromEngine: TypeAlias = Loaded | Running
 
 
 @dataclass(eq=False, slots=True)
@@ -176,15 +303,20 @@ class HfProcessEngine(EngineLifecycle):
         from_engine_w.close()
         self._inbox, self._outbox = from_engine_r, to_engine_w
         try:
-            kind, payload = await asyncio.to_thread(self._inbox.recv)
+            loaded: Loaded = await asyncio.to_thread(self._inbox.recv)
         except (EOFError, OSError):
             await asyncio.to_thread(self._process.join, EXIT_TIMEOUT_S)
             raise RuntimeError(
                 f"the hf engine process exited while loading {self._path} (exit code {self._process.exitcode})"
             ) from None
-        if kind != "ready":
-            await asyncio.to_thread(self._process.join, EXIT_TIMEOUT_S)
-            raise RuntimeError(f"the hf engine process could not load {self._path}: {payload}")
+        match loaded:
+            case Ready():
+                pass
+            case Failed(reason):
+                await asyncio.to_thread(self._process.join, EXIT_TIMEOUT_S)
+                raise RuntimeError(f"the hf engine process could not load {self._path}: {reason}")
+            case _:
+                assert_never(loaded)
         self._started = self._alive = True
         self._reader = threading.Thread(target=self._read, name="hf-engine-reader", daemon=True)
         self._reader.start()
@@ -204,7 +336,7 @@ class HfProcessEngine(EngineLifecycle):
         self._stopping = True
         process = self._process
         if process is not None and process.is_alive():
-            self._send(("stop", None))
+            self._send(Stop())
             await asyncio.to_thread(process.join, EXIT_TIMEOUT_S)
             if process.is_alive():
                 log.error("hf engine process %d did not stop in %.0f s; killing it", process.pid, EXIT_TIMEOUT_S)
@@ -254,7 +386,7 @@ class HfProcessEngine(EngineLifecycle):
                 self.abort(rid)
 
         live = _Live(OutputStream(EngineOutput(rid, state=RequestState.QUEUED, time=time.monotonic()), on_close))
-        if not self._send(("generate", request)):
+        if not self._send(Generate(request)):
             raise EngineDead(f"The {self.kind} engine has stopped and cannot take requests.")
         self._live[rid] = live
         self._queued += 1
@@ -265,9 +397,9 @@ class HfProcessEngine(EngineLifecycle):
         live = self._live.get(request_id)
         if live is not None and not live.aborted:
             live.aborted = True
-            self._send(("abort", request_id))
+            self._send(Abort(request_id))
 
-    def _send(self, message: tuple[str, Any]) -> bool:
+    def _send(self, message: ToEngine) -> bool:
         """Send a message to the engine process; False when it is gone (its exit is handled
         when the reader sees the pipe close)."""
         if self._outbox is None:
@@ -285,7 +417,7 @@ class HfProcessEngine(EngineLifecycle):
         assert self._inbox is not None and self._loop is not None
         while True:
             try:
-                message = self._inbox.recv()
+                message: Running = self._inbox.recv()
             except (EOFError, OSError):
                 break
             if not self._post(self._on_message, message):
@@ -304,12 +436,14 @@ class HfProcessEngine(EngineLifecycle):
             return False
         return True
 
-    def _on_message(self, message: tuple[str, Any]) -> None:
-        kind, payload = message
-        if kind == "outputs":
-            self._deliver([unpack(out) for out in payload])
-        elif kind == "dead":
-            self._death = payload
+    def _on_message(self, message: Running) -> None:
+        match message:
+            case list():
+                self._deliver([unpack(out) for out in message])
+            case Dead(reason):
+                self._death = reason
+            case _:
+                assert_never(message)
 
     def _deliver(self, outputs: list[EngineOutput]) -> None:
         """One engine step's outputs to their streams; a request's final output retires it."""
@@ -341,56 +475,6 @@ class HfProcessEngine(EngineLifecycle):
         live, self._live, self._queued = self._live, {}, 0
         for rid, entry in live.items():
             entry.stream.put(EngineOutput(rid, error=error, finished=True, time=now))
-
-
-# -------------------------------------------------------------------- wire format
-
-#: An EngineOutput as plain values: (request_id, state value, sequences, prompt_logprobs,
-#: finished, cached_tokens, error, time); each sequence (index, token_ids, logprobs, top_logprobs, finish
-#: reason value, stop_token_id); each prompt token (token_id, logprob, top).
-Packed = tuple[Any, ...]
-
-
-def pack(out: EngineOutput) -> Packed:
-    """An EngineOutput as plain tuples (see Packed); `unpack` inverts it."""
-    return (
-        out.request_id,
-        None if out.state is None else out.state.value,
-        [
-            (
-                s.index,
-                s.token_ids,
-                s.logprobs,
-                s.top_logprobs,
-                None if s.finish_reason is None else s.finish_reason.value,
-                s.stop_token_id,
-            )
-            for s in out.sequences
-        ],
-        None if out.prompt_logprobs is None else [(p.token_id, p.logprob, p.top) for p in out.prompt_logprobs],
-        out.finished,
-        out.cached_tokens,
-        out.error,
-        out.time,
-    )
-
-
-def unpack(packed: Packed) -> EngineOutput:
-    """The EngineOutput `pack` flattened."""
-    rid, state, seqs, prompt, finished, cached, error, at = packed
-    return EngineOutput(
-        rid,
-        state=None if state is None else RequestState(state),
-        sequences=[
-            SequenceStep(i, ids, lps, tops, None if reason is None else FinishReason(reason), stop)
-            for i, ids, lps, tops, reason, stop in seqs
-        ],
-        prompt_logprobs=None if prompt is None else [PromptTokenInfo(*p) for p in prompt],
-        finished=finished,
-        cached_tokens=cached,
-        error=error,
-        time=at,
-    )
 
 
 # -------------------------------------------------------------------- CPUs
@@ -441,7 +525,7 @@ def _engine_main(
 
     send_lock = threading.Lock()
 
-    def send(message: tuple[str, Any]) -> None:
+    def send(message: FromEngine) -> None:
         with send_lock:  # the batching loop and the receiver both send
             try:
                 outbox.send(message)
@@ -452,42 +536,46 @@ def _engine_main(
         """HfEngine whose step outputs and death go to the core process."""
 
         def _publish(self, emits: Emits) -> None:
-            send(("outputs", [pack(out) for _, out in emits]))
+            send([pack(out) for _, out in emits])
 
         def _report_death(self, error: Exception) -> None:
-            send(("dead", str(error)))
+            send(Dead(str(error)))
 
     try:
         engine = ChildEngine(model_path, **engine_kwargs)
         engine.load()
     except Exception as e:
         log.exception("hf engine process: loading %s failed", model_path)
-        send(("failed", f"{type(e).__name__}: {e}"))
+        send(Failed(f"{type(e).__name__}: {e}"))
         return
     receiver = threading.Thread(target=_receive, args=(engine, inbox, send), name="hf-engine-inbox", daemon=True)
     receiver.start()
     if placement is not None and receiver.native_id is not None:
         os.sched_setaffinity(receiver.native_id, placement[1])
     servegc.settle()
-    send(("ready", None))  # the core sends nothing before this
+    send(Ready())  # the core sends nothing before this
     engine.run()
 
 
-def _receive(engine: HfEngine, inbox: Connection, send: Send) -> None:
+def _receive(engine: HfEngine, inbox: Connection, send: Callable[[FromEngine], None]) -> None:
     """The engine process's receiver thread: requests, aborts and the stop order from the core
     (a closed pipe means the core is gone: stop too)."""
     while True:
         try:
-            kind, payload = inbox.recv()
+            message: ToEngine = inbox.recv()
         except (EOFError, OSError):
-            kind, payload = "stop", None
-        if kind == "generate":
-            try:
-                engine.submit(payload)
-            except CoreError as e:  # admission raced with a stop or a death here
-                send(("outputs", [EngineOutput(payload.request_id, error=e, finished=True, time=time.monotonic())]))
-        elif kind == "abort":
-            engine.abort(payload)
-        else:
-            engine.stop_soon()
-            return
+            message = Stop()
+        match message:
+            case Generate(request):
+                try:
+                    engine.submit(request)
+                except CoreError as e:  # a guide that does not compile, or a stop or death meanwhile
+                    refusal = EngineOutput(request.request_id, error=e, finished=True, time=time.monotonic())
+                    send([pack(refusal)])
+            case Abort(request_id):
+                engine.abort(request_id)
+            case Stop():
+                engine.stop_soon()
+                return
+            case _:
+                assert_never(message)

@@ -1,7 +1,7 @@
 """The HF engine in a process of its own (core.engine.hf_process): the same tokens as the engine
-on a thread, admission refusals decided in the core process, cancellation, shutdown, a load
-failure, an engine process that dies under running requests, and where the engine process and
-the serving threads run (--engine-cpus)."""
+on a thread, admission refusals decided in the core process and in the engine process,
+cancellation, shutdown, a load failure, an engine process that dies under running requests,
+and where the engine process and the serving threads run (--engine-cpus)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from core.config import load
 from core.engine import hf, hf_process
 from core.engine.hf_config import engine_cpus
 from core.errors import EngineDead, InvalidArgument, NotReady, Overloaded
-from core.types import EngineOutput, FinishReason, PromptTokenInfo, RequestState, SequenceStep
+from core.types import EngineOutput, EngineStats, FinishReason, Guide, PromptTokenInfo, RequestState, SequenceStep
 from tests.conftest import core_config
 from tests.integration.core_helpers import wait_for, wait_idle
-from tests.unit.core.test_hf_engine import last_output, req, until_tokens
+from tests.unit.core.test_hf_engine import guided, last_output, req, until_tokens
 
 
 async def started(model_dir, tokenizer, **overrides) -> hf_process.HfProcessEngine:
@@ -83,6 +83,22 @@ async def test_a_running_request_id_is_refused_and_a_closed_stream_aborts(engine
     await gen.aclose()
     await wait_idle(engine)
     out = await last_output(engine.generate(req("dup", [1, 5])))
+    assert out.finished and out.error is None
+
+
+async def test_a_request_the_engine_process_refuses_ends_with_its_error(engine):
+    """Only the engine process compiles guides: the core admits a request whose guide does not
+    compile, the engine process refuses it, and the refusal ends the stream and frees its place
+    in the queue."""
+    gen = engine.generate(guided("bad", [1, 5], Guide("lark_grammar", "start: nowhere"), seed=1))
+    assert engine.stats() == EngineStats(active=0, queued=1)
+    outs = [out async for out in gen]
+    assert [o.state for o in outs] == [RequestState.QUEUED, None]
+    last = outs[-1]
+    assert last.finished and isinstance(last.error, InvalidArgument)
+    assert last.error.field == "guided_decoding.lark_grammar" and "does not compile" in str(last.error)
+    assert engine.stats() == EngineStats(active=0, queued=0)
+    out = await last_output(engine.generate(req("bad", [1, 5])))
     assert out.finished and out.error is None
 
 
