@@ -179,14 +179,14 @@ Block = Annotated[
 ]
 
 
-class Message(Wire):
+class MessageParam(Wire):
     """`{"role": "user" | "assistant", "content": str | [blocks]}`."""
 
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
-class Tool(Wire):
+class ToolParam(Wire):
     """A custom tool: `{"name", "description", "input_schema"}` (`type` "custom" or absent;
     `strict`, `cache_control` and the other per-tool hints accepted and ignored)."""
 
@@ -237,9 +237,9 @@ class CountTokensRequest(Wire):
     """A `POST /v1/messages/count_tokens` body: the prompt part of a Messages request."""
 
     model: str
-    messages: list[Message]
+    messages: list[MessageParam]
     system: str | list[TextBlock] | None = None
-    tools: list[Tool] | None = None
+    tools: list[ToolParam] | None = None
     tool_choice: ToolChoice | None = None
 
 

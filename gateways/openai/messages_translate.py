@@ -79,7 +79,7 @@ def _system(system: str | list[ms.TextBlock] | None) -> list[chat.Message]:
     return [chat.Message(role="system", content=text)]
 
 
-def _user(m: ms.Message) -> list[chat.Message]:
+def _user(m: ms.MessageParam) -> list[chat.Message]:
     if isinstance(m.content, str):
         return [chat.Message(role="user", content=m.content)]
     out: list[chat.Message] = []
@@ -102,7 +102,7 @@ def _user(m: ms.Message) -> list[chat.Message]:
     return out
 
 
-def _assistant(m: ms.Message) -> chat.Message:
+def _assistant(m: ms.MessageParam) -> chat.Message:
     if isinstance(m.content, str):
         return chat.Message(role="assistant", content=m.content)
     text = "".join(b.text for b in m.content if isinstance(b, ms.TextBlock))

@@ -40,27 +40,6 @@ EVENT = TypeAdapter(RawMessageStreamEvent)
 # The SDK 2.10.0 no longer types temperature, top_p and top_k (the API still takes them).
 GREEDY = {"temperature": 0}
 
-# Scripted replies of the mock core: the first entry whose `when` is in the prompt wins.
-SCRIPT = [
-    {"when": "It is 3 C", "reply": "It is cold in Oslo: 3 C."},
-    {
-        "when": "Weather in Oslo?",
-        "reply": '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>',
-    },
-    {"when": "Think first", "reply": "<think>Two and two\nmake four.</think>The answer is 4."},
-    {"when": "Count on", "reply": "one two STOP three"},
-    {"when": "Say hi", "reply": "Hello there."},
-]
-
-
-@pytest_asyncio.fixture(scope="module")
-async def scripted_url(start_mock_core, start_gateway, tmp_path_factory) -> str:
-    """An OpenAI gateway with --reasoning-parser qwen3 on a mock core that answers SCRIPT."""
-    path = tmp_path_factory.mktemp("script") / "script.json"
-    path.write_text(json.dumps(SCRIPT))
-    core = await start_mock_core(mock_script=str(path), model_name="mock")
-    return await start_gateway("openai", core=core.address, reasoning_parser="qwen3")
-
 
 def sdk(url: str, **kwargs) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=url, api_key=kwargs.pop("api_key", "unused"), max_retries=0, **kwargs)
