@@ -27,7 +27,6 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from gateways.common import framing as wire
 from gateways.common.app import core_client
 from gateways.common.core_call import Delta
-from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect, relay
 from gateways.openai import messages_errors as errors
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 def _failed(err: GatewayError, message_id: str, headers: dict[str, str]) -> web.Response:
-    err = client_error(err, translate.CLIENT_NAMES)
+    err = translate.client_error(err)
     log.info("message %s failed: %s %s", message_id, err.code.name, err.message)
     response = errors.render_before_stream(err, message_id)
     response.headers.update(headers)
@@ -86,7 +85,7 @@ async def handle_messages(request: web.Request, body: Any, *, reasoning_parser: 
         return head + events.message(cast(spb.GenerateResponse, delta))
 
     def render_error(err: GatewayError) -> bytes:
-        in_band = errors.render_in_stream(client_error(err, translate.CLIENT_NAMES), message_id)
+        in_band = errors.render_in_stream(translate.client_error(err), message_id)
         return translate.event("error", in_band)
 
     return await relay(

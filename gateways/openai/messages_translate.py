@@ -35,6 +35,7 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common import fields
 from gateways.common import framing as wire
 from gateways.common.chat import schema as chat
 from gateways.common.chat import translate as chat_translate
@@ -70,6 +71,19 @@ CLIENT_NAMES = {
     "sampling.top_k": "top_k",
     "sampling.seed": "seed",
 }
+
+
+def client_error(err: GatewayError) -> GatewayError:
+    """`err` in Anthropic's terms: a GenerateRequest path the core named becomes the client's
+    field (CLIENT_NAMES; "messages[0].content" -> "messages.0.content"), leading the message
+    as Anthropic's errors do ("max_tokens: ...")."""
+    param = err.param
+    if param is None:
+        return err
+    name = CLIENT_NAMES.get(param)
+    if name is None and param.startswith("messages["):
+        name = param.replace("[", ".").replace("]", "")
+    return fields.client_error(err, {param: name}) if name is not None else err
 
 
 def _system(system: str | list[ms.TextBlock] | None) -> list[chat.Message]:

@@ -240,6 +240,10 @@ async def test_count_tokens_is_the_prompt_generate_sees(client):
     with pytest.raises(anthropic.NotFoundError) as err:
         await client.messages.count_tokens(model="claude-x", messages=prompt)
     assert err.value.body["error"]["type"] == "not_found_error"
+    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    with pytest.raises(anthropic.BadRequestError) as err:  # the core's Tokenize refuses it: a text-only model
+        await client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": [image]}])
+    assert err.value.body["error"]["message"].startswith("messages.0.content: This model accepts text only")
 
 
 # --------------------------------------------------------------------------- errors
