@@ -116,6 +116,7 @@ class CoreConfig:
     mock_prefill_ms_per_token: float = 0.0
     mock_eos_probability: float = 0.0
     mock_context_length: int = 0
+    mock_script: str = ""
 
     @property
     def served_model_name(self) -> str:
@@ -369,6 +370,12 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         type=int,
         default=d.mock_context_length,
         help="mock engine: context length in tokens (0: the model's config.json, else 4096)",
+    )
+    p.add_argument(
+        "--mock-script",
+        default=d.mock_script,
+        help='mock engine: a JSON file of scripted replies, [{"when": "prompt text", "reply": "text"}] '
+        "(core.engine.mock); empty: none",
     )
     return p
 

@@ -32,6 +32,13 @@ top_logprobs lists ranks 0..k-1 (the chosen token at its rank, distinct other to
 elsewhere), so values are <= 0, sorted descending, and the chosen logprob equals its entry.
 Prompt logprobs are built the same way from the prompt.
 
+Scripted replies (`--mock-script FILE`, for tests of what gateways read out of a model's text:
+reasoning tags, tool calls): FILE is a JSON list of `{"when": str, "reply": str}`. A request
+whose prompt, decoded, contains a `when` (the first that matches) generates the tokens of its
+`reply` (the tokenizer's split, so a tag like `<think>` may come in several tokens), then EOS
+unless ignore_eos (then draws go on as usual); max_new_tokens still cuts it, stop token ids do
+not. Other requests draw as usual.
+
 Sampling parameters other than do_sample and seed (temperature, top_k, top_p, penalties,
 logit_bias, bad_words) are validated and reported as usual but do not shape the draws. Guided
 decoding is not honoured: EngineInfo.guided_decoding is empty, so the core refuses a guided
@@ -101,7 +108,26 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> MockEngine:
         max_batch_size=config.max_batch_size,
         max_queue_size=config.max_queue_size,
         max_n=config.max_n,
+        script=load_script(config.mock_script) if config.mock_script else (),
     )
+
+
+def load_script(path: str | Path) -> list[tuple[str, str]]:
+    """The `(when, reply)` pairs of a `--mock-script` file (the module docstring).
+
+    Raises:
+        ValueError: the file cannot be read or is not a list of `{"when": str, "reply": str}`.
+    """
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the mock script {path}: {e}") from None
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and set(e) == {"when", "reply"} and all(isinstance(v, str) for v in e.values())
+        for e in entries
+    ):
+        raise ValueError(f'the mock script {path} must be a JSON list of {{"when": str, "reply": str}}')
+    return [(e["when"], e["reply"]) for e in entries]
 
 
 def context_length_of(model_dir: str | Path) -> int:
@@ -152,6 +178,7 @@ class _Req:
     unfinished: int = 0
     prefilled: bool = False
     cancelled: bool = False
+    scripted: list[int] | None = None
 
 
 class MockEngine(EngineLifecycle):
@@ -166,6 +193,7 @@ class MockEngine(EngineLifecycle):
         max_batch_size: sequences in the running batch.
         max_queue_size: waiting requests; one more raises Overloaded (RESOURCE_EXHAUSTED).
         max_n: sequences per request.
+        script: scripted replies, `(when, reply)` pairs (the module docstring).
 
     Attributes:
         steps: engine steps completed since start (steps that had requests in the batch).
@@ -189,6 +217,7 @@ class MockEngine(EngineLifecycle):
         max_batch_size: int = 32,
         max_queue_size: int = 256,
         max_n: int = 16,
+        script: list[tuple[str, str]] | tuple[()] = (),
     ) -> None:
         super().__init__()
         if not (math.isfinite(step_ms) and step_ms >= 0):
@@ -211,6 +240,8 @@ class MockEngine(EngineLifecycle):
         self._step_s = step_ms / 1000.0
         self._prefill_s = prefill_ms_per_token / 1000.0
         self._eos_p = eos_probability if self._eos_id is not None else 0.0
+        self._tokenizer = tokenizer
+        self._script = list(script)
         self._ctx = max_context_length
         self._max_batch = max_batch_size
         self._max_queue = max_queue_size
@@ -307,12 +338,25 @@ class MockEngine(EngineLifecycle):
             sampled=request.sampling.do_sample,
             stops_on_eos=not request.ignore_eos and self._eos_p > 0.0,
         )
+        if self._script:
+            r.scripted = self._scripted(request)
         self._requests[request_id] = r
         self._pending.append(r)
         if self._timer is None and self._loop is not None:  # idle: the next step starts now
             self._deadline = self._loop.time()
             self._timer = self._loop.call_soon(self._boundary)
         return r.outputs
+
+    def _scripted(self, request: EngineRequest) -> list[int] | None:
+        """The tokens of the scripted reply to `request`, or None."""
+        prompt = self._tokenizer.decode(request.prompt_ids)
+        for when, reply in self._script:
+            if when in prompt:
+                tokens = self._tokenizer.encode(reply, add_special_tokens=False)
+                if not request.ignore_eos and self._eos_id is not None:
+                    tokens.append(self._eos_id)
+                return tokens
+        return None
 
     def abort(self, request_id: str) -> None:
         """Cancel a request at the next step boundary (no-op when unknown or finished)."""
@@ -454,6 +498,15 @@ class MockEngine(EngineLifecycle):
         stop_ids, min_new = req.stop_token_ids, req.min_new_tokens
         base = len(row.tokens)
         k = min(_DRAW_AHEAD, r.limit - base)
+        if r.scripted is not None and base < len(r.scripted):
+            row.tokens += r.scripted[base : base + k]
+            if len(row.tokens) == len(r.scripted) and r.scripted[-1] == self._eos_id and not r.req.ignore_eos:
+                row.reason = FinishReason.EOS
+            elif len(row.tokens) == r.limit:
+                row.reason = FinishReason.LENGTH
+            if row.reason is not None:
+                row.end = len(row.tokens)
+            return
         eos_at: int | None = None  # offset in this draw of the first EOS that counts
         if stop_ids and base < min_new:  # redraws possible: one token at a time
             tokens = []

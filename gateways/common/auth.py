@@ -1,4 +1,5 @@
-"""API keys on a gateway's HTTP routes: `Authorization: Bearer <key>`.
+"""API keys on a gateway's HTTP routes: `Authorization: Bearer <key>`, or `x-api-key: <key>`
+(Anthropic's header, which its SDK sends) when there is no Authorization header.
 
 With `--api-key` set (one or more keys, also `TRELLIS_GATEWAY_API_KEY`, comma-separated), every
 request must carry one of them, or it is answered 401 in the schema's own error shape (the
@@ -41,7 +42,10 @@ def auth_middleware(
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in open_paths:
             return await handler(request)
-        why = keys.check(request.headers.get("Authorization"))
+        authorization = request.headers.get("Authorization")
+        if authorization is None and "x-api-key" in request.headers:  # Anthropic's header
+            authorization = f"Bearer {request.headers['x-api-key']}"
+        why = keys.check(authorization)
         if why is None:
             return await handler(request)
         response = render(request, 401, MESSAGES[why])

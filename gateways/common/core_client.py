@@ -345,6 +345,20 @@ class CoreClient:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info
 
+    async def tokenize(self, request: spb.TokenizeRequest) -> spb.TokenizeResponse:
+        """The core's Tokenize: the token ids Generate would see for a text or a chat (one
+        unary call on the balanced channel, with the request deadline).
+
+        Raises:
+            GatewayError: the core's refusal (INVALID_ARGUMENT naming the field), or the core
+                cannot be reached (UNAVAILABLE).
+        """
+        try:
+            reply = await self.stub.Tokenize(request, timeout=self.timeout, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise GatewayError.from_rpc_error(e) from None
+        return cast(spb.TokenizeResponse, reply)
+
     def drain(self) -> None:
         """The gateway stops (gateways.common.drain): `serving()` is False from now on."""
         self._draining = True

@@ -5,7 +5,7 @@ chat responses are gateways.common.chat.openapi's. The completions responses are
 in gateways.openai.completion_translate and written here after OpenAI's `Completion` object
 (openai-python `types/completion.py`, `completion_choice.py`), as the translation renders
 them; the model card and list after `types/model.py`, as gateways.openai.translate renders
-them.
+them. Anthropic's Messages routes are gateways.openai.messages_openapi's.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from gateways.common.chat import openapi as chat
 from gateways.common.chat.translate import FINISH_REASONS
 from gateways.common.config import GatewayConfig
 from gateways.common.framing import SSE_CONTENT_TYPE
+from gateways.openai import messages_openapi
 from gateways.openai.completion_schema import CompletionRequest
 from gateways.openai.config import OpenAISettings
 
@@ -145,14 +146,18 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
                 "responses": oa.responses(oa.json_content(model), oa.errors_as(error, (404, 500, 503, 504))),
             }
         },
+        **messages_openapi.add_messages(c),
         "/health": oa.health_path("health", "serving", "not_serving"),
     }
-    return oa.document(
+    doc = oa.document(
         config,
         title="Trellis OpenAI gateway",
-        description="OpenAI chat completions, completions and models over the Trellis core (docs/openai.md).",
+        description="OpenAI chat completions, completions and models, and Anthropic's Messages API, over the "
+        "Trellis core (docs/openai.md, docs/anthropic.md).",
         paths=paths,
         components=c,
         error=error,
         open_paths=("/health",),
     )
+    messages_openapi.secure(doc)
+    return doc

@@ -1,5 +1,6 @@
 """aiohttp handlers of the OpenAI gateway: `POST /v1/chat/completions`, `POST /v1/completions`,
-`GET /v1/models`, `GET /v1/models/{model}`, `GET /health`.
+`GET /v1/models`, `GET /v1/models/{model}`, `GET /health`, and Anthropic's `POST /v1/messages`
+and `POST /v1/messages/count_tokens` (gateways.openai.messages_route).
 
 The chat completions path is gateways.common.chat.route.handle_chat, with OpenAI's framing
 (SSE, then `data: [DONE]`) and finish reasons.
@@ -14,15 +15,18 @@ from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors
 from gateways.common.chat.route import handle_chat
 from gateways.common.status import GatewayError
-from gateways.openai import translate
+from gateways.openai import messages_errors, translate
 from gateways.openai.completion_route import handle_completion
 from gateways.openai.config import SETTINGS_KEY
+from gateways.openai.messages_route import handle_count_tokens, handle_messages
 
 
 def add_routes(app: web.Application) -> None:
     """Register the gateway's routes on `app`."""
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/health", health)
@@ -34,7 +38,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request, json_only=True)
     except GatewayError as err:
         return errors.render_before_stream(err)
-    return await handle_chat(request, body)
+    return await handle_chat(request, body, reasoning_parser=request.app[SETTINGS_KEY].reasoning_parser)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -44,6 +48,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
     except GatewayError as err:
         return errors.render_before_stream(err)
     return await handle_completion(request, body)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/messages` (Anthropic's Messages API; gateways.openai.messages_route)."""
+    try:
+        body = await read_json(request, json_only=True)
+    except GatewayError as err:
+        return messages_errors.render_before_stream(err)
+    return await handle_messages(request, body, reasoning_parser=request.app[SETTINGS_KEY].reasoning_parser)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """`POST /v1/messages/count_tokens` (Anthropic's token counting)."""
+    try:
+        body = await read_json(request, json_only=True)
+    except GatewayError as err:
+        return messages_errors.render_before_stream(err)
+    return await handle_count_tokens(request, body)
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -72,7 +72,8 @@ async def test_with_api_keys_the_document_is_open_and_declares_the_bearer_scheme
         "scheme": "bearer",
         "description": "One of the gateway's --api-key keys.",
     }
-    assert doc.doc["security"] == [{"bearer": []}]
+    # The OpenAI gateway also takes Anthropic's x-api-key header (its /v1/messages clients send it).
+    assert doc.doc["security"] == [{"bearer": []}, *([{"x-api-key": []}] if name == "openai" else [])]
     assert doc.doc["paths"]["/openapi.json"]["get"]["security"] == []
     generate = {"openai": "/v1/models", "lmi": "/invocations", "triton": "/v2", "ws": "/ws"}[name]
     method = "POST" if name == "lmi" else "GET"
@@ -146,6 +147,33 @@ async def test_openai_errors_match_the_document(docs, gateways, path, kwargs, st
     method = "GET" if path.startswith("/v1/models") else "POST"
     got, [error] = await call(docs["openai"], gateways["openai"], method, path, **kwargs)
     assert got == status and error["error"]["message"]
+
+
+MESSAGES = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+async def test_anthropic_messages_match_the_document(docs, gateways):
+    doc, base = docs["openai"], gateways["openai"]
+    status, [message] = await call(doc, base, "POST", "/v1/messages", body=MESSAGES)
+    assert status == 200 and message["type"] == "message"
+    status, events = await call(doc, base, "POST", "/v1/messages", body={**MESSAGES, "stream": True})
+    assert status == 200 and events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+    status, [count] = await call(
+        doc, base, "POST", "/v1/messages/count_tokens", body={"model": "mock", "messages": MESSAGES["messages"]}
+    )
+    assert status == 200 and count["input_tokens"] > 0
+    for body, expected in (({**MESSAGES, "max_tokens": "4"}, 400), ({**MESSAGES, "model": "other"}, 404)):
+        status, [error] = await call(doc, base, "POST", "/v1/messages", body=body)
+        assert status == expected and error["type"] == "error"
+
+
+async def test_with_api_keys_messages_take_x_api_key(mock_core, start_gateway):
+    base = await start_gateway("openai", core=mock_core.address, api_key=(KEY,))
+    doc = await fetch_doc(base)
+    status, [error] = await call(doc, base, "POST", "/v1/messages", body=MESSAGES)
+    assert status == 401 and error["error"]["type"] == "authentication_error"
+    status, _ = await call(doc, base, "POST", "/v1/messages", body=MESSAGES, **{"x-api-key": KEY})
+    assert status == 200
 
 
 async def test_a_body_over_the_limit_is_a_documented_413(mock_core, start_gateway):

@@ -107,6 +107,10 @@ _HEAD = {
 }
 
 
+#: The `reasoning` field of a message and a delta.
+REASONING = "The model's reasoning, with the OpenAI gateway's --reasoning-parser (vLLM's field)."
+
+
 def finish_reason(words: list[str]) -> Schema:
     """A choice's `finish_reason`: one of the gateway's words, "tool_calls" (a choice that
     called a tool, gateways.common.chat.tools), or null while it runs."""
@@ -134,6 +138,7 @@ def completion(words: list[str]) -> Schema:
                             "properties": {
                                 "role": {"const": "assistant"},
                                 "content": _NULLABLE_STRING,
+                                "reasoning": {**_NULLABLE_STRING, "description": REASONING},
                                 "tool_calls": {"type": "array", "items": _TOOL_CALL},
                             },
                         },
@@ -168,6 +173,7 @@ def chunk(words: list[str]) -> Schema:
                             "properties": {
                                 "role": {"const": "assistant"},
                                 "content": _NULLABLE_STRING,
+                                "reasoning": {"type": "string", "description": REASONING},
                                 "tool_calls": {"type": "array", "items": _TOOL_CALL_DELTA},
                             },
                         },

@@ -78,6 +78,7 @@ async def handle_chat(
     framing: str = "sse",
     finish_words: Mapping[int, str] = translate.FINISH_REASONS,
     status_overrides: Mapping[grpc.StatusCode, int] | None = None,
+    reasoning_parser: str = "",
 ) -> web.StreamResponse:
     """Answer one chat completion request.
 
@@ -91,6 +92,8 @@ async def handle_chat(
             LMI's); a finish reason without a word is an error (`finish_word`).
         status_overrides: gRPC code -> HTTP status entries that replace
             `gateways.common.status.GRPC_TO_HTTP` ones (e.g. LMI's 503 for RESOURCE_EXHAUSTED).
+        reasoning_parser: a name in gateways.common.reasoning.PARSERS to answer the model's
+            reasoning in `reasoning` apart from `content`; "" for none.
 
     Returns:
         A `chat.completion` JSON response, a streamed response of `chat.completion.chunk`
@@ -114,7 +117,12 @@ async def handle_chat(
         client = core_client(request)
         info = await client.model_info()
         state = translate.state_for(
-            req, completion_id=completion_id, created=created, model=info.model_name, finish_words=finish_words
+            req,
+            completion_id=completion_id,
+            created=created,
+            model=info.model_name,
+            finish_words=finish_words,
+            reasoning=reasoning_parser,
         )
         if req.stream:
             steps = translate.plain_deltas(state)

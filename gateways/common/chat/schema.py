@@ -143,6 +143,9 @@ class Message(Wire):
 
     An assistant message echoed back from a previous response may carry OpenAI's other
     response-only fields; they are accepted when empty (null, [], "") and refused otherwise.
+    Its reasoning (`reasoning`, vLLM's field, or `reasoning_content`, its older name) is
+    accepted and left out of the prompt: the contract's ChatMessage has no field for it, and
+    reasoning templates (Qwen3, DeepSeek-R1) drop the reasoning of past turns themselves.
     """
 
     # "developer" is OpenAI's newer name for the system role; it is sent as "system", the role
@@ -156,6 +159,8 @@ class Message(Wire):
     function_call: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
     tool_call_id: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class FunctionDefinition(Wire):

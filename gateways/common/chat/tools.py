@@ -322,6 +322,8 @@ class ToolCalls:
                 new["content"] = content if content or not parser.calls else None
             if calls:
                 new["tool_calls"] = [c.wire() for c in calls]
+            if "reasoning" in delta:  # split off before (gateways.common.reasoning)
+                new["reasoning"] = delta["reasoning"]
             choice["delta"] = new
             if new or reason is not None or choice.get("logprobs"):
                 out.append(chunk)

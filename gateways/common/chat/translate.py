@@ -31,6 +31,7 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common import reasoning as thinking
 from gateways.common.chat import tools
 from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message, NamedToolChoice
 from gateways.common.fields import Field, FieldTable, by_rule, same_names
@@ -192,6 +193,10 @@ class StreamState:
         usage: the final message's usage, once it arrived.
         tool_calls: reads tool calls out of the text (gateways.common.chat.tools), when the
             request has tools and tool_choice is not "none".
+        reasoning: the reasoning parser's name (gateways.common.reasoning.PARSERS; the
+            gateway's --reasoning-parser), "" for none. With one, the text of each choice is
+            split into `reasoning` and `content` before tool calls are read out of the content.
+        reasoners: the reasoning parser of each choice, made on its first text.
     """
 
     completion_id: str
@@ -203,6 +208,22 @@ class StreamState:
     role_sent: set[int] = field(default_factory=set)
     usage: pb.Usage | None = None
     tool_calls: tools.ToolCalls | None = None
+    reasoning: str = ""
+    reasoners: dict[int, thinking.ReasoningParser] = field(default_factory=dict)
+
+    def split(self, index: int, text: str, *, last: bool) -> tuple[str, str]:
+        """`(reasoning, content)` of the next text of choice `index` (`last`: the choice ends
+        with it); `("", text)` without a reasoning parser."""
+        if not self.reasoning:
+            return "", text
+        parser = self.reasoners.get(index)
+        if parser is None:
+            parser = self.reasoners[index] = thinking.ReasoningParser.named(self.reasoning)
+        reasoning, content = parser.feed(text)
+        if last:
+            more_reasoning, more_content = parser.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        return reasoning, content
 
 
 def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
@@ -249,7 +270,8 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
     finishes it carries `finish_reason` (with the last text, when there is some). Lifecycle-only
     messages give no chunk. The final message's usage is kept in `state.usage` for
     `usage_chunk`. With tools, `state.tool_calls` rewrites the chunks (content and
-    `delta.tool_calls` apart, finish_reason "tool_calls").
+    `delta.tool_calls` apart, finish_reason "tool_calls"). With a reasoning parser the text is
+    split first: `delta.reasoning` (vLLM's field) carries the reasoning, `delta.content` the rest.
 
     Raises:
         GatewayError: a finish reason without a word in `state.finish_words`.
@@ -260,14 +282,17 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
     for out in msg.outputs:
         reason = finish_word(out.finish_reason, state.finish_words)
         entries = logprobs_content(out) if state.logprobs else []
-        if not out.text and not entries and reason is None:
+        reasoning, text = state.split(out.index, out.text, last=reason is not None)
+        if not text and not reasoning and not entries and reason is None:
             continue
         delta: dict[str, Any] = {}
         if out.index not in state.role_sent:
             state.role_sent.add(out.index)
-            delta = {"role": "assistant", "content": out.text}
-        elif out.text or reason is None:
-            delta = {"content": out.text}
+            delta = {"role": "assistant", "content": text}
+        elif text or reason is None:
+            delta = {"content": text}
+        if reasoning:
+            delta["reasoning"] = reasoning
         logprobs = {"content": entries} if state.logprobs else None
         chunks.append(_chunk(state, [_choice(out.index, delta, logprobs, reason)]))
     if state.tool_calls is not None:
@@ -292,9 +317,9 @@ def step_chunk(state: StreamState, text: str) -> dict[str, Any] | None:
 
 
 def plain_deltas(state: StreamState) -> bool:
-    """Whether the stream renders plain decode steps (`step_chunk`): no logprobs to render and
-    no tool calls to parse out of the text."""
-    return not state.logprobs and state.tool_calls is None
+    """Whether the stream renders plain decode steps (`step_chunk`): no logprobs to render, no
+    tool calls and no reasoning to parse out of the text."""
+    return not state.logprobs and state.tool_calls is None and not state.reasoning
 
 
 def content_chunk(state: StreamState, index: int, text: str) -> dict[str, Any]:
@@ -330,7 +355,8 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
     """The `chat.completion` object for a whole Generate stream (non-streaming response).
 
     Shape: `{id, object, created, model, choices: [{index, message: {role, content}, logprobs,
-    finish_reason}], usage}`, choices in index order. `messages` is a complete stream (its last
+    finish_reason}], usage}`, choices in index order; with a reasoning parser, `message` also
+    has `reasoning` (vLLM's field: the reasoning text, or null). `messages` is a complete stream (its last
     message carries usage), as `gateways.common.streaming.collect` returns it.
 
     Raises:
@@ -352,7 +378,7 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
     choices = [
         {
             "index": i,
-            "message": {"role": "assistant", "content": "".join(text[i])},
+            "message": _message_of(state, i, "".join(text[i])),
             "logprobs": {"content": entries.get(i, [])} if state.logprobs else None,
             "finish_reason": reasons[i],
         }
@@ -371,6 +397,13 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
     return completion
 
 
+def _message_of(state: StreamState, index: int, text: str) -> dict[str, Any]:
+    if not state.reasoning:
+        return {"role": "assistant", "content": text}
+    reasoning, content = state.split(index, text, last=True)
+    return {"role": "assistant", "content": content, "reasoning": reasoning or None}
+
+
 def state_for(
     req: ChatCompletionRequest,
     *,
@@ -378,8 +411,10 @@ def state_for(
     created: int,
     model: str,
     finish_words: Mapping[int, str] = FINISH_REASONS,
+    reasoning: str = "",
 ) -> StreamState:
-    """A StreamState for a checked request (logprobs, include_usage and tool calls taken from it)."""
+    """A StreamState for a checked request (logprobs, include_usage and tool calls taken from it;
+    `reasoning`: the reasoning parser's name, "" for none)."""
     mode = tool_mode(req)
     ended = frozenset(
         finish_words[r] for r in (pb.FINISH_REASON_EOS, pb.FINISH_REASON_STOP_SEQUENCE) if r in finish_words
@@ -392,4 +427,5 @@ def state_for(
         logprobs=bool(req.logprobs),
         include_usage=bool(req.stream) and req.include_usage,
         tool_calls=tools.ToolCalls(mode, completion_id, _named(req), ended) if mode is not None else None,
+        reasoning=reasoning,
     )

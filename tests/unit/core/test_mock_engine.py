@@ -384,3 +384,37 @@ def test_a_tokenizer_only_directory_is_enough(tokenizer_only_dir):
     tokenizer = Tokenizer.load(tokenizer_only_dir)
     e = build(CoreConfig(model=str(tokenizer_only_dir), engine="mock"), tokenizer)
     assert e.info.max_context_length == DEFAULT_CONTEXT_LENGTH and e.info.vocab_size == tokenizer.vocab_size
+
+
+async def test_scripted_replies_by_prompt(bpe_tokenizer, tmp_path):
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps([{"when": "garden", "reply": "<think>x</think>Roses."}]))
+    config = CoreConfig(model=str(tmp_path), engine="mock", mock_step_ms=1.0, mock_script=str(path))
+    e = build(config, bpe_tokenizer)
+    await e.start()
+    try:
+        prompt = bpe_tokenizer.encode("Tell me about the garden.")
+        outs = await drain(e.generate(req("a", prompt, max_new=50)))
+        reply = bpe_tokenizer.encode("<think>x</think>Roses.", add_special_tokens=False)
+        assert tokens(outs) == [*reply, e._eos_id] and finish(outs).finish_reason == FinishReason.EOS
+        assert len(bpe_tokenizer.encode("<think>", add_special_tokens=False)) > 1
+        cut = await drain(e.generate(req("b", prompt, max_new=3)))
+        assert tokens(cut) == reply[:3] and finish(cut).finish_reason == FinishReason.LENGTH
+        on = await drain(e.generate(req("c", prompt, max_new=len(reply) + 4, ignore_eos=True)))
+        assert tokens(on)[: len(reply)] == reply and len(tokens(on)) == len(reply) + 4
+        other = await drain(e.generate(req("d", max_new=4)))  # no match: the usual draws
+        assert tokens(other) == tokens(await drain(e.generate(req("e", max_new=4))))
+    finally:
+        await e.shutdown()
+
+
+@pytest.mark.parametrize(
+    "content", ["{", '{"when": "a", "reply": "b"}', '[{"when": "a"}]', '[{"when": 1, "reply": "b"}]']
+)
+def test_a_bad_script_is_refused(bpe_tokenizer, tmp_path, content):
+    path = tmp_path / "script.json"
+    path.write_text(content)
+    with pytest.raises(ValueError, match="mock script"):
+        build(CoreConfig(model=str(tmp_path), engine="mock", mock_script=str(path)), bpe_tokenizer)
+    with pytest.raises(ValueError, match="cannot read"):
+        build(CoreConfig(model=str(tmp_path), engine="mock", mock_script=str(tmp_path / "none.json")), bpe_tokenizer)
