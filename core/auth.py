@@ -2,8 +2,10 @@
 
 With `--api-key` set (one or more keys), every call must carry the metadata
 `authorization: Bearer <key>` with one of them, or it ends with UNAUTHENTICATED before the
-servicer runs. grpc.health.v1 stays open, so load balancers and Kubernetes probes need no key.
-Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time).
+servicer runs; a call with several `authorization` entries ends with INVALID_ARGUMENT, as a
+gateway answers two Authorization headers with 400 (envflags.apikeys.ApiKeys.check_all).
+grpc.health.v1 stays open, so load balancers and Kubernetes probes need no key. Keys are
+checked by envflags.apikeys (SHA-256 digests compared in constant time).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from envflags.apikeys import ApiKeys
+from envflags.apikeys import REPEATED, ApiKeys
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -24,6 +26,7 @@ OPEN_METHODS = ("/grpc.health.v1.Health/",)
 MESSAGES = {
     "missing": "Missing API key: send the metadata 'authorization: Bearer <key>'.",
     "wrong": "Invalid API key.",
+    "repeated": REPEATED,
 }
 
 
@@ -42,19 +45,21 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_METHODS):
             return handler
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        value = metadata.get("authorization")
-        why = self.keys.check(value if isinstance(value, str) else None)
+        values = [v for k, v in handler_call_details.invocation_metadata or () if k == "authorization"]
+        why = self.keys.check_all([v if isinstance(v, str) else "" for v in values])
         if why is None:
             return handler
-        return _refusal(handler, MESSAGES[why])
+        code = grpc.StatusCode.INVALID_ARGUMENT if why == "repeated" else grpc.StatusCode.UNAUTHENTICATED
+        return _refusal(handler, code, MESSAGES[why])
 
 
-def _refusal(handler: grpc.RpcMethodHandler[_Req, _Resp], message: str) -> grpc.RpcMethodHandler[_Req, _Resp]:
-    """A handler of the same kind as `handler` that aborts with UNAUTHENTICATED."""
+def _refusal(
+    handler: grpc.RpcMethodHandler[_Req, _Resp], code: grpc.StatusCode, message: str
+) -> grpc.RpcMethodHandler[_Req, _Resp]:
+    """A handler of the same kind as `handler` that aborts with `code`."""
 
     async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     kind: Callable[..., grpc.RpcMethodHandler[Any, Any]]
     if handler.request_streaming and handler.response_streaming:

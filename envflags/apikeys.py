@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
-#: Why a presented key was refused: none was sent (or not as "Bearer <key>"), or it is unknown.
-Refusal = Literal["missing", "wrong"]
+#: Why a presented key was refused: none was sent (or not as "Bearer <key>"), it is unknown, or
+#: the request carries more than one credential.
+Refusal = Literal["missing", "wrong", "repeated"]
+
+#: What a refusal tells the client, for both islands (each adds how to send a key: a header or
+#: gRPC metadata).
+REPEATED = "Send one API key: the request carries more than one authorization value."
 
 
 class ApiKeys:
@@ -27,6 +32,17 @@ class ApiKeys:
 
     def __init__(self, keys: Iterable[str]):
         self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+
+    def check_all(self, values: Sequence[str]) -> Refusal | None:
+        """`check` of a request's every credential value (repeated headers or metadata entries).
+
+        One rule on both islands: more than one value is "repeated", whatever they hold, since
+        proxies and frameworks disagree on which of several headers wins (first, last, or
+        joined), and a key checked here must be the one the request is served under.
+        """
+        if len(values) > 1:
+            return "repeated"
+        return self.check(values[0] if values else None)
 
     def check(self, authorization: str | None) -> Refusal | None:
         """None when `authorization` ("Bearer <key>", the scheme in any case, RFC 6750) carries

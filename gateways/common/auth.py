@@ -1,5 +1,6 @@
 """API keys on a gateway's HTTP routes: `Authorization: Bearer <key>`, or `x-api-key: <key>`
-(Anthropic's header, which its SDK sends) when there is no Authorization header.
+(Anthropic's header, which its SDK sends) when there is no Authorization header. A request with
+two of either is answered 400, whichever holds a key (envflags.apikeys.ApiKeys.check_all).
 
 With `--api-key` set (one or more keys, also `TRELLIS_GATEWAY_API_KEY`, comma-separated), every
 request must carry one of them, or it is answered 401 in the schema's own error shape (the
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from envflags.apikeys import ApiKeys
+from envflags.apikeys import REPEATED, ApiKeys
 
 #: Routes that never need a key: every gateway's health checks.
 HEALTH_PATHS = frozenset({"/health", "/ping", "/v2/health/live", "/v2/health/ready"})
@@ -29,6 +30,7 @@ HEALTH_PATHS = frozenset({"/health", "/ping", "/v2/health/live", "/v2/health/rea
 MESSAGES = {
     "missing": "Missing API key: send the header 'Authorization: Bearer <key>'.",
     "wrong": "Invalid API key.",
+    "repeated": REPEATED,
 }
 
 
@@ -36,18 +38,22 @@ def auth_middleware(
     keys: ApiKeys, render: Callable[[web.Request, int, str], web.Response], *, open_paths: frozenset[str]
 ) -> Middleware:
     """A middleware that answers requests without an accepted key with `render(request, 401,
-    message)` plus `WWW-Authenticate: Bearer`; paths in `open_paths` pass without one."""
+    message)` plus `WWW-Authenticate: Bearer`, and requests with more than one credential (two
+    Authorization or x-api-key headers) with `render(request, 400, message)`
+    (envflags.apikeys.ApiKeys.check_all); paths in `open_paths` pass without one."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path in open_paths:
             return await handler(request)
-        authorization = request.headers.get("Authorization")
-        if authorization is None and "x-api-key" in request.headers:  # Anthropic's header
-            authorization = f"Bearer {request.headers['x-api-key']}"
-        why = keys.check(authorization)
+        values = request.headers.getall("Authorization", [])
+        if not values:  # Anthropic's header
+            values = [f"Bearer {key}" for key in request.headers.getall("x-api-key", [])]
+        why = keys.check_all(values)
         if why is None:
             return await handler(request)
+        if why == "repeated":
+            return render(request, 400, MESSAGES[why])
         response = render(request, 401, MESSAGES[why])
         response.headers["WWW-Authenticate"] = "Bearer"
         return response

@@ -11,6 +11,7 @@ import openai
 import pytest
 import websockets
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from multidict import CIMultiDict
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
@@ -58,6 +59,18 @@ async def test_core_refuses_calls_without_an_accepted_key(stub, metadata, messag
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call.read()
     assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.parametrize("second", [CORE_KEYS[0], "nope"])
+async def test_core_refuses_a_call_with_two_authorization_entries(stub, second):
+    """Two `authorization` entries are refused whatever they hold (one rule with the gateways'
+    repeated headers), even when both carry accepted keys."""
+    _, s = stub
+    metadata = (*bearer(CORE_KEYS[1]), *bearer(second))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await s.GetModelInfo(spb.GetModelInfoRequest(), metadata=metadata)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "more than one authorization value" in info.value.details()
 
 
 async def test_core_serves_every_accepted_key_and_health_stays_open(stub):
@@ -117,6 +130,31 @@ async def test_openai_gateway_serves_the_right_key(openai_url):
     )
     assert chat.usage.completion_tokens == 2
     await client.close()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("Authorization", f"Bearer {GATEWAY_KEY}"), ("Authorization", "Bearer other")],
+        [("Authorization", "Bearer other"), ("Authorization", f"Bearer {GATEWAY_KEY}")],
+        [("x-api-key", GATEWAY_KEY), ("x-api-key", GATEWAY_KEY)],
+    ],
+)
+async def test_gateway_refuses_two_credentials_with_400(openai_url, headers):
+    """Which of two Authorization headers wins differs between proxies and frameworks, so the
+    gateway serves neither: 400 in the schema's shape, whatever the order."""
+    async with aiohttp.ClientSession() as s:
+        hdrs = CIMultiDict(headers)
+        async with s.post(f"{openai_url}/v1/chat/completions", json={}, headers=hdrs) as r:
+            assert r.status == 400
+            assert "more than one authorization value" in (await r.json())["error"]["message"]
+
+
+async def test_an_authorization_header_wins_over_x_api_key(openai_url):
+    async with aiohttp.ClientSession() as s:
+        hdrs = {"Authorization": "Bearer wrong", "x-api-key": GATEWAY_KEY}
+        async with s.get(f"{openai_url}/v1/models", headers=hdrs) as r:
+            assert r.status == 401
 
 
 async def test_openai_gateway_answers_401_with_openais_error_object(openai_url):
