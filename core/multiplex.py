@@ -22,7 +22,7 @@ import grpc
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core import convert
-from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
+from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady, Overloaded
 from core.pipeline import Job, RequestPipeline
 from core.types import GenerationRequest, ResponseDelta
 from core.wire import Malformed
@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 MAX_EVENTS_PER_MESSAGE = 4096
 
 _NAN = float("nan")
+
+#: Starts in one MultiplexGenerateRequest (generate_service.proto): each is validated and
+#: admitted on the event loop, so one message must not hold it for long.
+MAX_STARTS_PER_MESSAGE = 256
 
 
 class _Outgoing:
@@ -149,7 +153,7 @@ class MultiplexSession:
         self._last_id = 0  # the id of `_last` (read back from protobuf, it costs more)
         self._closed = False  # the client half-closed, or its stream broke
         self._end_when_idle = False  # drain() was called
-        self._malformed: CoreError | None = None  # the client sent a message that did not parse
+        self._malformed: CoreError | None = None  # the client broke the protocol: the stream ends with it
         self._waiter: asyncio.Future[None] | None = None
 
     async def serve(self, requests: AsyncIterator[spb.MultiplexGenerateRequest | Malformed]) -> None:
@@ -191,6 +195,13 @@ class MultiplexSession:
             async for req in requests:
                 if isinstance(req, Malformed):
                     self._malformed = req.error("MultiplexGenerate")
+                    break
+                if len(req.starts) > MAX_STARTS_PER_MESSAGE:
+                    self._malformed = Overloaded(
+                        f"A MultiplexGenerate message may start at most {MAX_STARTS_PER_MESSAGE} requests; "
+                        f"this one starts {len(req.starts)}. Send them in several messages.",
+                        reason="TOO_MANY_STARTS",
+                    )
                     break
                 for start in req.starts:
                     self._start(start.id, start.request, start.steps)

@@ -70,6 +70,8 @@ _ENGINE_IDS = itertools.count()
 
 #: Prompts longer than this (characters) are tokenized on the tokenizer thread (prepare_off_loop).
 OFF_LOOP_CHARS = 4096
+#: Chats of more messages than this render their template on the tokenizer thread too.
+OFF_LOOP_MESSAGES = 64
 
 #: The thread long prompts are tokenized on (see prepare_off_loop).
 _TOKENIZER_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
@@ -186,14 +188,18 @@ class RequestPipeline:
 
     def tokenizes_off_loop(self, req: GenerationRequest) -> bool:
         """Whether `prepare_off_loop` would tokenize `req` on the tokenizer thread: a text or
-        chat prompt longer than OFF_LOOP_CHARS, with no session to continue."""
+        chat prompt longer than OFF_LOOP_CHARS, or a chat of more than OFF_LOOP_MESSAGES
+        messages, with no session to continue."""
         if req.session_id or req.token_ids is not None:
             return False
         if req.text is not None:
             return len(req.text) > OFF_LOOP_CHARS
-        return req.messages is not None and sum(len(p.text or "") for m in req.messages for p in m.content) > (
-            OFF_LOOP_CHARS
-        )
+        if req.messages is None:
+            return False
+        # Many short messages cost the template as much as one long one.
+        return len(req.messages) > OFF_LOOP_MESSAGES or sum(
+            len(p.text or "") for m in req.messages for p in m.content
+        ) > (OFF_LOOP_CHARS)
 
     async def prepare_off_loop(self, req: GenerationRequest) -> PreparedRequest:
         """`prepare()`, with a long prompt tokenized on the tokenizer thread, so that the event

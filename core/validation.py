@@ -25,6 +25,9 @@ MAX_BAD_WORDS = 64
 PENALTY_RANGE = (-2.0, 2.0)
 LOGIT_BIAS_RANGE = (-100.0, 100.0)
 MAX_TOOLS = 128
+#: Messages of one chat request: a bound on the template's work per request, far above real
+#: conversations (an empty message costs nothing on the length bound but a render each).
+MAX_MESSAGES = 4096
 #: A tool's name (OpenAI's rule for function names).
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
@@ -250,6 +253,10 @@ def _check_input(req: GenerationRequest, limits: Limits) -> None:
     if req.messages is not None:
         if not req.messages:
             raise InvalidArgument("messages is empty; send at least one message.", field="messages")
+        if len(req.messages) > MAX_MESSAGES:
+            raise InvalidArgument(
+                f"At most {MAX_MESSAGES} messages are allowed, got {len(req.messages)}.", field="messages"
+            )
         for i, m in enumerate(req.messages):
             if not m.role:
                 raise InvalidArgument(f"messages[{i}] has no role.", field=f"messages[{i}].role")

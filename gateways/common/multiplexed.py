@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The most starts one MultiplexGenerateRequest may carry (generate_service.proto; the core ends
+#: a stream that sends more with RESOURCE_EXHAUSTED); a burst goes out in several messages.
+MAX_STARTS_PER_MESSAGE = 256
+
 
 class MultiplexedStream:
     """One MultiplexGenerate stream and the requests open on it.
@@ -86,8 +90,9 @@ class MultiplexedStream:
                     self._waiter = asyncio.get_running_loop().create_future()
                     await self._waiter
                     continue
-                msg = spb.MultiplexGenerateRequest(starts=self._starts, cancels=self._cancels)
-                self._starts, self._cancels = [], []
+                starts, self._starts = self._starts[:MAX_STARTS_PER_MESSAGE], self._starts[MAX_STARTS_PER_MESSAGE:]
+                msg = spb.MultiplexGenerateRequest(starts=starts, cancels=self._cancels)
+                self._cancels = []
                 await self.call.write(msg)
         except asyncio.CancelledError:
             raise

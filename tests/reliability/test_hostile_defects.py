@@ -16,9 +16,10 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
-from core.pipeline import OFF_LOOP_CHARS
+from core.multiplex import MAX_STARTS_PER_MESSAGE
+from core.pipeline import OFF_LOOP_CHARS, OFF_LOOP_MESSAGES
 from core.tokenizer import Tokenizer
-from core.validation import tail_for_truncation
+from core.validation import MAX_MESSAGES, tail_for_truncation
 from gateways.common.status import GatewayError
 from logclip import MAX_ARG_CHARS, ClipFilter
 from tests.integration.gateway_helpers import CANCELLED, CLOSED
@@ -106,6 +107,63 @@ async def test_long_prompts_are_tokenized_off_the_event_loop(mock_core, monkeypa
     assert msg.events[0].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert len(threads) == 2
     assert all(name.startswith("tokenizer") for name in threads), threads
+
+
+async def test_a_chat_of_many_short_messages_is_rendered_off_the_event_loop(mock_core, monkeypatch):
+    """Many empty messages count no characters but cost the template a render each: a chat of
+    more than OFF_LOOP_MESSAGES messages is prepared on the tokenizer thread too."""
+    import threading
+
+    pipeline = mock_core.servicer.pipeline
+    threads: list[str] = []
+    render = pipeline.tokenizer.render_chat
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.tokenizer, "render_chat", spy)
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user") for _ in range(OFF_LOOP_MESSAGES + 1)])
+    request = spb.GenerateRequest(messages=chat, stopping=pb.StoppingParams(max_new_tokens=2))
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        call = spb_grpc.GenerateServiceStub(channel).MultiplexGenerate()
+        await call.write(spb.MultiplexGenerateRequest(starts=[spb.MultiplexStart(id=1, request=request)]))
+        async for msg in call:
+            if any(ev.HasField("status") for ev in msg.events):
+                break
+        call.cancel()
+    assert threads and all(name.startswith("tokenizer") for name in threads), threads
+
+
+async def test_a_chat_of_too_many_messages_is_refused_before_rendering(mock_core):
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user") for _ in range(MAX_MESSAGES + 1)])
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _generate(stub, spb.GenerateRequest(messages=chat))
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert f"At most {MAX_MESSAGES} messages" in e.value.details()
+    assert GatewayError.from_rpc_error(e.value).param == "messages"
+
+
+@pytest.mark.parametrize("starts", [MAX_STARTS_PER_MESSAGE, MAX_STARTS_PER_MESSAGE + 1])
+async def test_a_multiplex_message_with_too_many_starts_ends_the_stream(mock_core, starts):
+    """Each start is validated and admitted on the core's loop: one message may carry at most
+    MAX_STARTS_PER_MESSAGE; more end the stream with RESOURCE_EXHAUSTED before any starts."""
+    request = _request("hi")
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        call = spb_grpc.GenerateServiceStub(channel).MultiplexGenerate()
+        msg = spb.MultiplexGenerateRequest(starts=[spb.MultiplexStart(id=i, request=request) for i in range(starts)])
+        await call.write(msg)
+        if starts > MAX_STARTS_PER_MESSAGE:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await call.read()
+            assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert f"at most {MAX_STARTS_PER_MESSAGE} requests" in e.value.details()
+        else:
+            first = await call.read()
+            assert first.events or first.HasField("steps")
+        call.cancel()
 
 
 async def test_long_stop_strings_are_refused(mock_core):

@@ -23,7 +23,7 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.core_call import CoreCall, Delta
-from gateways.common.multiplexed import MultiplexedStream
+from gateways.common.multiplexed import MAX_STARTS_PER_MESSAGE, MultiplexedStream
 
 NAN = math.nan
 
@@ -262,3 +262,15 @@ async def test_the_stream_sends_each_request_with_its_steps_flag(core):
     await core.cancels()
     starts = [s for msg in core.call.sent for s in msg.starts]
     assert [(s.id, s.steps, s.request.request_id) for s in starts] == [(1, False, "p"), (2, True, "s")]
+
+
+async def test_a_burst_of_starts_goes_out_in_messages_the_core_accepts(core):
+    """The core refuses a message with more than MAX_STARTS_PER_MESSAGE starts, so a burst is
+    split, in order."""
+    n = 2 * MAX_STARTS_PER_MESSAGE + 3
+    started(core, *(Listened(f"r{i}") for i in range(n)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    sizes = [len(msg.starts) for msg in core.call.sent]
+    assert sizes == [MAX_STARTS_PER_MESSAGE, MAX_STARTS_PER_MESSAGE, 3]
+    assert [s.id for msg in core.call.sent for s in msg.starts] == list(range(1, n + 1))
