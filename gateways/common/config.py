@@ -41,6 +41,10 @@ class GatewayConfig:
         max_body_bytes: largest request body accepted (larger bodies get 413), on the wire and
             once decompressed.
         keepalive_timeout: seconds an idle keep-alive connection stays open.
+        max_buffered_bytes: bytes of a streamed response kept for a client that reads slower
+            than they come; beyond, the request is cancelled and the connection aborted.
+        write_timeout: seconds a streamed response waits for a client that takes nothing
+            while data waits for it; then the same (0: no limit).
         max_message_bytes: gRPC message size limit towards the core.
         max_json_depth: deepest nesting of arrays and objects in a request body or frame.
         retry_after_seconds: the Retry-After of 429 and 503 responses.
@@ -76,6 +80,8 @@ class GatewayConfig:
     queue_timeout: float = 0.0
     max_body_bytes: int = 2 * 1024 * 1024
     keepalive_timeout: float = 75.0
+    max_buffered_bytes: int = 4 * 1024 * 1024
+    write_timeout: float = 60.0
     max_message_bytes: int = 16 * 1024 * 1024
     max_json_depth: int = 32
     retry_after_seconds: int = 1
@@ -127,6 +133,8 @@ _COMMON = {
     "queue_timeout",
     "max_body_bytes",
     "keepalive_timeout",
+    "max_buffered_bytes",
+    "write_timeout",
     "max_message_bytes",
     "max_json_depth",
     "retry_after_seconds",
@@ -231,6 +239,18 @@ def load(
     )
     p.add_argument(
         "--keepalive-timeout", type=float, default=d.keepalive_timeout, help="seconds an idle connection stays open"
+    )
+    p.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=d.max_buffered_bytes,
+        help="bytes of a streamed response kept for a slow client before its request is cancelled",
+    )
+    p.add_argument(
+        "--write-timeout",
+        type=float,
+        default=d.write_timeout,
+        help="seconds a streamed response waits for a client that takes nothing (0: no limit)",
     )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
     p.add_argument("--max-json-depth", type=int, default=d.max_json_depth, help="deepest nesting of arrays and objects")

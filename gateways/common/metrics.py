@@ -59,6 +59,13 @@ class GatewayMetrics:
         self.disconnects = Counter(
             "trellis_gateway_client_disconnects", "Clients gone before their response ended.", ["route"], registry=r
         )
+        self.slow_clients = Counter(
+            "trellis_gateway_slow_client_cancels",
+            "Streamed requests cancelled because their client read too slowly "
+            "(--max-buffered-bytes waiting, or nothing taken for --write-timeout).",
+            ["route"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "trellis_gateway_time_to_first_token_seconds",
             "Arrival to the first body bytes of a streamed response.",
@@ -83,13 +90,14 @@ class RequestTimer:
     """One request's timing, on the request (`TIMER_KEY`): what the relay reports to the
     middleware (first bytes written, client gone)."""
 
-    __slots__ = ("disconnected", "first_write", "start", "streaming")
+    __slots__ = ("disconnected", "first_write", "start", "streaming", "too_slow")
 
     def __init__(self, start: float):
         self.start = start
         self.first_write = 0.0
         self.streaming = False
         self.disconnected = False
+        self.too_slow = False
 
     def wrote(self) -> None:
         """The first body bytes of a streamed response went out (later calls are free no-ops
@@ -106,6 +114,13 @@ def client_gone(request: web.Request) -> None:
     timer = request.get(TIMER_KEY)
     if timer is not None:
         timer.disconnected = True
+
+
+def client_too_slow(request: web.Request) -> None:
+    """Record that the request was cancelled because its client read too slowly."""
+    timer = request.get(TIMER_KEY)
+    if timer is not None:
+        timer.too_slow = True
 
 
 def _route(request: web.Request) -> str:
@@ -137,6 +152,8 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
         metrics.requests.labels(route, request.method, str(status)).inc()
         if timer.disconnected:
             metrics.disconnects.labels(route).inc()
+        if timer.too_slow:
+            metrics.slow_clients.labels(route).inc()
         if timer.streaming:
             metrics.active_streams.dec()
         if timer.first_write:

@@ -30,9 +30,10 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.core_call import CoreCall, Delta
-from gateways.common.metrics import client_gone
+from gateways.common.core_client import CONFIG_KEY
+from gateways.common.metrics import client_gone, client_too_slow
 from gateways.common.status import GatewayError
-from gateways.common.writer import ResponseWriter
+from gateways.common.writer import ClientTooSlow, ResponseWriter
 
 log = logging.getLogger(__name__)
 
@@ -366,14 +367,20 @@ async def relay(
         request_id: for the log.
 
     Returns:
-        The response, ended unless the client went away. The requests are cancelled in all
-        cases (also on the handler's cancellation or a failed write), so the core aborts the
-        engine requests.
+        The response, ended unless the client went away or read too slowly (more than
+        --max-buffered-bytes waiting for it, or nothing taken for --write-timeout seconds: the
+        connection is aborted). The requests are cancelled in all cases (also on the
+        handler's cancellation or a failed write), so the core aborts the engine requests.
     """
     resp = stream_response(content_type, charset=charset, headers=headers)
     try:
         await resp.prepare(request)
-        out = ResponseWriter(request)
+        config = request.app.get(CONFIG_KEY)
+        out = ResponseWriter(
+            request,
+            max_waiting_bytes=config.max_buffered_bytes if config else 0,
+            write_timeout=config.write_timeout if config else 0.0,
+        )
         pushed: object = stream  # a Stream[T] whose T is Delta
         if isinstance(pushed, CoreStream):
             await _relay_pushed(pushed, out, cast(_RenderDelta, render), render_error, end)
@@ -390,6 +397,9 @@ async def relay(
                 out.write(render_error(e))
         await out.drain()
         await resp.write_eof()
+    except ClientTooSlow as e:
+        log.warning("request %s cancelled: %s", request_id, e)
+        client_too_slow(request)
     except ConnectionResetError:
         log.info("request %s: the client went away", request_id)
         client_gone(request)
@@ -405,7 +415,8 @@ async def _relay_pushed(
     render_error: Callable[[GatewayError], bytes],
     end: Callable[[], bytes] | None,
 ) -> None:
-    done = gone = False
+    done = False
+    gone: ConnectionResetError | None = None
     wake: asyncio.Future[None] | None = None
 
     def on_news() -> None:
@@ -435,17 +446,20 @@ async def _relay_pushed(
         if parts:
             try:
                 out.write(parts[0] if len(parts) == 1 else b"".join(parts))
-            except ConnectionResetError:
-                gone = done = True
+            except ConnectionResetError as e:
+                gone, done = e, True
         if (done or out.waiting) and wake is not None and not wake.done():
             wake.set_result(None)
 
     stream.listen(on_news)
     while not done or out.waiting:
         if out.waiting:
-            await out.drain()
+            try:
+                await out.drain()
+            except ConnectionResetError:
+                raise gone or ConnectionResetError("the client closed the connection") from None
             continue
         wake = asyncio.get_running_loop().create_future()
         await wake
-    if gone:
-        raise ConnectionResetError("the client closed the connection")
+    if gone is not None:
+        raise gone

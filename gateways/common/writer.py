@@ -12,6 +12,7 @@ encoding while preparing the response: HTTP/1.1 without a length).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -40,6 +41,11 @@ class WriteCounters:
 WRITES = WriteCounters()
 
 
+class ClientTooSlow(ConnectionResetError):
+    """A client that reads too slowly: more than the writer's bound waits for it, or a paused
+    connection took nothing within the write timeout. The writer has aborted the connection."""
+
+
 class ResponseWriter:
     """Writes the body of a prepared response straight to its connection.
 
@@ -49,19 +55,31 @@ class ResponseWriter:
     into one write, never dropped or reordered. A streamed HTTP body gets chunked transfer
     encoding as aiohttp applies it.
 
+    What waits is bounded: more than `max_waiting_bytes` waiting, or a `drain()` that waits
+    longer than `write_timeout` for the connection, aborts the connection and raises
+    ClientTooSlow, so a client that stops reading costs a bounded amount of memory and its
+    caller cancels the request behind it rather than let output pile up.
+
     Args:
         request: the request answered (its protocol and payload writer).
         frames: the pieces are WebSocket frames (framed by the caller, never chunked, and no
             time-to-first-byte is recorded): the socket's upgraded request.
+        max_waiting_bytes: the most bytes kept for a paused connection (0: no bound).
+        write_timeout: seconds `drain()` waits for a paused connection (0: no limit).
     """
 
-    def __init__(self, request: web.Request, *, frames: bool = False):
+    def __init__(
+        self, request: web.Request, *, frames: bool = False, max_waiting_bytes: int = 0, write_timeout: float = 0.0
+    ):
         self._protocol = request.protocol
         self._writer = request.writer
         self._chunked = not frames and isinstance(self._writer, StreamWriter) and self._writer.chunked
         # Told of the first write (the client's time to first byte), then None.
         self._timer = None if frames else request.get(TIMER_KEY)
         self.waiting: list[bytes] = []
+        self._waiting_bytes = 0
+        self._max_waiting = max_waiting_bytes
+        self._write_timeout = write_timeout or None
 
     @property
     def paused(self) -> bool:
@@ -79,10 +97,14 @@ class ResponseWriter:
 
         Raises:
             ConnectionResetError: the connection is closed.
+            ClientTooSlow: more than `max_waiting_bytes` would wait.
         """
         protocol = self._protocol
         if self.waiting or protocol.writing_paused:
             self.waiting.append(data)
+            self._waiting_bytes += len(data)
+            if self._max_waiting and self._waiting_bytes > self._max_waiting:
+                self._give_up(f"more than {self._max_waiting} bytes wait for it")
             return
         transport = protocol.transport
         if transport is None or transport.is_closing():
@@ -106,11 +128,28 @@ class ResponseWriter:
 
         Raises:
             ConnectionResetError: the connection closed meanwhile.
+            ClientTooSlow: the connection took nothing within `write_timeout`.
         """
         while self.waiting:
-            await self._writer.drain()
+            try:
+                async with asyncio.timeout(self._write_timeout):
+                    await self._writer.drain()
+            except TimeoutError:
+                self._give_up(f"it took nothing for {self._write_timeout:g} s")
+            if self.closed:  # aiohttp's drain() returns at once on a lost connection
+                self.waiting, self._waiting_bytes = [], 0
+                raise ConnectionResetError("the client closed the connection")
             pieces, self.waiting = self.waiting, []
+            self._waiting_bytes = 0
             if len(pieces) > 1:
                 WRITES.merged_writes += 1
                 WRITES.merged_pieces += len(pieces)
             self.write(b"".join(pieces))  # kept again if the connection paused meanwhile
+
+    def _give_up(self, why: str) -> None:
+        """Abort the connection (what waits is dropped) and raise ClientTooSlow."""
+        self.waiting, self._waiting_bytes = [], 0
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.abort()
+        raise ClientTooSlow(f"the client reads too slowly: {why}")

@@ -9,6 +9,7 @@ CoreCall that the test feeds as the multiplexed stream's reader would (`_add_ste
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import aiohttp
 import grpc
@@ -17,7 +18,9 @@ from aiohttp import web
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.config import GatewayConfig
 from gateways.common.core_call import CoreCall, Delta, Step
+from gateways.common.core_client import CONFIG_KEY
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, relay
 
@@ -170,3 +173,47 @@ async def test_a_relayed_call_leaves_no_reference_cycle(served, collector_off):
         del call, final
         assert await r.read() == b"S:b:2/None\nusage\nEND\n"
     assert await collector_off(CoreCall) == []
+
+
+@pytest.mark.parametrize(
+    ("config", "pieces"),
+    [
+        (GatewayConfig(name="test", max_buffered_bytes=256 * 1024), 2000),  # at most 128 MiB offered
+        (GatewayConfig(name="test", write_timeout=0.2), 64),  # 4 MiB, then nothing more
+    ],
+    ids=["max-buffered-bytes", "write-timeout"],
+)
+async def test_a_client_that_stops_reading_gets_its_request_cancelled(config, pieces):
+    """Output for a client that reads nothing piles up only to --max-buffered-bytes, or waits
+    only --write-timeout for it: then the relay cancels the request (the core aborts it) and
+    aborts the connection."""
+    app = web.Application()
+    app[CONFIG_KEY] = config
+    app[CALLS] = asyncio.Queue()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client that reads nothing
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        call = await app[CALLS].get()
+        # A CoreCall has no event to await for either state polled here.
+        while call._listener is None:  # noqa: ASYNC110  # the relay listens once its response is prepared
+            await asyncio.sleep(0)
+        for _ in range(pieces):
+            if call.ended:
+                break
+            core_message(call, ("x" * 65536, 1, None))
+            await asyncio.sleep(0)
+        async with asyncio.timeout(30):  # a guard: the write timeout ends it within 0.2 s
+            while not call.ended:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        assert call.error is not None and call.error.code is grpc.StatusCode.CANCELLED
+    finally:
+        sock.close()
+        await runner.cleanup()

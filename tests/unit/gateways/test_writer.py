@@ -15,13 +15,17 @@ from aiohttp.http import StreamWriter
 
 from gateways.common import writer as writer_module
 from gateways.common.metrics import TIMER_KEY, RequestTimer
-from gateways.common.writer import ResponseWriter
+from gateways.common.writer import ClientTooSlow, ResponseWriter
 
 
 class Transport:
     def __init__(self) -> None:
         self.sent: list[bytes] = []
         self.closing = False
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = self.closing = True
 
     def write(self, data: bytes) -> None:
         self.sent.append(data)
@@ -184,3 +188,25 @@ async def test_the_first_write_of_a_response_is_timed_and_frames_are_not():
     writes = writer_module.WRITES.writes
     writer(Request()).write(b"b")
     assert writer_module.WRITES.writes == writes + 1
+
+
+async def test_a_connection_lost_while_pieces_wait_raises_instead_of_spinning():
+    """aiohttp's drain() returns at once on a lost connection: drain() must not loop on it."""
+    request = Request(pauses=100)
+    out = writer(request)
+    request.protocol.writing_paused = True
+    out.write(b"a")
+    request.protocol.transport = None
+    with pytest.raises(ConnectionResetError):
+        await out.drain()
+    assert out.waiting == []
+
+
+async def test_more_waiting_than_the_bound_aborts_the_connection():
+    request = Request(pauses=100)
+    out = ResponseWriter(request, max_waiting_bytes=3)  # type: ignore[arg-type]
+    request.protocol.writing_paused = True
+    out.write(b"abc")
+    with pytest.raises(ClientTooSlow):
+        out.write(b"d")
+    assert out.waiting == [] and request.protocol.transport.aborted  # type: ignore[union-attr]
