@@ -35,7 +35,8 @@ $(STAMP): pyproject.toml
 
 model: $(MODEL)/config.json
 
-$(MODEL)/config.json: | $(STAMP)
+# The script fixes the steps, seed and size: a change to it rebuilds the model.
+$(MODEL)/config.json: scripts/make_demo_model.py | $(STAMP)
 	$(PY) scripts/make_demo_model.py --output $(MODEL)
 
 # Regenerates the committed stubs only when a .proto changed.

@@ -2,21 +2,25 @@
 
 Nothing is downloaded. The tokenizer is trained with `tokenizers` on local text (the licence
 texts under /usr/share/common-licenses and the Python standard library's top-level modules),
-gets bos/eos/pad and chat special tokens and a chat template, and the model is trained
-deterministically on the same text for a bounded time so its output looks like text.
+gets bos/eos/pad and chat special tokens and a chat template, and the model is trained on the
+same text for a fixed number of steps (STEPS) from a fixed seed (SEED) on one CPU thread, so
+the same corpus, torch, transformers and kind of CPU give the same weights bit for bit, however
+busy the machine. The build takes about 2 minutes of CPU time.
 
 Usage:
-    python scripts/make_demo_model.py --output models/demo [--train-seconds 100] [--steps N]
+    python scripts/make_demo_model.py --output models/demo [--steps 400] [--seed 1234]
 
-`--train-seconds 0` builds an untrained model in a few seconds (what the tests use). The
-result loads with `AutoModelForCausalLM.from_pretrained` / `AutoTokenizer.from_pretrained`
-and is served with `trellis-core --model models/demo`.
+`--steps 0` builds the untrained model (same architecture, tokenizer and template) in a few
+seconds: what the tests use. Next to the weights, trellis_demo.json records the steps, the
+seed and the final training loss. The result loads with `AutoModelForCausalLM.from_pretrained`
+/ `AutoTokenizer.from_pretrained` and is served with `trellis-core --model models/demo`.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -24,6 +28,15 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+
+# The demo model that `make model` builds: tests/unit/test_demo_model.py checks a built
+# models/demo against these. FINAL_LOSS is the loss of the last step with torch 2.13.0 and
+# transformers 5.23.0 on x86-64 with Python 3.11's standard library and Debian's licence texts; another
+# CPU may sum in another order (other SIMD widths), hence the tolerance.
+STEPS = 400
+SEED = 1234
+FINAL_LOSS = 4.2736
+FINAL_LOSS_TOLERANCE = 0.1
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 # Plain turns render as <|role|>content<|end|>. With tools, a system turn lists them and asks for
@@ -99,8 +112,10 @@ def build_tokenizer(text: str, vocab_size: int):
     return hf_tok
 
 
-def build_model(hf_tok, hidden: int, layers: int, context: int):
-    """A Llama config sized for CPU; EOS is both <|eos|> and <|end|> (end of a chat turn)."""
+def build_model(hf_tok, hidden: int, layers: int, context: int, seed: int):
+    """A Llama config sized for CPU, initialised from `seed` (the global RNG is left as it was);
+    EOS is both <|eos|> and <|end|> (end of a chat turn). The output projection has weights of
+    its own (not tied to the embeddings): at width 128 the embeddings alone are a small head."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -116,65 +131,74 @@ def build_model(hf_tok, hidden: int, layers: int, context: int):
         bos_token_id=hf_tok.bos_token_id,
         pad_token_id=hf_tok.pad_token_id,
         eos_token_id=[hf_tok.eos_token_id, end_id],
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(cfg)
     model.generation_config.pad_token_id = hf_tok.pad_token_id
     model.generation_config.eos_token_id = cfg.eos_token_id
     model.generation_config.bos_token_id = hf_tok.bos_token_id
     return model
 
 
-def train(model, hf_tok, text: str, seconds: float, max_steps: int | None, batch: int, seq: int) -> list[float]:
-    """Deterministic next-token training on random windows of the corpus, bounded by time and steps.
+def train(model, hf_tok, text: str, steps: int, seed: int, batch: int = 16, seq: int = 128) -> list[float]:
+    """Next-token training for exactly `steps` AdamW steps on windows of the corpus.
 
-    Returns the loss of every step. Progress is printed every 10 steps.
+    Each step takes `batch` windows of `seq` tokens at offsets drawn from a generator seeded with
+    `seed`, so the data order is fixed. Training runs on one CPU thread (the caller's thread count
+    is restored after): with more, the order of float sums in matmuls depends on the thread
+    count, and so would the weights. Prints the step and loss every 10 steps and at the last.
+    Returns the loss of every step (mean cross-entropy per token, nats).
     """
     import torch
 
     ids = torch.tensor(hf_tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    print(f"training on {ids.numel():,} tokens for at most {seconds:.0f} s", flush=True)
-    gen = torch.Generator().manual_seed(1234)
+    print(f"training {steps} steps on {ids.numel():,} tokens ({batch} x {seq} tokens a step, seed {seed})", flush=True)
+    gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     model.train()
     losses: list[float] = []
     start = time.monotonic()
-    step = 0
-    while time.monotonic() - start < seconds and (max_steps is None or step < max_steps):
-        starts = torch.randint(0, ids.numel() - seq - 1, (batch,), generator=gen)
-        x = torch.stack([ids[s : s + seq] for s in starts.tolist()])
-        out = model(input_ids=x, labels=x)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(out.loss))
-        step += 1
-        if step % 10 == 0:
-            elapsed = time.monotonic() - start
-            print(f"  step {step:4d}  loss {losses[-1]:.3f}  {elapsed:5.1f}/{seconds:.0f} s", flush=True)
-    model.eval()
+    try:
+        for step in range(1, steps + 1):
+            starts = torch.randint(0, ids.numel() - seq - 1, (batch,), generator=gen)
+            x = torch.stack([ids[s : s + seq] for s in starts.tolist()])
+            out = model(input_ids=x, labels=x)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(out.loss.item())
+            if step % 10 == 0 or step == steps:
+                elapsed = time.monotonic() - start
+                print(f"  step {step:4d}/{steps}  loss {losses[-1]:.3f}  {elapsed:5.1f} s", flush=True)
+    finally:
+        torch.set_num_threads(threads)
+        model.eval()
     return losses
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status."""
+    """Command-line entry point; returns the exit status (argparse exits with 2 on a bad flag)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="models/demo", help="output directory (created)")
-    p.add_argument("--train-seconds", type=float, default=115.0, help="wall-clock cap on training (0: untrained)")
-    p.add_argument("--steps", type=int, default=200, help="training steps (fixed, so the result is deterministic)")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"training steps (default {STEPS}; 0: untrained)")
+    p.add_argument("--seed", type=int, default=SEED, help=f"seed of the weights and data order (default {SEED})")
     p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--hidden-size", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--corpus-bytes", type=int, default=5_000_000)
-    p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
+    if args.steps < 0:
+        p.error(f"--steps must be 0 or more, got {args.steps}")
 
     import torch
+    import transformers
 
-    torch.set_num_threads(args.threads)
     t0 = time.monotonic()
     files = corpus_files()
     if not files:
@@ -184,31 +208,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[1/4] corpus: {len(files)} files, {len(text):,} characters", flush=True)
     hf_tok = build_tokenizer(text, args.vocab_size)
     print(f"[2/4] tokenizer: {len(hf_tok)} tokens ({time.monotonic() - t0:.1f} s)", flush=True)
-    model = build_model(hf_tok, args.hidden_size, args.layers, args.context)
+    model = build_model(hf_tok, args.hidden_size, args.layers, args.context, args.seed)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"[3/4] model: {n_params:,} parameters", flush=True)
-    losses: list[float] = []
-    if args.train_seconds > 0 and args.steps > 0:
-        losses = train(model, hf_tok, text, args.train_seconds, args.steps, batch=16, seq=128)
-        if len(losses) < args.steps:
-            print(
-                f"note: the {args.train_seconds:.0f} s cap stopped training after {len(losses)} of {args.steps} "
-                "steps, so this model depends on the machine's speed",
-                flush=True,
-            )
+    losses = train(model, hf_tok, text, args.steps, args.seed) if args.steps else []
     out = Path(args.output)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # a build that died half-way leaves one behind
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     hf_tok.save_pretrained(tmp)
-    (tmp / "trellis_demo.json").write_text(
-        json.dumps({"steps": len(losses), "final_loss": losses[-1] if losses else None}, indent=2) + "\n"
-    )
+    record = {
+        "steps": len(losses),
+        "seed": args.seed,
+        "final_loss": losses[-1] if losses else None,
+        "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    (tmp / "trellis_demo.json").write_text(json.dumps(record, indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
-    summary = f"{len(losses)} steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}" if losses else "untrained"
+    summary = f"{len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "untrained"
     print(f"[4/4] saved to {out} ({summary}, {time.monotonic() - t0:.1f} s)", flush=True)
     return 0
 

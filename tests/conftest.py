@@ -37,10 +37,16 @@ def _load_script(name: str):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
+def demo_script():
+    """scripts/make_demo_model.py as a module (its constants and `main`)."""
+    return _load_script("make_demo_model")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(demo_script, tmp_path_factory) -> Path:
     """An untrained demo-architecture model (same tokenizer and chat template), built once per session."""
     out = tmp_path_factory.mktemp("models") / "tiny"
-    rc = _load_script("make_demo_model").main(["--output", str(out), "--train-seconds", "0"])
+    rc = demo_script.main(["--output", str(out), "--steps", "0"])
     assert rc == 0
     return out
 
