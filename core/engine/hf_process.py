@@ -18,6 +18,8 @@ the core's gRPC threads, which fork cannot do safely):
                    ("outputs", [packed EngineOutput, ...]): one message per engine step,
                    every request's outputs of that step in order (`pack`: plain tuples, which
                    pickle about 10x faster than the dataclasses);
+                   ("prefix_cache", PrefixCacheStats) after a step that changed the prefix
+                   cache's counters;
                    ("dead", reason) when the batching loop itself failed
 
 Admission (queue bound, duplicate ids, batch limits) is decided in the core process, so
@@ -65,6 +67,7 @@ from core.types import (
     EngineRequest,
     EngineStats,
     FinishReason,
+    PrefixCacheStats,
     PromptTokenInfo,
     RequestState,
     ResolvedSampling,
@@ -144,6 +147,7 @@ class HfProcessEngine(EngineLifecycle):
         self._reader: threading.Thread | None = None
         self._live: dict[str, _Live] = {}
         self._queued = 0
+        self._prefix = PrefixCacheStats() if engine_kwargs.get("prefix_cache_bytes") else None
         self._death: str | None = None  # the engine process's own account of its death
 
     # ---------------------------------------------------------------- lifecycle
@@ -227,8 +231,9 @@ class HfProcessEngine(EngineLifecycle):
         return resolve_generic(opts, random_seed=random_seed)
 
     def stats(self) -> EngineStats:
-        """Requests the engine process runs, and those not scheduled yet."""
-        return EngineStats(active=len(self._live) - self._queued, queued=self._queued)
+        """Requests the engine process runs, and those not scheduled yet; the prefix cache's
+        counters as of the engine's latest step."""
+        return EngineStats(active=len(self._live) - self._queued, queued=self._queued, prefix_cache=self._prefix)
 
     # ---------------------------------------------------------------- requests
 
@@ -308,6 +313,8 @@ class HfProcessEngine(EngineLifecycle):
         kind, payload = message
         if kind == "outputs":
             self._deliver([unpack(out) for out in payload])
+        elif kind == "prefix_cache":
+            self._prefix = payload
         elif kind == "dead":
             self._death = payload
 
@@ -440,6 +447,7 @@ def _engine_main(
     from core.engine.hf import Emits, HfEngine
 
     send_lock = threading.Lock()
+    sent: list[PrefixCacheStats | None] = [None]  # the prefix cache counters the core has
 
     def send(message: tuple[str, Any]) -> None:
         with send_lock:  # the batching loop and the receiver both send
@@ -453,6 +461,10 @@ def _engine_main(
 
         def _publish(self, emits: Emits) -> None:
             send(("outputs", [pack(out) for _, out in emits]))
+            stats = self.prefix_stats()
+            if stats is not None and stats != sent[0]:
+                sent[0] = stats
+                send(("prefix_cache", stats))
 
         def _report_death(self, error: Exception) -> None:
             send(("dead", str(error)))
