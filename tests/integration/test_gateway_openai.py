@@ -308,16 +308,15 @@ async def test_cached_prompt_tokens_are_reported_in_usage(aclient, base_url):
     of its prompt but the one with its last token, in `usage.prompt_tokens_details` of the
     response and of the include_usage chunk."""
     long = [{"role": "user", "content": "Describe the gardens of a walled city, path by path. " * 6}]
-    first = await aclient.chat.completions.create(model=MODEL, messages=long, max_tokens=3, logit_bias=BAN)
+    greedy = dict(model=MODEL, messages=long, max_tokens=3, logit_bias=BAN, temperature=0)
+    first = await aclient.chat.completions.create(**greedy)
     prompt = first.usage.prompt_tokens
     reused = (prompt - 1) // 16 * 16
     assert prompt > 48
-    again = await aclient.chat.completions.create(model=MODEL, messages=long, max_tokens=3, logit_bias=BAN)
+    again = await aclient.chat.completions.create(**greedy)
     assert again.usage.prompt_tokens_details.cached_tokens == reused
     assert again.choices[0].message.content == first.choices[0].message.content
-    stream = await aclient.chat.completions.create(
-        model=MODEL, messages=long, max_tokens=3, logit_bias=BAN, stream=True, stream_options={"include_usage": True}
-    )
+    stream = await aclient.chat.completions.create(**greedy, stream=True, stream_options={"include_usage": True})
     last = (await collect_stream(stream))[-1]
     assert last.usage.prompt_tokens_details.cached_tokens == reused
     async with aiohttp.ClientSession() as s:  # the raw JSON: OpenAI's shape, present only when > 0

@@ -86,7 +86,7 @@ async def test_cached_prompt_tokens_are_summed_over_the_prompts(aclient, core):
     both = await aclient.completions.create(prompt=[ids, ids], max_tokens=2, **greedy())
     assert both.usage.prompt_tokens_details.cached_tokens == 2 * reused
     stream = await aclient.completions.create(
-        prompt=[ids, "Hello"], max_tokens=2, stream=True, stream_options={"include_usage": True}, **greedy()
+        prompt=[ids, ids[:10]], max_tokens=2, stream=True, stream_options={"include_usage": True}, **greedy()
     )
     last = [c async for c in stream][-1]
     assert last.usage.prompt_tokens_details.cached_tokens == reused
