@@ -654,7 +654,8 @@ class HfEngine(EngineLifecycle):
             keys = cache.mask[:, end + 1 - span : end + 1].index_select(0, prompt_slots)  # [G, K]
             mask = torch.where(real[:, :, None], keys[:, None, :] & (k <= q)[None], (k == q)[None])
             plan.prefill_gather = gather
-            plan.prefill_slots = prompt_slots
+            if lens != computed:  # some prompt has a cached prefix: its keys are in its slot only
+                plan.prefill_slots = prompt_slots
             plan.prefill_first = end + 1 - span
             plan.prefill_mask = mask[:, None]
             plan.prefill_scatter = torch.tensor(

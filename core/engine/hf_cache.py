@@ -63,7 +63,10 @@ class StepPlan:
             prompt with n > 1 sequences is written to n slots).
         prefill_gather: [G, P] for each of the G joining prompts, its computed tokens' packed
             indices, left-padded to the longest P (padding repeats the first computed token).
-        prefill_slots: [G] the slot holding each joining prompt's columns (its first sequence's).
+        prefill_slots: [G] the slot holding each joining prompt's columns (its first
+            sequence's), where the keys and values are read; None when no prompt of the step
+            has a cached prefix: the keys and values are then this step's, gathered as the
+            queries are (K == P, and the same values).
         prefill_first: the first of the K key columns of the prompts, [prefill_first, end]:
             every prompt ends at `end`, the longest one (cached prefix included) starts here.
         prefill_mask: [G, 1, P, K] bool: each computed token attends to its slot's columns up to
@@ -134,15 +137,16 @@ def slot_attention(
         ).reshape(plan.extent, heads, dim)
         parts.append(out if plan.live_idx is None else out[plan.live_idx])
     if plan.prefill_gather is not None:
-        assert plan.prefill_slots is not None
         g, p = plan.prefill_gather.shape
-        layer = plan.cache.slot_layers[module.layer_idx]  # type: ignore[index]
         qp = query[0][:, plan.prefill_gather].transpose(0, 1)  # [G, heads, P, dim]
-        # The prompts' keys and values from their slots (this step's were written by the
-        # layer's update): [G, kv_heads, K, dim], cached prefixes included.
-        cols = slice(plan.prefill_first, plan.end + 1)
-        kp = layer.kbuf[:, :, cols].index_select(0, plan.prefill_slots)
-        vp = layer.vbuf[:, :, cols].index_select(0, plan.prefill_slots)
+        if plan.prefill_slots is None:  # no cached prefix: the keys are this step's (K == P)
+            kp = key[0][:, plan.prefill_gather].transpose(0, 1)
+            vp = value[0][:, plan.prefill_gather].transpose(0, 1)
+        else:  # from the slots (this step's written by the layer's update), prefixes included
+            layer = plan.cache.slot_layers[module.layer_idx]  # type: ignore[index]
+            cols = slice(plan.prefill_first, plan.end + 1)
+            kp = layer.kbuf[:, :, cols].index_select(0, plan.prefill_slots)  # [G, kv_heads, K, dim]
+            vp = layer.vbuf[:, :, cols].index_select(0, plan.prefill_slots)
         out = torch.nn.functional.scaled_dot_product_attention(
             qp, kp, vp, attn_mask=plan.prefill_mask, scale=scaling, enable_gqa=kv_heads != heads
         )
