@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,21 @@ def _probability(raw: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {raw!r}")
     return value
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= minimum."""
+
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {raw!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {raw!r}")
+        return value
+
+    return parse
 
 
 def _cpus(raw: str) -> str:
@@ -80,6 +95,9 @@ class CoreConfig:
     engine_process: bool = True
     engine_cpus: str = "auto"
     hf_step_trace: str = ""
+    prefix_cache: bool = True
+    prefix_cache_mib: int = 1024
+    prefix_cache_block_size: int = 16
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
@@ -213,6 +231,26 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         metavar="PATH",
         help="HF engine: append one line per engine step to PATH (kind, rows, tokens, forward and step seconds; "
         "summed up by scripts/bench/hf_steps.py --trace)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=d.prefix_cache,
+        help="HF engine: keep prompts' keys and values in blocks, so a prompt starting with a cached prefix "
+        "computes only the rest (prompts asking for prompt logprobs are computed whole)",
+    )
+    p.add_argument(
+        "--prefix-cache-mib",
+        type=_count(0),
+        default=d.prefix_cache_mib,
+        help="HF engine: memory of the prefix cache's keys and values in MiB, least recently used blocks "
+        "evicted beyond it (0: no prefix cache)",
+    )
+    p.add_argument(
+        "--prefix-cache-block-size",
+        type=_count(1),
+        default=d.prefix_cache_block_size,
+        help="HF engine: tokens per prefix cache block (only full blocks are cached)",
     )
     p.add_argument(
         "--drain-seconds", type=float, default=d.drain_seconds, help="on SIGTERM, how long in-flight streams may finish"

@@ -5,15 +5,19 @@ engine step that gave a request tokens (TTFT or inter-token latency) and once wh
 ends (tokens, finish reason, queue time, end-to-end latency). Everything runs on the event loop
 thread, so the counts are plain attributes and the histograms plain lists (`Buckets`), without
 the lock prometheus_client's own metric objects take on every update. Gauges (running and
-waiting requests, batch size, slot usage, session store) are read from the engine and the
-session store when Prometheus scrapes, so they cost nothing while serving. `CoreCollector`
-turns both into metric families for prometheus_client, which renders the exposition format and
-serves it (`serve_metrics`, its own HTTP server thread).
+waiting requests, batch size, slot usage, session store, the prefix cache's blocks) and the
+prefix cache's counters are read from the engine and the session store when Prometheus
+scrapes, so they cost nothing while serving. `CoreCollector` turns both into metric families
+for prometheus_client, which renders the exposition format and serves it (`serve_metrics`,
+its own HTTP server thread).
 
 Names: every metric is `trellis_core_*`. The three gauges the Kubernetes Gateway API Inference
 Extension's endpoint picker reads are also exported under vLLM's names
 (`vllm:num_requests_waiting`, `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`), its
-default model-server protocol, so an InferencePool needs no per-engine mapping (docs/metrics.md).
+default model-server protocol, so an InferencePool needs no per-engine mapping (docs/metrics.md);
+so are the prefix cache's counters (`vllm:prefix_cache_queries_total`,
+`vllm:prefix_cache_hits_total`, vllm/v1/metrics/loggers.py), which dashboards built for vLLM
+divide for the hit rate.
 
 Histogram bucket edges are vLLM's (vllm/v1/metrics/loggers.py, release 0.10/0.11:
 `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`, and the request latency
@@ -145,7 +149,7 @@ class CoreCollector(Collector):
 
     Args:
         counts: the pipeline's RequestMetrics.
-        engine: its engine (`stats()`: running and waiting requests).
+        engine: its engine (`stats()`: running and waiting requests, prefix cache counters).
         sessions: the continue-generation store.
         max_batch_size: requests the running batch holds (slot usage = running / this).
         model_name: the `model_name` label of every sample, as vLLM labels its metrics.
@@ -176,8 +180,16 @@ class CoreCollector(Collector):
             ("vllm:num_requests_waiting", "Requests waiting for a batch slot (vLLM's name).", stats.queued),
             ("vllm:kv_cache_usage_perc", "Batch slot usage from 0 to 1 (vLLM's name; see docs/metrics.md).", usage),
         ]
+        prefix = stats.prefix_cache
+        if prefix is not None:
+            gauges.append(("trellis_core_prefix_cache_blocks", "Prompt KV blocks in the prefix cache.", prefix.blocks))
         for name, doc, value in gauges:
             yield _gauge(name, doc, labels, value)
+        if prefix is not None:
+            for name in ("trellis_core_prefix_cache_queries", "vllm:prefix_cache_queries"):
+                yield _counter(name, "Prompt tokens looked up in the prefix cache.", labels, prefix.queries)
+            for name in ("trellis_core_prefix_cache_hits", "vllm:prefix_cache_hits"):
+                yield _counter(name, "Prompt tokens whose KV came from the prefix cache.", labels, prefix.hits)
         yield _counter("trellis_core_prompt_tokens", "Prompt tokens of ended requests.", labels, c.prompt_tokens)
         yield _counter(
             "trellis_core_generation_tokens", "Generated tokens of ended requests.", labels, c.generation_tokens

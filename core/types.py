@@ -225,11 +225,31 @@ class EngineInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """A prefix cache's counters, in vLLM's meaning (vllm/v1/metrics/stats.py PrefixCacheStats).
+
+    Attributes:
+        queries: prompt tokens of the prompts looked up (a prompt that skipped the lookup, such
+            as one asking for prompt logprobs, counts nothing).
+        hits: prompt tokens whose keys and values came from the cache.
+        blocks: blocks held now.
+        capacity: blocks the store may hold (0 until the engine knows a block's size).
+    """
+
+    queries: int = 0
+    hits: int = 0
+    blocks: int = 0
+    capacity: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
-    """Live counters of an engine: requests in the running batch and waiting in its queue."""
+    """Live counters of an engine: requests in the running batch and waiting in its queue, and
+    its prefix cache's counters (None: the engine has no prefix cache, or it is off)."""
 
     active: int
     queued: int
+    prefix_cache: PrefixCacheStats | None = None
 
 
 # ---------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import threading
@@ -40,6 +41,7 @@ from core.engine import hf_guided
 from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.hf_cache import ATTENTION, SlotKVCache, StepPlan
 from core.engine.hf_config import KIND, check_request, default_threads, duplicate_id, engine_info, queue_full
+from core.engine.hf_prefix import BLOCK_SIZE, PrefixStore
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
 from core.errors import EngineDead, EngineFailure, NotReady
 from core.sampling import NEUTRAL, resolve_generic
@@ -48,6 +50,7 @@ from core.types import (
     EngineRequest,
     EngineStats,
     FinishReason,
+    PrefixCacheStats,
     RequestState,
     ResolvedSampling,
     SamplingOptions,
@@ -88,6 +91,8 @@ def engine_kwargs(config: CoreConfig, tokenizer: Tokenizer) -> dict[str, Any]:
         threads=config.threads,
         step_trace=config.hf_step_trace,
         guides=hf_guided.GuideMatchers(tokenizer.hf, tokenizer.eos_token_ids, config.guide_cache_size),
+        prefix_cache_bytes=config.prefix_cache_mib * 2**20 if config.prefix_cache else 0,
+        prefix_block_size=config.prefix_cache_block_size,
     )
 
 
@@ -145,6 +150,9 @@ class HfEngine(EngineLifecycle):
         threads: torch intra-op threads (0: core.engine.hf_config.default_threads).
         guides: compiled guides for guided decoding (hf_guided); None: guided decoding is off.
         step_trace: a file that gets one line per engine step ("" for none; `--hf-step-trace`).
+        prefix_cache_bytes: bound of the prefix cache (core.engine.hf_prefix) in bytes of keys
+            and values; 0: no prefix cache (`--prefix-cache-mib`, `--no-prefix-cache`).
+        prefix_block_size: tokens per prefix cache block (`--prefix-cache-block-size`).
     """
 
     kind = KIND
@@ -166,6 +174,8 @@ class HfEngine(EngineLifecycle):
         threads: int = 0,
         guides: hf_guided.GuideMatchers | None = None,
         step_trace: str = "",
+        prefix_cache_bytes: int = 0,
+        prefix_block_size: int = BLOCK_SIZE,
     ):
         super().__init__()
         self._path = str(model_path)
@@ -223,6 +233,11 @@ class HfEngine(EngineLifecycle):
         self._sample_params: BatchParams | None = None
         self._bias: torch.Tensor | None = None
         self._reserved = 0
+        # The prefix cache (worker only; its capacity in blocks is set once a block's size is known).
+        self._prefix_bytes = prefix_cache_bytes
+        self._prefix: PrefixStore[torch.Tensor] | None = (
+            PrefixStore(prefix_block_size) if prefix_cache_bytes > 0 else None
+        )
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -278,9 +293,11 @@ class HfEngine(EngineLifecycle):
         return resolve_generic(opts, random_seed=random_seed)
 
     def stats(self) -> EngineStats:
-        """Requests in the running batch and in the queue."""
+        """Requests in the running batch and in the queue, and the prefix cache's counters."""
         with self._cv:
-            return EngineStats(active=self._running_requests, queued=len(self._pending))
+            return EngineStats(
+                active=self._running_requests, queued=len(self._pending), prefix_cache=self.prefix_stats()
+            )
 
     # ---------------------------------------------------------------- requests
 
@@ -481,14 +498,16 @@ class HfEngine(EngineLifecycle):
                     ),
                 )
             )
-        self._release([row for row in self._slots if row is not None])
+        self._release([row for row in self._slots if row is not None], keep_blocks=False)
 
     # ---------------------------------------------------------------- the step
 
     def _step(self, reqs: list[_Req], emits: Emits) -> None:
-        """One engine step: a decode token for every running sequence and the whole prompt of
-        every admitted request, in one packed forward (core.engine.hf_cache.StepPlan); then
-        each running sequence's next token, and each new sequence's first token and slot."""
+        """One engine step: a decode token for every running sequence and the prompt of every
+        admitted request (the tokens after its cached prefix: core.engine.hf_prefix), in one
+        packed forward (core.engine.hf_cache.StepPlan); then each running sequence's next token,
+        and each new sequence's first token and slot; the prompts' new full blocks go to the
+        prefix cache."""
         dev = self._device
         live, rows_live = self._live_slots, self._rows_live
         r_dec = len(live)
@@ -508,15 +527,21 @@ class HfEngine(EngineLifecycle):
             r.unfinished = len(r.rows)
             new_rows += r.rows
             source += [i] * len(r.rows)
+        prefixes = [self._cached_prefix(r) for r in reqs]
+        cached = [sum(block.shape[3] for block in blocks) for blocks in prefixes]
         end = cache.place([(row.slot, lens[i]) for row, i in zip(new_rows, source, strict=True)], live)
-        plan = self._plan(reqs, lens, new_rows, source, end)
+        for r, n, blocks in zip(reqs, lens, prefixes, strict=True):
+            if blocks:
+                cache.write_prefix([row.slot for row in r.rows], end + 1 - n, blocks)
+        computed = [n - c for n, c in zip(lens, cached, strict=True)]  # prompt tokens in the forward
+        plan = self._plan(reqs, lens, computed, new_rows, source, end)
         ids = [self._next[self._live_idx]] if r_dec else []
         pos = [self._pos[self._live_idx]] if r_dec else []
-        for r, n in zip(reqs, lens, strict=True):
-            ids.append(torch.tensor(r.req.prompt_ids, dtype=torch.long, device=dev))
-            pos.append(torch.arange(n, device=dev))
+        for r, n, c in zip(reqs, lens, cached, strict=True):
+            ids.append(torch.tensor(r.req.prompt_ids[c:], dtype=torch.long, device=dev))
+            pos.append(torch.arange(c, n, device=dev))
         want_prompt = any(r.req.prompt_logprobs is not None for r in reqs)
-        ends = list(itertools.accumulate(lens, initial=r_dec))  # packed offset of each prompt, then N
+        ends = list(itertools.accumulate(computed, initial=r_dec))  # packed offset of each prompt, then N
         keep = list(range(r_dec)) + [e - 1 for e in ends[1:]]
         cache.plan = plan
         try:
@@ -534,6 +559,7 @@ class HfEngine(EngineLifecycle):
         finally:
             cache.plan = None
         cache.length = end + 1
+        self._store_prefixes(reqs, lens, end)
         logits = out.logits[0]
         if want_prompt:
             all_logits, logits = logits, logits[torch.tensor(keep, device=dev)]
@@ -543,11 +569,16 @@ class HfEngine(EngineLifecycle):
             done = time.monotonic()
             for i, r in enumerate(reqs):
                 info = None
-                if r.req.prompt_logprobs is not None:
+                if r.req.prompt_logprobs is not None:  # computed whole: such prompts skip the cache
                     info = prompt_logprobs(all_logits[ends[i] : ends[i + 1]], r.req.prompt_ids, r.req.prompt_logprobs)
-                emits.append(
-                    (r, EngineOutput(r.req.request_id, state=RequestState.PREFILLED, prompt_logprobs=info, time=done))
+                prefilled = EngineOutput(
+                    r.req.request_id,
+                    state=RequestState.PREFILLED,
+                    prompt_logprobs=info,
+                    cached_tokens=cached[i],
+                    time=done,
                 )
+                emits.append((r, prefilled))
             first = logits[r_dec:]
             if len(source) != len(reqs):
                 first = first[torch.tensor(source, device=dev)]
@@ -559,8 +590,19 @@ class HfEngine(EngineLifecycle):
             else:
                 self._recompose()
 
-    def _plan(self, reqs: list[_Req], lens: list[int], new_rows: list[_Row], source: list[int], end: int) -> StepPlan:
-        """The step's StepPlan: where every token's keys and values go, and the masks."""
+    def _plan(
+        self,
+        reqs: list[_Req],
+        lens: list[int],
+        computed: list[int],
+        new_rows: list[_Row],
+        source: list[int],
+        end: int,
+    ) -> StepPlan:
+        """The step's StepPlan: where every token's keys and values go, and the masks.
+
+        lens: each joining prompt's tokens; computed: those of its tokens in the forward (the
+        last ones; the others are its cached prefix, already in its slots)."""
         dev, cache = self._device, self._cache
         assert cache is not None
         live, extent = self._live_slots, self._extent
@@ -568,9 +610,9 @@ class HfEngine(EngineLifecycle):
         slots: list[int] = list(live)
         cols: list[int] = [end] * r_dec
         src: list[int] = list(range(r_dec))
-        ends = list(itertools.accumulate(lens, initial=r_dec))
+        ends = list(itertools.accumulate(computed, initial=r_dec))
         for row, i in zip(new_rows, source, strict=True):
-            n = lens[i]
+            n = computed[i]
             slots += [row.slot] * n
             cols += range(end + 1 - n, end + 1)
             src += range(ends[i], ends[i + 1])
@@ -592,23 +634,73 @@ class HfEngine(EngineLifecycle):
             write_src=None if len(src) == ends[-1] else torch.tensor(src, device=dev),
         )
         if reqs:
-            width = max(lens)
-            # Prompt i's tokens left-padded to `width` queries; a padding query repeats the
-            # prompt's first token and attends to itself only (its output is dropped).
+            # Prompt i's computed tokens left-padded to `width` queries (a padding query repeats
+            # its first computed token); keys are the `span` columns ending at `end`. Query j
+            # sits in column end + 1 - width + j and key k in column end + 1 - span + k, so
+            # "key column <= query column" is causal attention for every prompt at once, and the
+            # slot's mask leaves out the columns before its prompt. A padding query attends to
+            # its own column only (its output is dropped).
+            width, span = max(computed), max(lens)
             gather = torch.tensor(
-                [[ends[i] + max(0, j - (width - n)) for j in range(width)] for i, n in enumerate(lens)], device=dev
+                [[ends[i] + max(0, j - (width - n)) for j in range(width)] for i, n in enumerate(computed)], device=dev
             )
-            q = torch.arange(width, device=dev)
-            real = q[None, :] >= torch.tensor([width - n for n in lens], device=dev)[:, None]  # [G, P] real keys
-            causal = q[None, :] <= q[:, None]  # [P (query), P (key)]
-            mask = causal[None] & real[:, None, :]
-            mask |= torch.eye(width, dtype=torch.bool, device=dev)[None] & ~real[:, :, None]
+            prompt_slots = torch.tensor([r.rows[0].slot for r in reqs], device=dev)
+            q = torch.arange(width, device=dev)[:, None] + (span - width)
+            k = torch.arange(span, device=dev)[None, :]
+            real = (
+                torch.arange(width, device=dev)[None, :]
+                >= torch.tensor([width - n for n in computed], device=dev)[:, None]
+            )  # [G, P] real queries
+            keys = cache.mask[:, end + 1 - span : end + 1].index_select(0, prompt_slots)  # [G, K]
+            mask = torch.where(real[:, :, None], keys[:, None, :] & (k <= q)[None], (k == q)[None])
             plan.prefill_gather = gather
+            if lens != computed:  # some prompt has a cached prefix: its keys are in its slot only
+                plan.prefill_slots = prompt_slots
+            plan.prefill_first = end + 1 - span
             plan.prefill_mask = mask[:, None]
             plan.prefill_scatter = torch.tensor(
-                [i * width + j for i, n in enumerate(lens) for j in range(width - n, width)], device=dev
+                [i * width + j for i, n in enumerate(computed) for j in range(width - n, width)], device=dev
             )
         return plan
+
+    # ---------------------------------------------------------------- prefix cache
+
+    def _cached_prefix(self, r: _Req) -> list[torch.Tensor]:
+        """The cached blocks `r`'s prompt starts with (core.engine.hf_prefix.PrefixStore.lookup);
+        none without a cache, or when the request wants prompt logprobs (they need the logits of
+        every prompt token, so its prompt is computed whole; its blocks are still stored)."""
+        if self._prefix is None or r.req.prompt_logprobs is not None:
+            return []
+        return self._prefix.lookup(r.req.prompt_ids)
+
+    def _store_prefixes(self, reqs: list[_Req], lens: list[int], end: int) -> None:
+        """Copy the joining prompts' full blocks that the prefix cache lacks out of their slots
+        (their first sequence's), right after the forward that computed them."""
+        store, cache = self._prefix, self._cache
+        if store is None or cache is None or not reqs:
+            return
+        bs = store.block_size
+        if self._prefix_bytes and not store.capacity:  # a block's size is known from the first step on
+            store.set_capacity(self._prefix_bytes // max(1, cache.block_bytes(bs)))
+        for r, n in zip(reqs, lens, strict=True):
+            store.insert(r.req.prompt_ids, functools.partial(_read_blocks, cache, r.rows[0].slot, end + 1 - n, bs))
+
+    def _store_sequence(self, row: _Row) -> None:
+        """Store the full blocks of a leaving sequence beyond its prompt's: its prompt and the
+        tokens it generated but the last (whose keys and values were never computed), so that
+        a session's or a chat's next turn, which sends them back as its prompt, reuses them
+        (vLLM caches the blocks of generated tokens too)."""
+        store, cache = self._prefix, self._cache
+        if store is None or cache is None or not store.capacity:
+            return
+        bs = store.block_size
+        tokens = row.history[:-1]
+        if len(tokens) // bs > len(row.owner.req.prompt_ids) // bs:
+            store.insert(tokens, functools.partial(_read_blocks, cache, row.slot, cache.start[row.slot], bs))
+
+    def prefix_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's counters (None: the cache is off); safe from any thread."""
+        return None if self._prefix is None else self._prefix.stats()
 
     def _forward(self, kind: str, rows: int, tokens: int, **inputs: Any) -> Any:
         """The model's forward; with a step trace, timed for the step's line (`_write_trace`)."""
@@ -800,10 +892,14 @@ class HfEngine(EngineLifecycle):
 
     # ---------------------------------------------------------------- batch bookkeeping
 
-    def _release(self, rows: list[_Row]) -> None:
-        """Free the slots of finished or cancelled rows (no KV data moves)."""
+    def _release(self, rows: list[_Row], keep_blocks: bool = True) -> None:
+        """Free the slots of finished or cancelled rows (no KV data moves); first, with
+        `keep_blocks` (not after a failed step), their sequences' new full blocks go to the
+        prefix cache (`_store_sequence`)."""
         for row in rows:
             if self._slots[row.slot] is row and self._cache is not None:
+                if keep_blocks:
+                    self._store_sequence(row)
                 self._slots[row.slot] = None
                 self._cache.release(row.slot)
                 self._pos[row.slot] = 0
@@ -865,6 +961,11 @@ class HfEngine(EngineLifecycle):
             for tok, b in row.owner.req.logit_bias.items():
                 bias[i, tok] = b
         return bias
+
+
+def _read_blocks(cache: SlotKVCache, slot: int, col: int, bs: int, first: int, count: int) -> list[torch.Tensor]:
+    """Blocks first .. first + count - 1 of the prompt in `slot` from column `col` on."""
+    return cache.read_blocks(slot, col + first * bs, count, bs)
 
 
 def _sampling_subset(rows: list[_Row], params: BatchParams) -> tuple[torch.Tensor, BatchParams]:

@@ -17,11 +17,18 @@ exactly the tokens computed, without padding, and a step that admits new sequenc
 forward instead of a prefill forward plus a decode forward (vLLM's chunked prefill and
 transformers' continuous batching pack tokens the same way). `slot_attention` (registered with
 transformers' AttentionInterface as ATTENTION) attends each decode token over its own slot and
-each prompt causally over itself.
+each prompt causally over its slot's columns.
+
+A prompt whose first tokens' keys and values come from the prefix cache (core.engine.hf_prefix)
+puts only the rest in the forward: the cached blocks are copied into its slot's first columns
+(`write_prefix`) before the step, and its tokens attend over those columns and causally over
+themselves, as one causal attention over the whole prompt's columns would. After the step, the
+prompt's full blocks are copied out of the slot for the cache (`read_blocks`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +45,8 @@ class StepPlan:
     """What one packed forward computes, and where its keys and values go.
 
     The forward's N tokens are `decode_rows` decode tokens (one per live slot, in slot order)
-    followed by the prompts of the sequences joining the batch.
+    followed by the prompts of the sequences joining the batch (of a prompt with a cached
+    prefix, the tokens after it only: its prefix is in its slot already).
 
     Attributes:
         cache: the cache written and attended over.
@@ -53,9 +61,17 @@ class StepPlan:
         write_slots, write_cols: [W] where each written key and value goes.
         write_src: [W] the packed token of each write, or None when W == N in token order (a
             prompt with n > 1 sequences is written to n slots).
-        prefill_gather: [G, P] for each of the G joining prompts, its tokens' packed indices,
-            left-padded to the longest prompt P (padding repeats the prompt's first token).
-        prefill_mask: [G, 1, P, P] bool, causal within each prompt, padding masked.
+        prefill_gather: [G, P] for each of the G joining prompts, its computed tokens' packed
+            indices, left-padded to the longest P (padding repeats the first computed token).
+        prefill_slots: [G] the slot holding each joining prompt's columns (its first
+            sequence's), where the keys and values are read; None when no prompt of the step
+            has a cached prefix: the keys and values are then this step's, gathered as the
+            queries are (K == P, and the same values).
+        prefill_first: the first of the K key columns of the prompts, [prefill_first, end]:
+            every prompt ends at `end`, the longest one (cached prefix included) starts here.
+        prefill_mask: [G, 1, P, K] bool: each computed token attends to its slot's columns up to
+            its own (the cached prefix, then causally over the prompt's computed tokens); a
+            padding query to its own column only (its output is dropped).
         prefill_scatter: [N - R] for each prompt token in packed order, its index in G x P.
     """
 
@@ -70,6 +86,8 @@ class StepPlan:
     write_cols: torch.Tensor
     write_src: torch.Tensor | None
     prefill_gather: torch.Tensor | None = None
+    prefill_slots: torch.Tensor | None = None
+    prefill_first: int = 0
     prefill_mask: torch.Tensor | None = None
     prefill_scatter: torch.Tensor | None = None
 
@@ -121,8 +139,14 @@ def slot_attention(
     if plan.prefill_gather is not None:
         g, p = plan.prefill_gather.shape
         qp = query[0][:, plan.prefill_gather].transpose(0, 1)  # [G, heads, P, dim]
-        kp = key[0][:, plan.prefill_gather].transpose(0, 1)
-        vp = value[0][:, plan.prefill_gather].transpose(0, 1)
+        if plan.prefill_slots is None:  # no cached prefix: the keys are this step's (K == P)
+            kp = key[0][:, plan.prefill_gather].transpose(0, 1)
+            vp = value[0][:, plan.prefill_gather].transpose(0, 1)
+        else:  # from the slots (this step's written by the layer's update), prefixes included
+            layer = plan.cache.slot_layers[module.layer_idx]  # type: ignore[index]
+            cols = slice(plan.prefill_first, plan.end + 1)
+            kp = layer.kbuf[:, :, cols].index_select(0, plan.prefill_slots)  # [G, kv_heads, K, dim]
+            vp = layer.vbuf[:, :, cols].index_select(0, plan.prefill_slots)
         out = torch.nn.functional.scaled_dot_product_attention(
             qp, kp, vp, attn_mask=plan.prefill_mask, scale=scaling, enable_gqa=kv_heads != heads
         )
@@ -227,6 +251,32 @@ class SlotKVCache(Cache):
             self.mask[slot, end + 1 - plen : end + 1] = True
             self.start[slot] = end + 1 - plen
         return end
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes of one block of `block_size` columns over every layer's keys and values (0
+        before the buffers exist)."""
+        if not self.allocated:
+            return 0
+        k = self.slot_layers[0].kbuf
+        return 2 * len(self.slot_layers) * k.shape[1] * block_size * k.shape[3] * k.element_size()
+
+    def read_blocks(self, slot: int, first_col: int, count: int, block_size: int) -> list[torch.Tensor]:
+        """Copies of `count` blocks of `block_size` columns of `slot`, from column `first_col`
+        on: one tensor [layers, 2 (keys, values), kv_heads, block_size, head_dim] per block."""
+        cols = slice(first_col, first_col + count * block_size)
+        x = torch.stack([torch.stack((lay.kbuf[slot, :, cols], lay.vbuf[slot, :, cols])) for lay in self.slot_layers])
+        return [x[:, :, :, j * block_size : (j + 1) * block_size].contiguous() for j in range(count)]
+
+    def write_prefix(self, slots: Sequence[int], first_col: int, blocks: Sequence[torch.Tensor]) -> None:
+        """Copy `blocks` (`read_blocks`' tensors, in order) into the columns of each of `slots`
+        from `first_col` on (blocks exist only once the buffers do)."""
+        assert self.allocated, "a prefix is copied into existing buffers only"
+        x = torch.cat(list(blocks), dim=3)  # [layers, 2, kv_heads, C, dim]
+        cols = slice(first_col, first_col + x.shape[3])
+        rows: int | torch.Tensor = slots[0] if len(slots) == 1 else torch.tensor(list(slots), device=self.device)
+        for i, layer in enumerate(self.slot_layers):
+            layer.kbuf[rows, :, cols] = x[i, 0]
+            layer.vbuf[rows, :, cols] = x[i, 1]
 
     def release(self, slot: int) -> None:
         """Free a slot (its columns are masked; nothing is copied)."""

@@ -20,6 +20,7 @@ ending in `assert_never`):
                    then Running: Outputs, one per engine step, every request's outputs of that
                    step in order as `Packed` tuples (`pack`: plain tuples pickle about 10x
                    faster than the dataclasses), a bare list as it is the hot path;
+                   PrefixCache(stats) after a step that changed the prefix cache's counters;
                    Dead(reason) when the batching loop failed
 
 Every engine output crosses packed, the refusal of a request the engine process cannot admit
@@ -73,6 +74,7 @@ from core.types import (
     EngineRequest,
     EngineStats,
     FinishReason,
+    PrefixCacheStats,
     PromptTokenInfo,
     RequestState,
     ResolvedSampling,
@@ -216,10 +218,18 @@ class Dead:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixCache:
+    """engine -> core: the prefix cache's counters, after a step that changed them (the core's
+    EngineStats reads them)."""
+
+    stats: PrefixCacheStats
+
+
 #: The engine process's first message: whether it loaded the model.
 Loaded: TypeAlias = Ready | Failed
 #: Its messages after Ready.
-Running: TypeAlias = Outputs | Dead
+Running: TypeAlias = Outputs | PrefixCache | Dead
 #: What the engine process sends the core.
 FromEngine: TypeAlias = Loaded | Running
 
@@ -271,6 +281,7 @@ class HfProcessEngine(EngineLifecycle):
         self._reader: threading.Thread | None = None
         self._live: dict[str, _Live] = {}
         self._queued = 0
+        self._prefix = PrefixCacheStats() if engine_kwargs.get("prefix_cache_bytes") else None
         self._death: str | None = None  # the engine process's own account of its death
 
     # ---------------------------------------------------------------- lifecycle
@@ -359,8 +370,9 @@ class HfProcessEngine(EngineLifecycle):
         return resolve_generic(opts, random_seed=random_seed)
 
     def stats(self) -> EngineStats:
-        """Requests the engine process runs, and those not scheduled yet."""
-        return EngineStats(active=len(self._live) - self._queued, queued=self._queued)
+        """Requests the engine process runs, and those not scheduled yet; the prefix cache's
+        counters as of the engine's latest step."""
+        return EngineStats(active=len(self._live) - self._queued, queued=self._queued, prefix_cache=self._prefix)
 
     # ---------------------------------------------------------------- requests
 
@@ -440,6 +452,8 @@ class HfProcessEngine(EngineLifecycle):
         match message:
             case list():
                 self._deliver([unpack(out) for out in message])
+            case PrefixCache(stats):
+                self._prefix = stats
             case Dead(reason):
                 self._death = reason
             case _:
@@ -524,6 +538,7 @@ def _engine_main(
     from core.engine.hf import Emits, HfEngine
 
     send_lock = threading.Lock()
+    sent: list[PrefixCacheStats | None] = [None]  # the prefix cache counters the core has
 
     def send(message: FromEngine) -> None:
         with send_lock:  # the batching loop and the receiver both send
@@ -537,6 +552,10 @@ def _engine_main(
 
         def _publish(self, emits: Emits) -> None:
             send([pack(out) for _, out in emits])
+            stats = self.prefix_stats()
+            if stats is not None and stats != sent[0]:
+                sent[0] = stats
+                send(PrefixCache(stats))
 
         def _report_death(self, error: Exception) -> None:
             send(Dead(str(error)))

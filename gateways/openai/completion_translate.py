@@ -177,11 +177,17 @@ def usage_chunk(state: CompletionState, prompts: int) -> dict[str, Any]:
     return chunk
 
 
-def _usage(state: CompletionState, prompts: int) -> dict[str, int]:
-    total = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+def _usage(state: CompletionState, prompts: int) -> dict[str, Any]:
+    """`usage_dict` summed over the prompts (cached tokens too)."""
+    total: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    cached = 0
     for i in range(prompts):
-        for key, value in usage_dict(state.usage.get(i)).items():
-            total[key] += value
+        one = usage_dict(state.usage.get(i))
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            total[key] += one[key]
+        cached += one.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    if cached:
+        total["prompt_tokens_details"] = {"cached_tokens": cached}
     return total
 
 

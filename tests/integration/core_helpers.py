@@ -89,7 +89,12 @@ async def wait_for(predicate: Callable[[], bool]) -> None:
 
 async def wait_idle(engine) -> None:
     """Wait until the engine reports no active and no queued request."""
-    await wait_for(lambda: engine.stats() == EngineStats(0, 0))
+    await wait_for(lambda: idle(engine.stats()))
+
+
+def idle(stats: EngineStats) -> bool:
+    """No request running or queued (whatever the prefix cache holds)."""
+    return stats.active == 0 and stats.queued == 0
 
 
 async def wait_health(address: str, status: int, service: str = "") -> None:

@@ -227,6 +227,24 @@ async def test_continue_generation_session(stub):
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+async def test_a_session_continues_on_its_cached_prompt_and_generates_the_same(stub, tokenizer):
+    """A session's next request is its history as a prompt: the core's prefix cache (on by
+    default) serves the full blocks of the sequence before (its prompt and the tokens it
+    generated but the last: usage.cached_tokens), and the tokens are those of one uninterrupted
+    request."""
+    text = f"{random.random()} The lighthouse keeper wrote down every ship that passed the cape. " * 3
+    prompt = len(tokenizer.encode(text))
+    assert prompt > 32
+    one = sequences(await generate(stub, body(text, stopping={"maxNewTokens": 16})))[0]["ids"]
+    sid = f"sess-{random.random()}"
+    first = await generate(stub, body(text, stopping={"maxNewTokens": 8}, sessionId=sid))
+    second = await generate(stub, body("ignored", stopping={"maxNewTokens": 8}, sessionId=sid))
+    assert first[-1].usage.cached_tokens == (prompt - 1) // 16 * 16  # the first request stored them
+    assert second[-1].usage.prompt_tokens == prompt + 8
+    assert second[-1].usage.cached_tokens == (prompt + 7) // 16 * 16
+    assert sequences(first)[0]["ids"] + sequences(second)[0]["ids"] == one
+
+
 async def test_a_session_that_ends_on_eos_is_deleted(stub):
     sid = f"eos-{random.random()}"
     await generate(stub, body("Once", sessionId=sid))

@@ -303,6 +303,31 @@ async def test_include_usage(aclient):
     assert last.usage.total_tokens == last.usage.prompt_tokens + 8
 
 
+async def test_cached_prompt_tokens_are_reported_in_usage(aclient, base_url):
+    """The core's prefix cache (on by default): the same long chat again reuses every full block
+    of its prompt but the one with its last token, in `usage.prompt_tokens_details` of the
+    response and of the include_usage chunk."""
+    long = [{"role": "user", "content": "Describe the gardens of a walled city, path by path. " * 6}]
+    greedy = dict(model=MODEL, messages=long, max_tokens=3, logit_bias=BAN, temperature=0)
+    first = await aclient.chat.completions.create(**greedy)
+    prompt = first.usage.prompt_tokens
+    reused = (prompt - 1) // 16 * 16
+    assert prompt > 48
+    again = await aclient.chat.completions.create(**greedy)
+    assert again.usage.prompt_tokens_details.cached_tokens == reused
+    assert again.choices[0].message.content == first.choices[0].message.content
+    stream = await aclient.chat.completions.create(**greedy, stream=True, stream_options={"include_usage": True})
+    last = (await collect_stream(stream))[-1]
+    assert last.usage.prompt_tokens_details.cached_tokens == reused
+    async with aiohttp.ClientSession() as s:  # the raw JSON: OpenAI's shape, present only when > 0
+        body = {"model": MODEL, "messages": long, "max_tokens": 2}
+        async with s.post(f"{base_url}/v1/chat/completions", json=body) as r:
+            assert (await r.json())["usage"]["prompt_tokens_details"] == {"cached_tokens": reused}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        async with s.post(f"{base_url}/v1/chat/completions", json=body) as r:
+            assert "prompt_tokens_details" not in (await r.json())["usage"]  # shorter than a block
+
+
 # --------------------------------------------------------------------------- the seed's examples
 
 

@@ -76,6 +76,22 @@ async def test_streaming_matches_non_streaming(aclient):
     assert all(c.usage is None for c in chunks)
 
 
+async def test_cached_prompt_tokens_are_summed_over_the_prompts(aclient, core):
+    """Prompts whose blocks the core's prefix cache holds report them in
+    `usage.prompt_tokens_details.cached_tokens`, summed over the prompts (streamed too)."""
+    long = "In the walled garden every path led to a fountain, and every fountain to a gate. " * 4
+    ids = core.servicer.pipeline.tokenizer.encode(long)
+    reused = (len(ids) - 1) // 16 * 16
+    await aclient.completions.create(prompt=ids, max_tokens=2, **greedy())
+    both = await aclient.completions.create(prompt=[ids, ids], max_tokens=2, **greedy())
+    assert both.usage.prompt_tokens_details.cached_tokens == 2 * reused
+    stream = await aclient.completions.create(
+        prompt=[ids, ids[:10]], max_tokens=2, stream=True, stream_options={"include_usage": True}, **greedy()
+    )
+    last = [c async for c in stream][-1]
+    assert last.usage.prompt_tokens_details.cached_tokens == reused
+
+
 async def test_streaming_several_prompts_and_include_usage(aclient):
     prompts = [PROMPT, "Once upon a time", "Hello"]
     full = await aclient.completions.create(prompt=prompts, max_tokens=5, **greedy())

@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
+from core.server import start_core
+from tests.conftest import core_config
 from tests.integration.core_helpers import generate, request
 
 MODEL = "mock"
@@ -70,6 +72,7 @@ async def test_core_counters_match_the_requests(metered):
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         assert value(samples, name, **m) == 0
     assert ("process_cpu_seconds_total", ()) in samples
+    assert not [key for key in samples if "prefix_cache" in key[0]]  # the mock engine has no prefix cache
 
 
 async def test_core_counts_which_path_each_output_took(metered):
@@ -144,6 +147,40 @@ async def test_core_counts_cancelled_requests_and_sessions(metered):
     assert value(after, "trellis_core_requests_total", finish_reason="cancelled", **m) == before + 1
     assert value(after, "trellis_core_sessions", **m) >= 1
     assert value(after, "trellis_core_session_tokens", **m) > 0
+
+
+@pytest.fixture(scope="module")
+async def hf_metered(tiny_model_dir):
+    """A core on the HF engine (in its own process, prefix cache on) with a metrics port."""
+    server = await start_core(core_config(tiny_model_dir, metrics_port=0))
+    yield server
+    await server.stop(0)
+
+
+async def test_core_counts_prefix_cache_queries_hits_and_blocks(hf_metered):
+    """vLLM's counters in tokens: every prompt looked up counts its tokens as queries, the
+    tokens whose KV was reused as hits (= usage.cached_tokens); a prompt asking for prompt
+    logprobs skips the lookup. The gauge counts the blocks held."""
+    url = f"http://127.0.0.1:{hf_metered.metrics.port}/metrics"
+    m = {"model_name": "tiny"}
+    text = "A long road runs through the valley past the mill and the old stone bridge. " * 3
+    async with grpc.aio.insecure_channel(hf_metered.address) as channel:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        first = await generate(stub, body(text, max_new=2))
+        second = await generate(stub, body(text, max_new=2))
+        with_logprobs = {**body(text, max_new=2), "output": {"promptLogprobs": 1}}
+        third = await generate(stub, with_logprobs)
+    prompt = first[-1].usage.prompt_tokens
+    reused = (prompt - 1) // 16 * 16
+    assert (first[-1].usage.cached_tokens, second[-1].usage.cached_tokens) == (0, reused)
+    assert third[-1].usage.cached_tokens == 0
+    samples = await scrape(url)
+    for prefix in ("trellis_core", "vllm:"):
+        sep = "_" if prefix == "trellis_core" else ""
+        assert value(samples, f"{prefix}{sep}prefix_cache_queries_total", **m) == 2 * prompt
+        assert value(samples, f"{prefix}{sep}prefix_cache_hits_total", **m) == reused
+    # the prompt's blocks and those of its first generated token
+    assert value(samples, "trellis_core_prefix_cache_blocks", **m) == (prompt + 1) // 16
 
 
 async def test_core_without_metrics_port_serves_none(mock_core):

@@ -85,6 +85,20 @@ def test_completion_merges_streams_and_sums_usage():
     assert done["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 
 
+def test_cached_tokens_are_summed_over_the_prompts_and_left_out_when_none():
+    s = state()
+    cached = msg(out(0, "y", pb.FINISH_REASON_LENGTH), usage=(40, 2))
+    cached.usage.cached_tokens = 32
+    plain = msg(out(0, "z", pb.FINISH_REASON_LENGTH), usage=(4, 1))
+    assert t.to_completion([[cached], [cached], [plain]], s)["usage"] == {
+        "prompt_tokens": 84,
+        "completion_tokens": 5,
+        "total_tokens": 89,
+        "prompt_tokens_details": {"cached_tokens": 64},
+    }
+    assert "prompt_tokens_details" not in t.to_completion([[plain]], state())["usage"]
+
+
 def test_a_stream_without_its_final_message_is_an_error():
     with pytest.raises(GatewayError) as info:
         t.to_completion([[msg(out(0, "x"))]], state())

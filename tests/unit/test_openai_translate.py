@@ -316,6 +316,20 @@ def test_include_usage_chunks():
     }
 
 
+def test_usage_reports_cached_prompt_tokens_only_when_some():
+    assert translate.usage_dict(pb.Usage(prompt_tokens=40, completion_tokens=2, cached_tokens=32)) == {
+        "prompt_tokens": 40,
+        "completion_tokens": 2,
+        "total_tokens": 42,
+        "prompt_tokens_details": {"cached_tokens": 32},
+    }
+    assert translate.usage_dict(pb.Usage(prompt_tokens=4, completion_tokens=2)) == {
+        "prompt_tokens": 4,
+        "completion_tokens": 2,
+        "total_tokens": 6,
+    }
+
+
 def test_empty_output_still_sends_role():
     state = _state()
     chunks = translate.to_chunks(_msg("outputs { index: 0 finish_reason: FINISH_REASON_EOS } usage {}"), state)

@@ -41,7 +41,13 @@ USAGE = {
     "type": "object",
     "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
     "properties": {
-        k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+        **{k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens", "total_tokens")},
+        "prompt_tokens_details": {
+            "type": "object",
+            "description": "Present when some prompt tokens' keys and values came from the engine's prefix cache.",
+            "required": ["cached_tokens"],
+            "properties": {"cached_tokens": {"type": "integer", "minimum": 1}},
+        },
     },
 }
 

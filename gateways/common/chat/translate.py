@@ -247,19 +247,25 @@ def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
     ]
 
 
-def usage_dict(usage: pb.Usage | None) -> dict[str, int]:
-    """`{"prompt_tokens", "completion_tokens", "total_tokens"}` (seed "Usage").
+def usage_dict(usage: pb.Usage | None) -> dict[str, Any]:
+    """`{"prompt_tokens", "completion_tokens", "total_tokens"}` (seed "Usage"), and
+    `"prompt_tokens_details": {"cached_tokens": N}` when N > 0 prompt tokens came from the
+    engine's prefix cache (OpenAI's field; vLLM sends it only then too,
+    vllm/entrypoints/openai/serving_chat.py, release 0.10/0.11).
 
     Raises:
         GatewayError: no usage, the final message did not come (streaming.incomplete_stream).
     """
     if usage is None:
         raise incomplete_stream()
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
+    if usage.cached_tokens:
+        out["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return out
 
 
 def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, Any]]:

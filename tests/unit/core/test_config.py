@@ -86,3 +86,26 @@ def test_the_server_ages_connections_out_with_a_grace_unless_told_not_to():
     assert options["grpc.max_connection_age_grace_ms"] == 3_600_000
     off = dict(server_options(load(["--model", "m"], {"TRELLIS_CORE_MAX_CONNECTION_AGE_SECONDS": "0"})))
     assert "grpc.max_connection_age_ms" not in off and "grpc.max_connection_age_grace_ms" not in off
+
+
+def test_prefix_cache_flags():
+    c = load(["--model", "/m"], {})
+    assert (c.prefix_cache, c.prefix_cache_mib, c.prefix_cache_block_size) == (True, 1024, 16)
+    c = load(["--model", "/m", "--no-prefix-cache", "--prefix-cache-mib", "0", "--prefix-cache-block-size", "32"], {})
+    assert (c.prefix_cache, c.prefix_cache_mib, c.prefix_cache_block_size) == (False, 0, 32)
+    assert load(["--model", "/m"], {"TRELLIS_CORE_PREFIX_CACHE": "false"}).prefix_cache is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prefix-cache-mib", "-1"], "must be at least 0"),
+        (["--prefix-cache-mib", "lots"], "expected an integer"),
+        (["--prefix-cache-block-size", "0"], "must be at least 1"),
+    ],
+)
+def test_prefix_cache_flags_out_of_range_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        load(["--model", "/m", *argv], {})
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
