@@ -256,11 +256,12 @@ def skeleton(req: ResponsesRequest, *, ids: Ids, created_at: int, model: str) ->
 
 
 def usage_object(usage: pb.Usage) -> dict[str, Any]:
-    """`{"input_tokens", "input_tokens_details": {"cached_tokens"}, "output_tokens",
-    "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens"}` (`ResponseUsage`)."""
+    """`{"input_tokens", "input_tokens_details": {"cached_tokens", "cache_write_tokens": 0},
+    "output_tokens", "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens"}`
+    (`ResponseUsage`; the core reports cache hits, not cache writes)."""
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
