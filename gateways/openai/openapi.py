@@ -1,6 +1,7 @@
 """The OpenAI gateway's OpenAPI document (`GET /openapi.json`, gateways.common.openapi).
 
-Request bodies are the pydantic models (`ChatCompletionRequest`, `CompletionRequest`). The
+Request bodies are the pydantic models (`ChatCompletionRequest`, `CompletionRequest`,
+`ResponsesRequest`); the Responses API's schemas are gateways.openai.responses_openapi's. The
 chat responses are gateways.common.chat.openapi's. The completions responses are built by hand
 in gateways.openai.completion_translate and written here after OpenAI's `Completion` object
 (openai-python `types/completion.py`, `completion_choice.py`), as the translation renders
@@ -19,6 +20,7 @@ from gateways.common.config import GatewayConfig
 from gateways.common.framing import SSE_CONTENT_TYPE
 from gateways.openai.completion_schema import CompletionRequest
 from gateways.openai.config import OpenAISettings
+from gateways.openai.responses_openapi import paths as responses_paths
 
 
 def _completion_choice(words: list[str]) -> oa.Schema:
@@ -118,6 +120,7 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
                 ),
             }
         },
+        **responses_paths(c, error, generation_errors),
         "/v1/models": {
             "get": {
                 "operationId": "listModels",
@@ -150,7 +153,8 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
     return oa.document(
         config,
         title="Trellis OpenAI gateway",
-        description="OpenAI chat completions, completions and models over the Trellis core (docs/openai.md).",
+        description="OpenAI chat completions, completions, responses and models over the Trellis core "
+        "(docs/openai.md).",
         paths=paths,
         components=c,
         error=error,
