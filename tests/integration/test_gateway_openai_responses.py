@@ -345,6 +345,12 @@ async def test_unknown_previous_response_is_404(aclient):
         ({"truncation": "auto"}, "truncation", None),
         ({"top_p": 0}, "top_p", None),
         ({"model": "gpt-4o"}, "model", "model_not_found"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "b", "schema": {"type": "objectx"}}}},
+            "text.format",
+            None,
+        ),
+        ({"tools": [{**WEATHER, "parameters": {"type": "objectx"}}], "tool_choice": "required"}, "tools", None),
     ],
 )
 async def test_bad_fields_are_named(aclient, kwargs, param, code):
