@@ -14,7 +14,7 @@ from aiohttp import web
 
 from envflags import EnvArgumentParser
 from gateways.common.config import GatewayConfig, settings_from
-from gateways.openai.responses_store import STORES
+from gateways.openai.responses_store import store_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +24,16 @@ class OpenAISettings:
     Attributes:
         created: Unix seconds when the gateway started, the `created` of its model card.
         response_store: where stored responses are kept: "memory" (in this process, lost on
-            restart) or "none" (nothing is stored).
+            restart), "none" (nothing is stored) or a Redis URL (shared, with a TTL).
         response_store_max: how many responses the memory store keeps (least recently used
             dropped first).
+        response_store_ttl: seconds a Redis store keeps a response.
     """
 
     created: int = field(default_factory=lambda: int(time.time()))
     response_store: str = "memory"
     response_store_max: int = 1000
+    response_store_ttl: int = 30 * 24 * 3600
 
 
 SETTINGS_KEY = web.AppKey("openai_settings", OpenAISettings)
@@ -44,20 +46,34 @@ def _positive(text: str) -> int:
     return value
 
 
+def _store(text: str) -> str:
+    try:
+        return store_kind(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_arguments(parser: EnvArgumentParser) -> None:
     """The gateway's own flags: the Responses API's store."""
     d = OpenAISettings(created=0)
     parser.add_argument(
         "--response-store",
-        choices=list(STORES),
+        type=_store,
         default=d.response_store,
-        help="where /v1/responses keeps stored responses: memory (this process, lost on restart) or none",
+        help="where /v1/responses keeps stored responses: memory (this process, lost on restart), none, or a "
+        "Redis URL redis://host:port/db (shared by gateways, kept --response-store-ttl seconds)",
     )
     parser.add_argument(
         "--response-store-max",
         type=_positive,
         default=d.response_store_max,
         help="how many stored responses the memory store keeps (least recently used dropped first)",
+    )
+    parser.add_argument(
+        "--response-store-ttl",
+        type=_positive,
+        default=d.response_store_ttl,
+        help="seconds a Redis response store keeps each response",
     )
 
 

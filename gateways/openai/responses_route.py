@@ -177,17 +177,33 @@ async def handle_retrieve(request: web.Request) -> web.Response:
         return errors.error_response(
             400, "Replaying a stored response as a stream is not supported by this server.", param="stream"
         )
+    try:
+        record = await _stored(request, response_id)
+    except GatewayError as e:
+        return errors.render_before_stream(e)
+    return web.json_response(record.response, dumps=wire.dumps)
+
+
+async def _stored(request: web.Request, response_id: str) -> StoredResponse:
+    """The stored response.
+
+    Raises:
+        GatewayError: NOT_FOUND, or UNAVAILABLE when the store cannot be reached.
+    """
     record = await request.app[STORE_KEY].get(response_id)
     if record is None:
-        return errors.render_before_stream(_not_found(response_id))
-    return web.json_response(record.response, dumps=wire.dumps)
+        raise _not_found(response_id)
+    return record
 
 
 async def handle_delete(request: web.Request) -> web.Response:
     """`DELETE /v1/responses/{id}`: `{"id", "object": "response", "deleted": true}`, or 404."""
     response_id = request.match_info["response_id"]
-    if not await request.app[STORE_KEY].delete(response_id):
-        return errors.render_before_stream(_not_found(response_id))
+    try:
+        if not await request.app[STORE_KEY].delete(response_id):
+            raise _not_found(response_id)
+    except GatewayError as e:
+        return errors.render_before_stream(e)
     return web.json_response({"id": response_id, "object": "response", "deleted": True}, dumps=wire.dumps)
 
 
@@ -203,11 +219,9 @@ async def handle_input_items(request: web.Request) -> web.Response:
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise GatewayError.invalid(f"Invalid value for 'order': expected 'asc' or 'desc', got '{order}'.", "order")
+        record = await _stored(request, response_id)
     except GatewayError as e:
         return errors.render_before_stream(e)
-    record = await request.app[STORE_KEY].get(response_id)
-    if record is None:
-        return errors.render_before_stream(_not_found(response_id))
     items = record.input_items if order == "asc" else record.input_items[::-1]
     after = query.get("after")
     if after is not None:

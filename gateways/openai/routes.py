@@ -26,7 +26,13 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     settings = app[SETTINGS_KEY]
-    app[responses_route.STORE_KEY] = make_store(settings.response_store, settings.response_store_max)
+    store = make_store(settings.response_store, settings.response_store_max, settings.response_store_ttl)
+    app[responses_route.STORE_KEY] = store
+
+    async def close_store(app: web.Application) -> None:
+        await store.close()
+
+    app.on_cleanup.append(close_store)
     app.router.add_post("/v1/responses", responses)
     app.router.add_get("/v1/responses/{response_id}", responses_route.handle_retrieve)
     app.router.add_delete("/v1/responses/{response_id}", responses_route.handle_delete)

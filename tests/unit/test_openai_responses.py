@@ -12,8 +12,10 @@ from pydantic import TypeAdapter
 from trellis.generate.v1 import generate_pb2 as pb
 
 from gateways.common.chat import translate as chat_translate
+from gateways.common.config import load
 from gateways.common.status import GatewayError
 from gateways.openai import responses_translate as rt
+from gateways.openai.config import add_arguments, load_settings
 from gateways.openai.responses_schema import ITEMS, parse_responses_request
 from gateways.openai.responses_store import MemoryStore, NoStore, StoredResponse, make_store
 
@@ -300,8 +302,30 @@ async def test_no_store_and_make_store():
     store = NoStore()
     await store.put(record("a"))
     assert await store.get("a") is None and not await store.delete("a")
-    assert isinstance(make_store("memory", 3), MemoryStore)
+    assert isinstance(make_store("memory", 3, 60), MemoryStore)
+    assert isinstance(make_store("none", 3, 60), NoStore)
     with pytest.raises(ValueError):
-        make_store("disk", 3)
+        make_store("disk", 3, 60)
     with pytest.raises(ValueError):
         MemoryStore(0)
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def test_store_flags_and_their_environment():
+    config = load(
+        "openai", 8000, add_arguments, ["--response-store", "redis://h:1/0", "--response-store-ttl", "60"], {}
+    )
+    settings = load_settings(config)
+    assert settings.response_store == "redis://h:1/0" and settings.response_store_ttl == 60
+    config = load("openai", 8000, add_arguments, [], {"TRELLIS_GATEWAY_RESPONSE_STORE_MAX": "5"})
+    assert load_settings(config).response_store_max == 5 and load_settings(config).response_store == "memory"
+
+
+@pytest.mark.parametrize(
+    "argv", [["--response-store", "disk"], ["--response-store-max", "0"], ["--response-store-ttl", "x"]]
+)
+def test_bad_store_flags_are_usage_errors(argv):
+    with pytest.raises(SystemExit):
+        load("openai", 8000, add_arguments, argv, {})
