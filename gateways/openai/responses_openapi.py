@@ -185,7 +185,7 @@ def paths(c: oa.Components, error: oa.Schema, generation_errors: dict[int, oa.Sc
     response = c.add("Response", response_schema(output_item))
     event = c.add("ResponseStreamEvent", event_schema(response, output_item))
     response_id = oa.path_parameter("response_id", "The response's id (resp_...).")
-    not_found = oa.errors_as(error, (404,))
+    not_found = oa.errors_as(error, (404, 503))  # 503: the response store cannot be reached
     return {
         "/v1/responses": {
             "post": {

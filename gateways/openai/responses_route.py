@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -63,7 +63,7 @@ class _Events:
     """A response's core stream as relay items: its deltas, then `_END` once the finished
     response is stored."""
 
-    def __init__(self, stream: CoreStream, finish: Callable[[], Any]) -> None:
+    def __init__(self, stream: CoreStream, finish: Callable[[], Awaitable[None]]) -> None:
         self.stream = stream
         self._finish = finish
 
