@@ -311,7 +311,8 @@ def response_object(
 ) -> dict[str, Any]:
     """The finished `response` for a whole answer, from the chat translation's `chat.completion`
     (`to_completion`, one choice): a message item for the text (when there is text or no
-    call), then a function_call item per tool call.
+    call), then a function_call item per tool call. When the budget ran out, the last item is
+    the one cut short ("incomplete"), as in a stream.
 
     Raises:
         GatewayError: INTERNAL, the completion has no choice.
@@ -326,10 +327,13 @@ def response_object(
     content = message.get("content")
     calls = message.get("tool_calls") or []
     if content or not calls:
-        output.append(message_item(ids.message(len(output)), content or "", status))
+        output.append(message_item(ids.message(len(output)), content or "", "completed"))
     for call in calls:
         function = call["function"]
-        output.append(call_item(ids.call(len(output)), call["id"], function["name"], function["arguments"], status))
+        output.append(
+            call_item(ids.call(len(output)), call["id"], function["name"], function["arguments"], "completed")
+        )
+    output[-1]["status"] = status
     response["output"] = output
     return finished(response, finish, usage)
 
@@ -492,14 +496,13 @@ class ResponseEvents:
 
     def complete(self, usage: pb.Usage) -> dict[str, Any]:
         """Close the output and finish the response object (events wait for `end`); an answer
-        with no output item gets an empty message, as a non-streamed one does."""
+        with no output item gets an empty message, as a non-streamed one does. The last item
+        is "incomplete" when the budget ran out."""
         self._start()
         status = "incomplete" if self.finish == "length" else "completed"
         if self._open is None and not self.response["output"]:
             self._open_message()
         self._close(status)
-        for item in self.response["output"]:
-            item["status"] = status
         return finished(self.response, self.finish, usage)
 
     def end(self) -> bytes:

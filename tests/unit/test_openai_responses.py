@@ -329,3 +329,14 @@ def test_store_flags_and_their_environment():
 def test_bad_store_flags_are_usage_errors(argv):
     with pytest.raises(SystemExit):
         load("openai", 8000, add_arguments, argv, {})
+
+
+def test_only_the_last_item_of_a_cut_response_is_incomplete():
+    out = rt.response_object(completion("a", [("c1", "{}"), ("c2", '{"x"')], "length"), skeleton(), IDS, USAGE)
+    assert [i["status"] for i in out["output"]] == ["completed", "completed", "incomplete"]
+    events = rt.ResponseEvents(skeleton(), IDS)
+    events.text("a")
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{"}}
+    events.chunk(chunk({"tool_calls": [call]}, "length"))
+    final = events.complete(USAGE)
+    assert [i["status"] for i in final["output"]] == ["completed", "incomplete"]
