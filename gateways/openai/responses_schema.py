@@ -378,8 +378,10 @@ def _check_items(items: list[MessageItem | FunctionCallItem | FunctionCallOutput
 
 
 def _check_tools(req: ResponsesRequest) -> None:
-    """tool_choice needs tools and names one of them; a forced call and a text.format cannot
-    both constrain the output."""
+    """tool_choice needs tools and names one of them. (A forced call with a `text.format` is
+    accepted, as OpenAI accepts it: the output is the call, and the format is for text answers,
+    which such a response has none of; the OpenAI Agents SDK sends both when an agent with an
+    output type must use a tool.)"""
     choice = req.tool_choice
     if choice is None or choice == "none":
         return
@@ -391,12 +393,6 @@ def _check_tools(req: ResponsesRequest) -> None:
     if isinstance(choice, ToolChoiceFunction) and choice.name not in {t.name for t in req.tools}:
         raise GatewayError.invalid(
             f"Invalid value for 'tool_choice': no tool named '{choice.name}' is in 'tools'.", param="tool_choice"
-        )
-    forced = choice == "required" or isinstance(choice, ToolChoiceFunction)
-    if forced and req.format is not None and req.format.type != "text":
-        raise GatewayError.invalid(
-            "A text.format cannot be combined with a tool_choice that forces a call: both would constrain the output.",
-            param="text.format",
         )
 
 

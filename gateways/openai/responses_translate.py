@@ -72,11 +72,13 @@ NAMES = FieldTable(
 
 def client_names(req: ResponsesRequest | None) -> dict[str, str]:
     """The Responses API's name for each GenerateRequest path (see NAMES); `text.format` names
-    the guide when the request has one that is not plain text."""
+    the guide when the request has one that is not plain text and no tool_choice forces a call
+    (whose guide wins: gateways.common.chat.translate.to_generate_request)."""
     given: list[str] = []
     if req is not None:
         given = [name for name, value in req if value is not None]
-        if req.format is not None and req.format.type != "text":
+        forced = req.tools and (req.tool_choice == "required" or isinstance(req.tool_choice, ToolChoiceFunction))
+        if req.format is not None and req.format.type != "text" and not forced:
             given.append("format")
     return NAMES.names(given)
 
@@ -93,7 +95,8 @@ def in_client_terms(err: GatewayError, req: ResponsesRequest | None) -> GatewayE
 
 
 def to_chat_request(req: ResponsesRequest, history: Sequence[Item] = ()) -> chat.ChatCompletionRequest:
-    """The chat completion request that asks the core for this response.
+    """The chat completion request that asks the core for this response. A tool_choice that
+    forces a call takes the output's guide; `text.format` guides it otherwise.
 
     Args:
         req: a request checked by `parse_responses_request`.

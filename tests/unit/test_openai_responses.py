@@ -59,11 +59,6 @@ def test_previous_response_id_alone_needs_no_input():
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", None),
         ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]}, "input[0].content[0].text", None),
         ({"metadata": {"k" * 65: "v"}}, "metadata", None),
-        (
-            {"tools": [TOOL], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
-            "text.format",
-            None,
-        ),
     ],
 )
 def test_refusals_name_the_field(fields, param, reason):
@@ -149,6 +144,17 @@ def test_text_format_json_schema_is_a_guide():
         rt.to_chat_request(parse(text={"format": {"type": "json_object"}})), request_id="r"
     )
     assert out.guided_decoding.json_object
+
+
+def test_a_forced_call_takes_the_guide_over_text_format():
+    """The OpenAI Agents SDK sends an agent's output type with tool_choice "required"."""
+    fmt = {"type": "json_schema", "name": "r", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}
+    req = parse(tools=[TOOL], tool_choice="required", text={"format": fmt})
+    out = chat_translate.to_generate_request(rt.to_chat_request(req), request_id="r")
+    assert json.loads(out.guided_decoding.json_schema)["type"] == "array"
+    assert rt.in_client_terms(GatewayError.invalid("bad", "guided_decoding.json_schema"), req).param == "tools"
+    auto = parse(tools=[TOOL], text={"format": fmt})
+    assert rt.in_client_terms(GatewayError.invalid("bad", "guided_decoding.json_schema"), auto).param == "text.format"
 
 
 def test_core_errors_in_the_responses_names():
