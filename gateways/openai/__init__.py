@@ -1,8 +1,10 @@
 """The OpenAI gateway (`trellis-gateway openai`, port 8000): OpenAI chat completions over the
-core (docs/openai.md; LMI's chat completions schema, which follows OpenAI's API), plus the
-model list and a health route.
+core (docs/openai.md; LMI's chat completions schema, which follows OpenAI's API), legacy
+completions, the Responses API, plus the model list and a health route.
 
-Modules: `config` (settings), `translate` (model cards), `routes` (handlers). The chat
+Modules: `config` (settings), `translate` (model cards), `routes` (handlers), `completion_*`
+(`/v1/completions`), `responses_*` (`/v1/responses`: schema, translation, routes, stored
+responses, OpenAPI schemas). The chat
 completions schema, its translation and OpenAI's error object are shared with the LMI gateway
 and live in gateways.common.chat.
 """
