@@ -62,11 +62,15 @@ gateway-check:
 run: $(STAMP) $(GEN) model
 	$(PY) scripts/run_stack.py --model $(MODEL)
 
-# System packages the tests use: haproxy (tests/integration/test_haproxy.py), from Debian.
+# System packages the tests use, from Debian: haproxy (tests/integration/test_haproxy.py) and
+# redis-server (tests/integration/test_response_store_redis.py).
 system-deps:
 	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { \
 	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
 	  $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q haproxy; }
+	@command -v redis-server >/dev/null || { \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server; }
 
 test: proto-check lint system-deps
 	$(PY) -m pytest -q

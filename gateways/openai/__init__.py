@@ -1,9 +1,11 @@
 """The OpenAI gateway (`trellis-gateway openai`, port 8000): OpenAI chat completions over the
 core (docs/openai.md; LMI's chat completions schema, which follows OpenAI's API), OpenAI's
-legacy completions, Anthropic's Messages API (docs/anthropic.md), the model list and a health
-route.
+legacy completions, the Responses API, Anthropic's Messages API (docs/anthropic.md), the model
+list and a health route.
 
-Modules: `config` (settings), `translate` (model cards), `routes` (handlers). The chat
+Modules: `config` (settings), `translate` (model cards), `routes` (handlers), `completion_*`
+(`/v1/completions`), `responses_*` (`/v1/responses`: schema, translation, routes, stored
+responses, OpenAPI schemas). The chat
 completions schema, its translation and OpenAI's error object are shared with the LMI gateway
 and live in gateways.common.chat.
 """

@@ -1,5 +1,8 @@
-"""The OpenAI gateway's settings: the common flags (core address, port, timeouts, body size)
-plus `--reasoning-parser` (see docs/openai.md)."""
+"""The OpenAI gateway's settings: the common flags (core address, port, timeouts and body size),
+plus `--reasoning-parser` and where the Responses API keeps stored responses (docs/openai.md).
+
+Each flag is also read from TRELLIS_GATEWAY_<DEST>.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from envflags import EnvArgumentParser
 from gateways.common.config import GatewayConfig, settings_from
 from gateways.common.reasoning import PARSERS
+from gateways.openai.responses_store import store_kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,23 +27,65 @@ class OpenAISettings:
         reasoning_parser: how reasoning is told apart from the answer in generated text (a
             name in gateways.common.reasoning.PARSERS, vLLM's names); "" for none: all text is
             content.
+        response_store: where stored responses are kept: "memory" (in this process, lost on
+            restart), "none" (nothing is stored) or a Redis URL (shared, with a TTL).
+        response_store_max: how many responses the memory store keeps (least recently used
+            dropped first).
+        response_store_ttl: seconds a Redis store keeps a response.
     """
 
     created: int = field(default_factory=lambda: int(time.time()))
     reasoning_parser: str = ""
+    response_store: str = "memory"
+    response_store_max: int = 1000
+    response_store_ttl: int = 30 * 24 * 3600
 
 
 SETTINGS_KEY = web.AppKey("openai_settings", OpenAISettings)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The gateway's own flags."""
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _store(text: str) -> str:
+    try:
+        return store_kind(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(parser: EnvArgumentParser) -> None:
+    """The gateway's own flags: the reasoning parser and the Responses API's store."""
+    d = OpenAISettings(created=0)
     parser.add_argument(
         "--reasoning-parser",
         choices=["", *PARSERS],
         default="",
         help="read the model's <think> reasoning out of its text (vLLM's parser names): chat completions "
         "return it as message.reasoning / delta.reasoning, /v1/messages as thinking blocks; empty: none",
+    )
+    parser.add_argument(
+        "--response-store",
+        type=_store,
+        default=d.response_store,
+        help="where /v1/responses keeps stored responses: memory (this process, lost on restart), none, or a "
+        "Redis URL redis://host:port/db (shared by gateways, kept --response-store-ttl seconds)",
+    )
+    parser.add_argument(
+        "--response-store-max",
+        type=_positive,
+        default=d.response_store_max,
+        help="how many stored responses the memory store keeps (least recently used dropped first)",
+    )
+    parser.add_argument(
+        "--response-store-ttl",
+        type=_positive,
+        default=d.response_store_ttl,
+        help="seconds a Redis response store keeps each response",
     )
 
 

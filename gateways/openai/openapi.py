@@ -1,6 +1,7 @@
 """The OpenAI gateway's OpenAPI document (`GET /openapi.json`, gateways.common.openapi).
 
-Request bodies are the pydantic models (`ChatCompletionRequest`, `CompletionRequest`). The
+Request bodies are the pydantic models (`ChatCompletionRequest`, `CompletionRequest`,
+`ResponsesRequest`); the Responses API's schemas are gateways.openai.responses_openapi's. The
 chat responses are gateways.common.chat.openapi's. The completions responses are built by hand
 in gateways.openai.completion_translate and written here after OpenAI's `Completion` object
 (openai-python `types/completion.py`, `completion_choice.py`), as the translation renders
@@ -20,6 +21,7 @@ from gateways.common.framing import SSE_CONTENT_TYPE
 from gateways.openai import messages_openapi
 from gateways.openai.completion_schema import CompletionRequest
 from gateways.openai.config import OpenAISettings
+from gateways.openai.responses_openapi import paths as responses_paths
 
 
 def _completion_choice(words: list[str]) -> oa.Schema:
@@ -119,6 +121,7 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
                 ),
             }
         },
+        **responses_paths(c, error, generation_errors),
         "/v1/models": {
             "get": {
                 "operationId": "listModels",
@@ -152,8 +155,8 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
     doc = oa.document(
         config,
         title="Trellis OpenAI gateway",
-        description="OpenAI chat completions, completions and models, and Anthropic's Messages API, over the "
-        "Trellis core (docs/openai.md, docs/anthropic.md).",
+        description="OpenAI chat completions, completions, responses and models, and Anthropic's Messages API, "
+        "over the Trellis core (docs/openai.md, docs/anthropic.md).",
         paths=paths,
         components=c,
         error=error,

@@ -1,6 +1,8 @@
 """aiohttp handlers of the OpenAI gateway: `POST /v1/chat/completions`, `POST /v1/completions`,
-`GET /v1/models`, `GET /v1/models/{model}`, `GET /health`, and Anthropic's `POST /v1/messages`
-and `POST /v1/messages/count_tokens` (gateways.openai.messages_route).
+`POST /v1/responses` with `GET`/`DELETE /v1/responses/{id}` and `GET
+/v1/responses/{id}/input_items`, `GET /v1/models`, `GET /v1/models/{model}`, `GET /health`, and
+Anthropic's `POST /v1/messages` and `POST /v1/messages/count_tokens`
+(gateways.openai.messages_route).
 
 The chat completions path is gateways.common.chat.route.handle_chat, with OpenAI's framing
 (SSE, then `data: [DONE]`) and finish reasons.
@@ -15,10 +17,11 @@ from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors
 from gateways.common.chat.route import handle_chat
 from gateways.common.status import GatewayError
-from gateways.openai import messages_errors, translate
+from gateways.openai import messages_errors, responses_route, translate
 from gateways.openai.completion_route import handle_completion
 from gateways.openai.config import SETTINGS_KEY
 from gateways.openai.messages_route import handle_count_tokens, handle_messages
+from gateways.openai.responses_store import make_store
 
 
 def add_routes(app: web.Application) -> None:
@@ -27,6 +30,18 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/messages", messages)
     app.router.add_post("/v1/messages/count_tokens", count_tokens)
+    settings = app[SETTINGS_KEY]
+    store = make_store(settings.response_store, settings.response_store_max, settings.response_store_ttl)
+    app[responses_route.STORE_KEY] = store
+
+    async def close_store(app: web.Application) -> None:
+        await store.close()
+
+    app.on_cleanup.append(close_store)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_get("/v1/responses/{response_id}", responses_route.handle_retrieve)
+    app.router.add_delete("/v1/responses/{response_id}", responses_route.handle_delete)
+    app.router.add_get("/v1/responses/{response_id}/input_items", responses_route.handle_input_items)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/health", health)
@@ -66,6 +81,15 @@ async def count_tokens(request: web.Request) -> web.Response:
     except GatewayError as err:
         return messages_errors.render_before_stream(err)
     return await handle_count_tokens(request, body)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/responses` (OpenAI's Responses API; gateways.openai.responses_route)."""
+    try:
+        body = await read_json(request, json_only=True)
+    except GatewayError as err:
+        return errors.render_before_stream(err)
+    return await responses_route.handle_create(request, body)
 
 
 async def list_models(request: web.Request) -> web.Response:

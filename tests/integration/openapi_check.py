@@ -29,7 +29,8 @@ class OpenApiDoc:
         self._paths = [(re.compile("^" + re.sub(r"\{[^/]+\}", "[^/]+", path) + "$"), path) for path in doc["paths"]]
 
     def operation(self, method: str, path: str) -> dict[str, Any]:
-        """The operation serving `method` on a concrete `path`."""
+        """The operation serving `method` on a concrete `path` (a query string left out)."""
+        path = path.split("?", 1)[0]
         for pattern, template in self._paths:
             if pattern.match(path) and method.lower() in self.doc["paths"][template]:
                 return self.doc["paths"][template][method.lower()]

@@ -131,6 +131,27 @@ async def test_openai_responses_match_the_document(docs, gateways):
     assert (await call(doc, base, "GET", "/health"))[0] == 200
 
 
+async def test_openai_responses_api_matches_the_document(docs, gateways):
+    doc, base = docs["openai"], gateways["openai"]
+    body = {"model": "mock", "input": "hi", "max_output_tokens": 3, "metadata": {"k": "v"}}
+    status, [response] = await call(doc, base, "POST", "/v1/responses", body=body)
+    assert status == 200 and response["object"] == "response"
+    status, events = await call(doc, base, "POST", "/v1/responses", body={**body, "stream": True})
+    assert status == 200 and events[-1]["type"] == "response.incomplete"
+    rid = response["id"]
+    assert (await call(doc, base, "GET", f"/v1/responses/{rid}"))[0] == 200
+    status, [items] = await call(doc, base, "GET", f"/v1/responses/{rid}/input_items?order=asc&limit=5")
+    assert status == 200 and items["data"][0]["type"] == "message"
+    assert (await call(doc, base, "GET", f"/v1/responses/{rid}/input_items?limit=0"))[0] == 400
+    assert (await call(doc, base, "GET", f"/v1/responses/{rid}?stream=true"))[0] == 400
+    assert (await call(doc, base, "DELETE", f"/v1/responses/{rid}"))[0] == 200
+    for method, path in (("GET", ""), ("DELETE", ""), ("GET", "/input_items")):
+        assert (await call(doc, base, method, f"/v1/responses/{rid}{path}"))[0] == 404
+    chained = {**body, "previous_response_id": rid}
+    assert (await call(doc, base, "POST", "/v1/responses", body=chained))[0] == 404
+    assert (await call(doc, base, "POST", "/v1/responses", body={**body, "seed": 1}))[0] == 400
+
+
 @pytest.mark.parametrize(
     "path, kwargs, status",
     [

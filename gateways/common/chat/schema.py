@@ -23,6 +23,7 @@ accepted and ignored.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import grpc
@@ -332,12 +333,13 @@ def _param(loc: tuple[int | str, ...]) -> str:
     return field_path(loc, tags=_PART_TYPES)
 
 
-def to_gateway_error(e: ValidationError) -> GatewayError:
+def to_gateway_error(e: ValidationError, spell: Callable[[tuple[int | str, ...]], str] = _param) -> GatewayError:
     """The most specific pydantic error as a GatewayError (unions report one error per member;
-    the deepest location is the one that explains the problem)."""
+    the deepest location is the one that explains the problem). `spell` turns a pydantic
+    location into the client's field path (chat completions' by default)."""
     errors = e.errors(include_url=False)
-    param = max((_param(err["loc"]) for err in errors), key=len)
-    found = [err for err in errors if _param(err["loc"]) == param]
+    param = max((spell(err["loc"]) for err in errors), key=len)
+    found = [err for err in errors if spell(err["loc"]) == param]
     first = found[0]
     kind = first["type"]
     if kind == "missing":

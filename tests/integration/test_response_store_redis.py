@@ -1,0 +1,126 @@
+"""The Redis response store (gateways/openai/responses_store.py, `--response-store redis://...`)
+against a real redis-server on loopback: records round-trip and expire, two gateways share
+stored responses (a chain started on one continues on the other), and an unreachable store is
+503 `store_unavailable`. Skipped where redis-server or redis-py is absent (`make system-deps`
+installs redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateways.openai.responses_store import RedisStore, StoredResponse, make_store
+
+pytest.importorskip("redis")
+REDIS = shutil.which("redis-server")
+pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed (make system-deps)")
+
+MODEL = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    """A redis-server of this module, on loopback, persisting nothing."""
+    port = free_port()
+    workdir: Path = tmp_path_factory.mktemp("redis")
+    args = [str(REDIS), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([*args, "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(200):  # up to 10 s for it to listen
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"redis-server exited with {proc.returncode}")
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def record(rid: str) -> StoredResponse:
+    return StoredResponse(response={"id": rid, "output": []}, input_items=[{"id": "i"}], context=[{"role": "user"}])
+
+
+async def test_records_round_trip_and_expire(redis_url):
+    store = make_store(redis_url, 10, ttl_seconds=1)
+    assert isinstance(store, RedisStore)
+    try:
+        await store.put(record("resp_a"))
+        assert await store.get("resp_a") == record("resp_a")
+        assert await store.get("resp_b") is None
+        assert await store.delete("resp_a") and not await store.delete("resp_a")
+        await store.put(record("resp_c"))
+        assert 0 < await store._redis.ttl(RedisStore.PREFIX + "resp_c") <= 1
+        for _ in range(40):  # expires after its TTL (1 s)
+            if await store.get("resp_c") is None:
+                break
+            await asyncio.sleep(0.1)
+        assert await store.get("resp_c") is None
+    finally:
+        await store.close()
+
+
+async def test_two_gateways_share_a_chain(redis_url, start_gateway):
+    one = await start_gateway("openai", response_store=redis_url)
+    two = await start_gateway("openai", response_store=redis_url)
+    a = openai.AsyncOpenAI(base_url=f"{one}/v1", api_key="unused", max_retries=0)
+    b = openai.AsyncOpenAI(base_url=f"{two}/v1", api_key="unused", max_retries=0)
+    try:
+        first = await a.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=3)
+        assert (await b.responses.retrieve(first.id)).output_text == first.output_text
+        second = await b.responses.create(
+            model=MODEL, previous_response_id=first.id, input="Another?", max_output_tokens=3
+        )
+        assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        items = await a.responses.input_items.list(second.id)
+        assert [i.content[0].text for i in items.data] == ["Another?"]
+        await a.responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):
+            await b.responses.retrieve(first.id)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_unreachable_store_is_503(start_gateway):
+    url = await start_gateway("openai", response_store=f"redis://127.0.0.1:{free_port()}/0")
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        for call in (
+            client.responses.retrieve("resp_x"),
+            client.responses.delete("resp_x"),
+            client.responses.input_items.list("resp_x"),
+            client.responses.create(model=MODEL, input="Hi", max_output_tokens=1),
+            client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_x"),
+        ):
+            with pytest.raises(openai.InternalServerError) as err:
+                await call
+            assert err.value.status_code == 503 and err.value.code == "store_unavailable"
+        # Without storing, nothing needs the store.
+        resp = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, store=False)
+        assert resp.status in ("completed", "incomplete") and resp.store is False
+        stream = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, stream=True)
+        events = [event async for event in stream]
+        assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+        assert events[-2].code == "store_unavailable"
+
+
+def test_a_bad_ttl_is_refused():
+    with pytest.raises(ValueError):
+        RedisStore("redis://127.0.0.1:1/0", 0)
