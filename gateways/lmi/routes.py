@@ -244,7 +244,11 @@ def record_renderer(renderer: StreamRenderer, frame: Callable[[Any], bytes]) -> 
     for them only then)."""
     indexed = renderer.opts.tgi_router
     if indexed:  # `index` comes first in the record, so it is the first value
-        plain = Template(lambda i, *values: frame(renderer.plain_record(*values, index=i)), 4)
+
+        def indexed_record(index: Any, token_id: Any, text: Any, logprob: Any) -> bytes:
+            return frame(renderer.plain_record(token_id, text, logprob, index))
+
+        plain = Template(indexed_record, 4)
     else:
         plain = Template(lambda *values: frame(renderer.plain_record(*values)), 3)
 
