@@ -283,3 +283,22 @@ async def test_lmi_clients_keep_their_shapes_on_invocations(http, base):
     status, ctype, text = await post(http, base + "/invocations", body, {"Accept": "text/event-stream"})
     assert (status, ctype) == (200, "text/event-stream")
     assert "log_prob" in parse_records(text, "sse")[0]["token"]
+
+
+# ------------------------------------------------------------------------------ the core's bound on stop strings
+
+
+async def test_the_cores_stop_bound_is_a_400_in_each_lmi_shape(http, base, core):
+    stops = [f"s{i}" for i in range(core.config.max_stop_sequences + 1)]
+    bound = f"At most {core.config.max_stop_sequences} stop sequences"
+    status, _, text = await post(http, base + "/invocations", {"inputs": Q, "parameters": {"stop_sequences": stops}})
+    body = json.loads(text)
+    assert status == 400 and body["details"]["finish_reason"] == "error"
+    assert body["error"].startswith("parameters.stop_sequences:") and bound in body["error"]
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "stop": stops}
+    status, _, text = await post(http, base + "/invocations", chat)
+    error = json.loads(text)["error"]
+    assert status == 400 and error["param"] == "stop" and bound in error["message"]
+    few = {"messages": [{"role": "user", "content": "Hi"}], "stop": stops[:5], "max_tokens": 2}
+    status, _, _ = await post(http, base + "/invocations", few)  # OpenAI's 4 is not the bound
+    assert status == 200
