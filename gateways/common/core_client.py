@@ -345,6 +345,19 @@ class CoreClient:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info
 
+    async def tokenize(self, text: str) -> spb.TokenizeResponse:
+        """The core's Tokenize of a text: token ids and their byte spans in `text`.
+
+        Raises:
+            GatewayError: the core refuses the text (INVALID_ARGUMENT), cannot be reached
+                (UNAVAILABLE) or fails.
+        """
+        try:
+            resp = await self.stub.Tokenize(spb.TokenizeRequest(text=text), timeout=10, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise GatewayError.from_rpc_error(e) from None
+        return cast(spb.TokenizeResponse, resp)
+
     def drain(self) -> None:
         """The gateway stops (gateways.common.drain): `serving()` is False from now on."""
         self._draining = True

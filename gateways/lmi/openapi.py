@@ -13,7 +13,7 @@ spelling of --tgi-compat, and the request and response shapes of --batching.
 
 TGI's own routes (gateways.lmi.tgi_routes) are described from text-generation-inference's
 router/src/lib.rs (`GenerateResponse`, `Details`, `BestOfSequence`, `StreamResponse`,
-`StreamDetails`, `Info`, `ErrorResponse`); its OpenAI-compatible routes reuse the OpenAI
+`StreamDetails`, `SimpleToken`, `Info`, `ErrorResponse`); its OpenAI-compatible routes reuse the OpenAI
 gateway's schemas, and the chat schemas list the finish reasons of both routes that serve them.
 """
 
@@ -221,6 +221,18 @@ TGI_ERROR = {
     "additionalProperties": False,
 }
 _TGI_ERRORS = (413, 415, 422, 424, 429, 500, 503, 504)
+#: TGI's `SimpleToken` (`POST /tokenize`).
+SIMPLE_TOKEN = {
+    "type": "object",
+    "required": ["id", "text", "start", "stop"],
+    "properties": {
+        "id": {"type": "integer"},
+        "text": {"type": "string"},
+        "start": {"type": "integer", "minimum": 0},
+        "stop": {"type": "integer", "minimum": 0},
+    },
+    "additionalProperties": False,
+}
 
 
 def _tgi_details(words: list[str], *, stream: bool) -> oa.Schema:
@@ -364,6 +376,17 @@ def _tgi_paths(c: oa.Components, words: list[str], chat_refs: dict[str, Any]) ->
                 "started is its last event.",
                 "requestBody": request,
                 "responses": oa.responses(stream, errors),
+            }
+        },
+        "/tokenize": {
+            "post": {
+                "operationId": "tgiTokenize",
+                "summary": "TGI's tokenize: each token of `inputs` with its text and UTF-8 byte offsets.",
+                "requestBody": request,
+                "responses": oa.responses(
+                    oa.json_content({"type": "array", "items": c.add("TgiSimpleToken", SIMPLE_TOKEN)}),
+                    oa.errors_as(error, (413, 415, 422, 424, 500, 503, 504)),
+                ),
             }
         },
         "/health": {"get": health("tgiHealth")},

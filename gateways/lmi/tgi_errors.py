@@ -32,7 +32,7 @@ from gateways.common.status import GatewayError
 VALIDATION = "validation"
 
 #: The paths of TGI's routes that answer in TGI's shapes (gateways.lmi.tgi_routes).
-TGI_PATHS = frozenset({"/", "/generate", "/generate_stream", "/health", "/info"})
+TGI_PATHS = frozenset({"/", "/generate", "/generate_stream", "/tokenize", "/health", "/info"})
 #: TGI's OpenAI-compatible routes, which answer in OpenAI's shapes.
 OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 

@@ -8,6 +8,8 @@ text-generation-inference router/src/server.rs (3.x), so TGI's clients (`text-ge
   TGI's StreamDetails `{finish_reason, generated_tokens, seed, input_length}`.
 - `POST /`: either of them by the body's `stream` (TGI's `compat_generate`, where both clients
   post), the JSON body wrapped in a one-element array.
+- `POST /tokenize`: TGI's list of `{id, text, start, stop}` (byte offsets) for `inputs`, from the
+  core's Tokenize (translate.tgi_tokens).
 - `GET /info`: TGI's `Info` (translate.tgi_info). `GET /health` and `GET /`: 200 with no body
   while the core is SERVING, else 503 `{"error": "unhealthy", "error_type": "healthcheck"}`.
 - `POST /v1/chat/completions`, `POST /v1/completions`: TGI's OpenAI-compatible routes, served by
@@ -33,11 +35,12 @@ from aiohttp import web
 from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors as chat_errors
 from gateways.common.chat.route import handle_chat
+from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
 from gateways.lmi import tgi_errors
 from gateways.lmi.routes import Dialect, answer_rolling
 from gateways.lmi.schema import parse_rolling
-from gateways.lmi.translate import tgi_info
+from gateways.lmi.translate import tgi_info, tgi_tokens
 from gateways.openai.completion_route import handle_completion
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/", compat_generate)
     app.router.add_post("/generate", generate)
     app.router.add_post("/generate_stream", generate_stream)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_get("/", health)
     app.router.add_get("/health", health)
     app.router.add_get("/info", info)
@@ -91,6 +95,17 @@ async def _generate(request: web.Request, *, stream: bool | None) -> web.StreamR
     dialect = TGI_ROUTER if stream is not None else TGI_COMPAT_ROUTE
     streamed = bool(req.stream) if stream is None else stream
     return await answer_rolling(request, req.inputs, req.parameters, dialect, stream=streamed)
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """`POST /tokenize`: the tokens of `inputs` with their text and byte offsets (TGI's
+    GenerateRequest body; of the parameters only `truncate` applies, as in TGI)."""
+    try:
+        req = parse_rolling(await read_json(request, json_only=True))
+        resp = await core_client(request).tokenize(req.inputs)
+    except GatewayError as e:
+        return _fail(client_error(e, {"text": "inputs"}))
+    return tgi_errors.json_response(200, tgi_tokens(req.inputs, resp, req.parameters.truncate))
 
 
 async def health(request: web.Request) -> web.Response:

@@ -672,3 +672,22 @@ def tgi_info(info: spb.GetModelInfoResponse, version: str) -> dict[str, Any]:
         "sha": None,
         "docker_label": None,
     }
+
+
+def tgi_tokens(text: str, resp: spb.TokenizeResponse, truncate: int | None = None) -> list[dict[str, Any]]:
+    """TGI's `POST /tokenize` answer: one `{id, text, start, stop}` per token (router/src/lib.rs
+    `SimpleToken`; server.rs `encoding_to_tokens`): `start`/`stop` are UTF-8 byte offsets into
+    `text` and `text` is those bytes (invalid UTF-8 replaced); a special token the tokenizer
+    added has an empty span. Without spans (the core's tokenizer has no offsets) every token has
+    text "" and span 0..0, as TGI answers then. `truncate` keeps the last tokens, as TGI's
+    validation truncates the prompt from the left."""
+    data = text.encode("utf-8", "surrogatepass")
+    ids = list(resp.token_ids)
+    spans = [(s.start, s.stop) for s in resp.spans] if len(resp.spans) == len(ids) else [(0, 0)] * len(ids)
+    tokens = [
+        {"id": token_id, "text": data[start:stop].decode("utf-8", "replace"), "start": start, "stop": stop}
+        for token_id, (start, stop) in zip(ids, spans, strict=True)
+    ]
+    if truncate:
+        tokens = tokens[-truncate:]
+    return tokens

@@ -178,6 +178,20 @@ async def test_root_follows_the_stream_field(http, base, stream, ctype):
     assert (status, got) == (200, ctype)
 
 
+async def test_tokenize(http, base, tokenizer):
+    text = "héllo wörld, 日本"
+    status, _, out = await post(http, base + "/tokenize", {"inputs": text})
+    tokens = json.loads(out)
+    assert status == 200 and [t["id"] for t in tokens] == tokenizer.encode(text)
+    data = text.encode()
+    assert all(t["text"] == data[t["start"] : t["stop"]].decode("utf-8", "replace") for t in tokens)
+    assert data[tokens[-1]["start"] : tokens[-1]["stop"]].decode() in text and tokens[-1]["stop"] == len(data)
+    status, _, out = await post(http, base + "/tokenize", {"inputs": text, "parameters": {"truncate": 2}})
+    assert json.loads(out) == tokens[-2:]
+    status, _, out = await post(http, base + "/tokenize", {"parameters": {}})
+    assert status == 422 and json.loads(out)["error_type"] == "validation"
+
+
 async def test_info_and_health(http, base, core):
     async with http.get(base + "/info") as resp:
         assert resp.status == 200
