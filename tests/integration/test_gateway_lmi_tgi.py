@@ -262,6 +262,23 @@ async def test_full_queue_is_429_overloaded(http, start_mock_core, start_gateway
             assert json.loads(text)["error_type"] == "overloaded"
 
 
+async def test_error_mid_stream_is_the_last_event(http, start_mock_core, start_gateway):
+    doomed = await start_mock_core(mock_step_ms=5.0)
+    base = await start_gateway("lmi", core=doomed.address)
+    body = {"inputs": Q, "parameters": {"max_new_tokens": 1000}}
+    try:
+        async with http.post(base + "/generate_stream", json=body) as resp:
+            assert resp.status == 200
+            first = await resp.content.readline()
+            await doomed.stop(0)  # the core goes away while the response streams
+            text = first.decode() + (await resp.read()).decode()
+    finally:
+        await doomed.stop(0)
+    events = parse_records(text, "sse")
+    assert "token" in events[0]
+    assert set(events[-1]) == {"error", "error_type"} and events[-1]["error_type"] in {"unavailable", "generation"}
+
+
 # ------------------------------------------------------------------------------ OpenAI-compatible routes
 
 
