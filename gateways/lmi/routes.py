@@ -8,6 +8,10 @@ Routes (seed "LMI handlers Inference API Schema"; DJL-Serving's front end):
   reasons and status overrides.
 - `GET /ping`: 200 while the core answers its health check with SERVING, 503 otherwise.
 
+A rolling-batch request is answered in a `Dialect`: LMI's, DJL's TGI compatibility (--tgi-compat,
+or a request spelling `stop` as TGI does), or TGI's own routes' (gateways.lmi.tgi_routes, which
+share `answer_rolling`).
+
 Streaming follows the first-message rule (gateways.common.streaming): the status is chosen
 before the first byte, errors after it are written in-band, every record is written as it
 arrives, and the gRPC calls are cancelled in `finally` (a client disconnect cancels the
@@ -193,7 +197,10 @@ async def answer_rolling(
     its `in_stream` record; a parameter the core refuses is named as the client spelled it
     (translate.client_names).
     """
-    names = client_names(params)
+
+    def named(err: GatewayError) -> GatewayError:
+        return client_error(err, client_names(params))
+
     try:
         opts = render_options(
             inputs,
@@ -211,19 +218,19 @@ async def answer_rolling(
         try:
             result = render_response(collect_messages(await collect(client.generate(grpc_req))), opts)
         except GatewayError as e:
-            return dialect.fail(client_error(e, names))
+            return dialect.fail(named(e))
         return web.Response(text=dumps(result), content_type="application/json")
 
     try:
         # Streamed records read only each token's id and logprob, unless they list alternatives.
         core_stream = await CoreStream.open(client.generate(grpc_req, steps=not opts.top_tokens))
     except GatewayError as e:
-        return dialect.fail(client_error(e, names))
+        return dialect.fail(named(e))
     frame = sse_event if dialect.sse else jsonline
     render = record_renderer(StreamRenderer(opts), frame)
 
     def render_error(err: GatewayError) -> bytes:
-        return frame(dialect.in_stream(client_error(err, names)))
+        return frame(dialect.in_stream(named(err)))
 
     return await relay(
         request,
