@@ -161,7 +161,8 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         context: grpc.aio.ServicerContext[spb.TokenizeRequest, spb.TokenizeResponse],
     ) -> spb.TokenizeResponse:
         """The token ids Generate would see for the same input, after the same input checks
-        (INVALID_ARGUMENT naming the field, e.g. an image part or a model without a chat template)."""
+        (INVALID_ARGUMENT naming the field, e.g. an image part or a model without a chat
+        template); for text input also each token's byte span in the text."""
         if isinstance(request, Malformed):
             await _refuse(context, request.error("Tokenize"))
         which = request.WhichOneof("input")
@@ -177,7 +178,12 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools)
         except CoreError as e:
             await context.abort_with_status(e.to_status())
-        return spb.TokenizeResponse(token_ids=ids, rendered_prompt=rendered)
+        spans = self.pipeline.tokenizer.spans(req.text or "", ids) if which == "text" else []
+        return spb.TokenizeResponse(
+            token_ids=ids,
+            rendered_prompt=rendered,
+            spans=[spb.TokenSpan(start=start, stop=stop) for start, stop in spans],
+        )
 
 
 def _max_input_tokens(info: EngineInfo) -> int:

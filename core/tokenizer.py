@@ -120,6 +120,22 @@ class Tokenizer:
             return cast("list[int]", backend.encode(text, add_special_tokens=add_special_tokens).ids)
         return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
+    def spans(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]]:
+        """Where each token of `ids` (what `encode(text)` gave) came from in `text`, as UTF-8
+        byte offsets (start, stop), a special token the tokenizer added having an empty span;
+        [] when the tokenizer has no offset mapping (a slow tokenizer) or maps a different
+        number of tokens."""
+        if not getattr(self.hf, "is_fast", False):
+            return []
+        offsets = self.hf(text, return_offsets_mapping=True)["offset_mapping"]
+        if len(offsets) != len(ids):
+            return []
+        # Character offsets (the Python bindings') -> byte offsets (TGI's, the Rust crate's).
+        byte_at = [0]
+        for ch in text:
+            byte_at.append(byte_at[-1] + len(ch.encode("utf-8", "surrogatepass")))
+        return [(byte_at[start], byte_at[stop]) for start, stop in offsets]
+
     def render_chat(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> tuple[str, list[int]]:
         """Render a chat with the model's template and a generation prompt.
 

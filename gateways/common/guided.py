@@ -6,8 +6,9 @@ functions shared by the gateways.
     "json_schema": {"name", "description"?, "schema"?, "strict"?}}` (OpenAI's API reference,
     "Structured Outputs"); `ResponseFormat` checks the shape, `response_format_guide` maps it.
   * TGI's `grammar` (LMI `parameters.grammar`): `{"type": "json", "value": <JSON Schema, an
-    object or its text>}` or `{"type": "regex", "value": "<regex>"}` (text-generation-inference
-    `GrammarType`).
+    object or its text>}` ("json_object" is the same), `{"type": "json_schema", "value":
+    {"name"?, "schema"}}` or `{"type": "regex", "value": "<regex>"}` (text-generation-inference
+    router/src/lib.rs `GrammarType`, 3.x).
   * vLLM's request extras, which the Triton gateway takes as parameters: `guided_json` (a schema
     object or text), `guided_regex`, `guided_choice` (a list of strings), `guided_grammar` (EBNF
     text), at most one of them (vLLM's `GuidedDecodingParams`); and TensorRT-LLM's ensemble inputs
@@ -98,15 +99,15 @@ def tgi_grammar_guide(grammar: Mapping[str, Any], param: str) -> pb.GuidedDecodi
 
     Raises:
         GatewayError: INVALID_ARGUMENT naming `param` (e.g. "parameters.grammar") for another
-            shape: a type other than "json" or "regex", a value of the wrong JSON type, or other
-            members.
+            shape: a type other than "json", "json_object", "json_schema" or "regex", a value
+            of the wrong JSON type, or other members.
     """
     kind = grammar.get("type")
     value = grammar.get("value")
     if set(grammar) - {"type", "value"}:
         extra = ", ".join(sorted(set(grammar) - {"type", "value"}))
         raise GatewayError.invalid(f"{param} takes only 'type' and 'value', got also: {extra}.", param)
-    if kind == "json":
+    if kind in ("json", "json_object"):  # TGI reads "json_object" as "json"
         if not isinstance(value, dict | str):
             raise GatewayError.invalid(
                 f"{param}.value must be a JSON Schema (an object or its JSON text), got {json_type(value)}.", param
@@ -118,7 +119,19 @@ def tgi_grammar_guide(grammar: Mapping[str, Any], param: str) -> pb.GuidedDecodi
                 f"{param}.value must be a regular expression string, got {json_type(value)}.", param
             )
         return pb.GuidedDecoding(regex=value)
-    raise GatewayError.invalid(f'{param}.type must be "json" or "regex", got {json.dumps(kind)}.', param)
+    if kind == "json_schema":
+        # TGI's JsonSchemaConfig; its documented example also sends `strict` (the output always
+        # follows the schema here).
+        if not isinstance(value, dict) or "schema" not in value or set(value) - {"name", "schema", "strict"}:
+            got = f"members {sorted(value)}" if isinstance(value, dict) else json_type(value)
+            raise GatewayError.invalid(
+                f"{param}.value must be an object with 'schema' (and optionally 'name', 'strict'), got {got}.",
+                param,
+            )
+        return schema_guide(value["schema"])
+    raise GatewayError.invalid(
+        f'{param}.type must be "json", "json_object", "json_schema" or "regex", got {json.dumps(kind)}.', param
+    )
 
 
 #: vLLM's guided decoding parameters, in the order vLLM checks them.

@@ -33,8 +33,10 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from gateways.common.chat import errors as chat_errors
 from gateways.common.framing import dumps
 from gateways.common.status import GatewayError
+from gateways.lmi import tgi_errors
 from gateways.lmi.config import SETTINGS_KEY
 
 #: LMI's departures from the generic gRPC -> HTTP table: a full queue is 503, as DJL answers it.
@@ -105,7 +107,12 @@ def render_http_error(request: web.Request, status: int, message: str) -> web.Re
     """An HTTP-level error, for the error middleware (gateways.common.app): an unknown path or a
     wrong method in the `{"error", "code"}` shape; a body too large (413) or a gateway failure
     (500) in the shape of the batching mode (rolling: `{"error", "code"}` for 413, the error body
-    for 500; dynamic: `dynamic_error`'s)."""
+    for 500; dynamic: `dynamic_error`'s). On TGI's routes the shape is TGI's (or OpenAI's on
+    its OpenAI-compatible routes), whatever the batching mode."""
+    if request.path in tgi_errors.TGI_PATHS:
+        return tgi_errors.render_http_error(status, message)
+    if request.path in tgi_errors.OPENAI_PATHS:
+        return chat_errors.render_http_error(request, status, message)
     if request.app[SETTINGS_KEY].dynamic and status not in _ROUTING:
         kept = status if status in _DYNAMIC_KEPT else 424
         return _json(kept, _dynamic_body(kept, message))

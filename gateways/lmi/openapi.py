@@ -10,6 +10,11 @@ jsonlines/SSE records), "Token", "Details", "BestOfSequence", "Response with TGI
 and "Dynamic Batch/Static Batch Schema" (`[{generated_text}]`, `{"outputs": [...]}` lines,
 `{"code", "message", "error"}`). The document follows the gateway's settings: the token
 spelling of --tgi-compat, and the request and response shapes of --batching.
+
+TGI's own routes (gateways.lmi.tgi_routes) are described from text-generation-inference's
+router/src/lib.rs (`GenerateResponse`, `Details`, `BestOfSequence`, `StreamResponse`,
+`StreamDetails`, `SimpleToken`, `Info`, `ErrorResponse`); its OpenAI-compatible routes reuse the OpenAI
+gateway's schemas, and the chat schemas list the finish reasons of both routes that serve them.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from typing import Any
 
 from gateways.common import openapi as oa
 from gateways.common.chat import openapi as chat
+from gateways.common.chat.translate import FINISH_REASONS as OPENAI_FINISH_REASONS
 from gateways.common.config import GatewayConfig
 from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE
 from gateways.lmi.config import LmiSettings
 from gateways.lmi.schema import DynamicBatchRequest, RollingBatchRequest
 from gateways.lmi.translate import FINISH_REASONS
+from gateways.openai.completion_schema import CompletionRequest
+from gateways.openai.openapi import text_completion
 
 _INT_OR_NULL = {"type": ["integer", "null"]}
 
@@ -205,14 +213,234 @@ def _dynamic(c: oa.Components) -> tuple[oa.Schema, oa.Schema, oa.Schema]:
     return c.model(DynamicBatchRequest), c.add("DynamicBatchResponse", body), item
 
 
+#: TGI's `ErrorResponse`.
+TGI_ERROR = {
+    "type": "object",
+    "required": ["error", "error_type"],
+    "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
+    "additionalProperties": False,
+}
+_TGI_ERRORS = (413, 415, 422, 424, 429, 500, 503, 504)
+#: TGI's `SimpleToken` (`POST /tokenize`).
+SIMPLE_TOKEN = {
+    "type": "object",
+    "required": ["id", "text", "start", "stop"],
+    "properties": {
+        "id": {"type": "integer"},
+        "text": {"type": "string"},
+        "start": {"type": "integer", "minimum": 0},
+        "stop": {"type": "integer", "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+
+
+def _tgi_details(words: list[str], *, stream: bool) -> oa.Schema:
+    """TGI's `Details` (whole response; `best_of_sequences` entries are its `BestOfSequence`) or
+    `StreamDetails` (a stream's last event)."""
+    common: dict[str, Any] = {
+        "finish_reason": {"enum": words},
+        "generated_tokens": {"type": "integer", "minimum": 0},
+        "seed": _INT_OR_NULL,
+    }
+    if stream:
+        props = {**common, "input_length": {"type": "integer", "minimum": 0}}
+        return {"type": "object", "required": list(props), "properties": props, "additionalProperties": False}
+    sequence = {
+        **common,
+        "prefill": {"type": "array", "items": oa.ref("TgiPrefillToken")},
+        "tokens": {"type": "array", "items": oa.ref("TgiToken")},
+        "top_tokens": {"type": "array", "items": {"type": "array", "items": oa.ref("TgiAlternative")}},
+    }
+    best_of = {
+        "type": "object",
+        "required": ["generated_text", "finish_reason", "generated_tokens", "seed", "prefill", "tokens"],
+        "properties": {"generated_text": {"type": "string"}, **sequence},
+        "additionalProperties": False,
+    }
+    props = {**sequence, "best_of_sequences": {"type": "array", "items": best_of}}
+    return {
+        "type": "object",
+        "required": ["finish_reason", "generated_tokens", "seed", "prefill", "tokens"],
+        "properties": props,
+        "additionalProperties": False,
+    }
+
+
+def _tgi_paths(c: oa.Components, words: list[str], chat_refs: dict[str, Any]) -> dict[str, Any]:
+    """The paths of TGI's routes."""
+    c.add("TgiToken", token(True))
+    c.add("TgiAlternative", alternative(True))
+    c.add(
+        "TgiPrefillToken",
+        {
+            "type": "object",
+            "required": ["id", "text", "logprob"],
+            "properties": {
+                "id": {"type": "integer"},
+                "text": {"type": "string"},
+                "logprob": {"type": ["number", "null"]},
+                "top_tokens": {"type": "array", "items": oa.ref("TgiAlternative")},
+            },
+            "additionalProperties": False,
+        },
+    )
+    error = c.add("TgiError", TGI_ERROR)
+    response = c.add(
+        "TgiGenerateResponse",
+        {
+            "type": "object",
+            "required": ["generated_text"],
+            "properties": {"generated_text": {"type": "string"}, "details": _tgi_details(words, stream=False)},
+            "additionalProperties": False,
+        },
+    )
+    event = c.add(
+        "TgiStreamResponse",
+        {
+            "type": "object",
+            "required": ["index", "token", "generated_text", "details"],
+            "properties": {
+                "index": {"type": "integer", "minimum": 1},
+                "token": oa.ref("TgiToken"),
+                "top_tokens": {"type": "array", "items": oa.ref("TgiAlternative")},
+                "generated_text": {"type": ["string", "null"]},
+                "details": {"anyOf": [{"type": "null"}, _tgi_details(words, stream=True)]},
+            },
+            "additionalProperties": False,
+        },
+    )
+    request = oa.request_body(
+        c.model(RollingBatchRequest),
+        description="TGI's GenerateRequest `{inputs, parameters}` (`stream` chooses the answer on `POST /` "
+        "only); the parameters are TGI's GenerateParameters with LMI's additions.",
+    )
+    stream = oa.stream_content(SSE_CONTENT_TYPE, {"anyOf": [event, error]})
+    errors = oa.errors_as(error, _TGI_ERRORS)
+    info_props: dict[str, Any] = {
+        "model_id": {"type": "string"},
+        "model_sha": {"type": ["string", "null"]},
+        "model_pipeline_tag": {"type": ["string", "null"]},
+        "max_concurrent_requests": _INT_OR_NULL,
+        "max_best_of": {"type": "integer"},
+        "max_stop_sequences": {"type": "integer"},
+        "max_input_tokens": {"type": "integer"},
+        "max_total_tokens": {"type": "integer"},
+        "validation_workers": _INT_OR_NULL,
+        "max_client_batch_size": _INT_OR_NULL,
+        "router": {"type": "string"},
+        "version": {"type": "string"},
+        "sha": {"type": ["string", "null"]},
+        "docker_label": {"type": ["string", "null"]},
+    }
+    info = {"type": "object", "required": list(info_props), "properties": info_props, "additionalProperties": False}
+
+    def health(operation_id: str) -> dict[str, Any]:
+        return {
+            "operationId": operation_id,
+            "summary": "TGI's health check: 200 (no body) while the core reports SERVING, else 503.",
+            "responses": oa.responses(None, {503: error}),
+        }
+
+    chat_error = chat_refs["error"]
+
+    def openai_sse(item: oa.Schema) -> dict[str, Any]:
+        return oa.stream_content(SSE_CONTENT_TYPE, {"anyOf": [item, chat_error]}, done=True)
+
+    openai_errors = oa.errors_as(chat_error, (*oa.GENERATION_ERRORS, 415))
+    return {
+        "/": {
+            "get": health("tgiRootHealth"),
+            "post": {
+                "operationId": "tgiCompatGenerate",
+                "summary": "TGI's compat route: /generate (the body in a one-element array) or, with "
+                "`stream: true`, /generate_stream.",
+                "requestBody": request,
+                "responses": oa.responses(
+                    {**oa.json_content({"type": "array", "items": response, "maxItems": 1}), **stream}, errors
+                ),
+            },
+        },
+        "/generate": {
+            "post": {
+                "operationId": "tgiGenerate",
+                "summary": "TGI's generate.",
+                "requestBody": request,
+                "responses": oa.responses(oa.json_content(response), errors),
+            }
+        },
+        "/generate_stream": {
+            "post": {
+                "operationId": "tgiGenerateStream",
+                "summary": "TGI's generate_stream: one SSE event per token; an error after the stream "
+                "started is its last event.",
+                "requestBody": request,
+                "responses": oa.responses(stream, errors),
+            }
+        },
+        "/tokenize": {
+            "post": {
+                "operationId": "tgiTokenize",
+                "summary": "TGI's tokenize: each token of `inputs` with its text and UTF-8 byte offsets.",
+                "requestBody": request,
+                "responses": oa.responses(
+                    oa.json_content({"type": "array", "items": c.add("TgiSimpleToken", SIMPLE_TOKEN)}),
+                    oa.errors_as(error, (413, 415, 422, 424, 500, 503, 504)),
+                ),
+            }
+        },
+        "/health": {"get": health("tgiHealth")},
+        "/info": {
+            "get": {
+                "operationId": "tgiInfo",
+                "summary": "TGI's Info object for the served model.",
+                "responses": oa.responses(
+                    oa.json_content(c.add("TgiInfo", info)), oa.errors_as(error, (424, 500, 503, 504))
+                ),
+            }
+        },
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "summary": "TGI's OpenAI-compatible chat completions (the OpenAI gateway's route).",
+                "requestBody": oa.request_body(chat_refs["request"]),
+                "responses": oa.responses(
+                    {**oa.json_content(chat_refs["completion"]), **openai_sse(chat_refs["chunk"])}, openai_errors
+                ),
+            }
+        },
+        "/v1/completions": {
+            "post": {
+                "operationId": "createCompletion",
+                "summary": "TGI's OpenAI-compatible legacy completions (the OpenAI gateway's route).",
+                "requestBody": oa.request_body(c.model(CompletionRequest, extra=chat.ignored_fields())),
+                "responses": oa.responses(
+                    {
+                        **oa.json_content(c.add("TextCompletion", text_completion(_OPENAI_WORDS, chunk=False))),
+                        **openai_sse(c.add("TextCompletionChunk", text_completion(_OPENAI_WORDS, chunk=True))),
+                    },
+                    openai_errors,
+                ),
+            }
+        },
+    }
+
+
+#: The finish reasons of the OpenAI-compatible routes (OpenAI's table).
+_OPENAI_WORDS = sorted(set(OPENAI_FINISH_REASONS.values()))
+
+
 def document(config: GatewayConfig, settings: LmiSettings) -> dict[str, Any]:
     """The OpenAPI 3.1.0 document of the LMI gateway (a pure function of its settings)."""
     c = oa.Components()
     words = sorted(set(FINISH_REASONS.values()))
-    refs = chat.add_chat(c, words)
+    # Chat bodies are served on /invocations (LMI's finish reasons) and /v1/chat/completions
+    # (OpenAI's): one set of chat schemas lists both.
+    refs = chat.add_chat(c, sorted({*words, *_OPENAI_WORDS}))
     c.add("LmiError", SHAPE_ERROR)
     c.add("RollingBatchError", ROLLING_ERROR)
     c.add("DynamicBatchError", DYNAMIC_ERROR)
+    tgi_paths = _tgi_paths(c, words, refs)
     statuses: tuple[int, ...]
     if settings.dynamic:
         request, body, item = _dynamic(c)
@@ -222,7 +450,15 @@ def document(config: GatewayConfig, settings: LmiSettings) -> dict[str, Any]:
         statuses = (400, 404, 413, 415, 424, 500, 503, 504)
     error = c.add(
         "Error",
-        {"anyOf": [oa.ref("LmiError"), oa.ref("RollingBatchError"), oa.ref("DynamicBatchError"), refs["error"]]},
+        {
+            "anyOf": [
+                oa.ref("LmiError"),
+                oa.ref("RollingBatchError"),
+                oa.ref("DynamicBatchError"),
+                refs["error"],
+                oa.ref("TgiError"),
+            ]
+        },
     )
     stream_item = {"anyOf": [item, refs["chunk"], refs["error"]]}
     operation = {
@@ -253,13 +489,14 @@ def document(config: GatewayConfig, settings: LmiSettings) -> dict[str, Any]:
             }
         },
         "/ping": oa.health_path("ping", "Healthy", "Unhealthy"),
+        **tgi_paths,
     }
     return oa.document(
         config,
         title="Trellis LMI gateway",
-        description="DJL-Serving LMI's inference routes over the Trellis core (docs/lmi.md).",
+        description="DJL-Serving LMI's inference routes, and Hugging Face TGI's, over the Trellis core (docs/lmi.md).",
         paths=paths,
         components=c,
-        error=oa.ref("LmiError"),
-        open_paths=("/ping",),
+        error=oa.ref("Error"),
+        open_paths=("/ping", "/health"),
     )

@@ -8,6 +8,10 @@ Routes (seed "LMI handlers Inference API Schema"; DJL-Serving's front end):
   reasons and status overrides.
 - `GET /ping`: 200 while the core answers its health check with SERVING, 503 otherwise.
 
+A rolling-batch request is answered in a `Dialect`: LMI's, DJL's TGI compatibility (--tgi-compat,
+or a request spelling `stop` as TGI does), or TGI's own routes' (gateways.lmi.tgi_routes, which
+share `answer_rolling`).
+
 Streaming follows the first-message rule (gateways.common.streaming): the status is chosen
 before the first byte, errors after it are written in-band, every record is written as it
 arrives, and the gRPC calls are cancelled in `finally` (a client disconnect cancels the
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
@@ -40,7 +45,7 @@ from gateways.lmi.errors import (
     render_before_stream,
     render_in_stream,
 )
-from gateways.lmi.schema import is_chat_request, parse_dynamic, parse_rolling
+from gateways.lmi.schema import GenerationParameters, is_chat_request, parse_dynamic, parse_rolling
 from gateways.lmi.translate import (
     FINISH_REASONS,
     StreamRenderer,
@@ -101,7 +106,7 @@ async def _invoke(request: web.Request, *, model: str | None) -> web.StreamRespo
         return await handle_chat(
             request,
             body,
-            framing="sse" if _sse(request, settings) else "jsonlines",
+            framing="sse" if _sse(request, settings, settings.tgi_compat) else "jsonlines",
             finish_words=FINISH_REASONS,
             status_overrides=LMI_STATUS_OVERRIDES,
         )
@@ -116,7 +121,7 @@ def _fail(err: GatewayError, *, dynamic: bool = False) -> web.Response:
     return render_before_stream(err, dynamic=dynamic)
 
 
-def _sse(request: web.Request, settings: LmiSettings) -> bool:
+def _sse(request: web.Request, settings: LmiSettings, tgi_compat: bool) -> bool:
     """Whether a stream is framed as SSE: `Accept: text/event-stream` (or
     `application/jsonlines` for jsonlines) per request, else the `--output-formatter` option,
     else SSE under TGI compatibility and jsonlines otherwise (DJL's defaults)."""
@@ -127,46 +132,112 @@ def _sse(request: web.Request, settings: LmiSettings) -> bool:
         return False
     if settings.output_formatter:
         return settings.output_formatter == "sse"
-    return settings.tgi_compat
+    return tgi_compat
 
 
 # ------------------------------------------------------------------------------ rolling batch
 
 
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """How a rolling-batch answer is shaped: LMI's, DJL's TGI compatibility, or TGI's own routes.
+
+    Attributes:
+        tgi_compat: TGI's token spelling and body shapes (translate.RenderOptions).
+        tgi_router: TGI's own routes' shapes (translate.RenderOptions).
+        sse: a stream is framed as SSE (else JSON lines).
+        fail: the response for an error before the first byte.
+        in_stream: the record that ends a stream failing after it started.
+        array: TGI's routes only: the whole body is a one-element array (TGI's `POST /`).
+    """
+
+    tgi_compat: bool
+    tgi_router: bool
+    sse: bool
+    fail: Callable[[GatewayError], web.Response]
+    in_stream: Callable[[GatewayError], dict[str, Any]]
+    array: bool = False
+
+
+def lmi_dialect(request: web.Request, settings: LmiSettings, params: GenerationParameters) -> Dialect:
+    """The dialect of a rolling-batch request on DJL's routes: TGI compatibility with
+    --tgi-compat, or when the request spells `stop` as a list, TGI's spelling (LMI's own `stop`
+    is TensorRT-LLM's boolean; the `text-generation` client always sends the list), so a TGI
+    client pointed at `/invocations` reads an answer it can parse instead of an empty stream."""
+    tgi = settings.tgi_compat or isinstance(params.stop, list)
+
+    def in_stream(err: GatewayError) -> dict[str, Any]:
+        return render_in_stream(err, tgi_compat=tgi)
+
+    return Dialect(tgi_compat=tgi, tgi_router=False, sse=_sse(request, settings, tgi), fail=_fail, in_stream=in_stream)
+
+
 async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model: str | None) -> web.StreamResponse:
     try:
         req = parse_rolling(body)
-        params = req.parameters
-        opts = render_options(req.inputs, params, stream=bool(req.stream), tgi_compat=settings.tgi_compat)
-        grpc_req = to_generate_request(req.inputs, params, opts, request_id=uuid.uuid4().hex, model=model)
     except GatewayError as e:
         return _fail(e)
+    dialect = lmi_dialect(request, settings, req.parameters)
+    return await answer_rolling(request, req.inputs, req.parameters, dialect, stream=bool(req.stream), model=model)
+
+
+async def answer_rolling(
+    request: web.Request,
+    inputs: str,
+    params: GenerationParameters,
+    dialect: Dialect,
+    *,
+    stream: bool,
+    model: str | None = None,
+) -> web.StreamResponse:
+    """Answer one rolling-batch request (checked `inputs` and `params`) in `dialect`: the whole
+    body as JSON, or a stream of one record per token, framed as the dialect says.
+
+    Errors go through the dialect: before the first byte as its `fail` response, after it as
+    its `in_stream` record; a parameter the core refuses is named as the client spelled it
+    (translate.client_names).
+    """
+
+    def named(err: GatewayError) -> GatewayError:
+        return client_error(err, client_names(params))
+
+    try:
+        opts = render_options(
+            inputs,
+            params,
+            stream=stream,
+            tgi_compat=dialect.tgi_compat,
+            tgi_router=dialect.tgi_router,
+            array=dialect.array,
+        )
+        grpc_req = to_generate_request(inputs, params, opts, request_id=uuid.uuid4().hex, model=model)
+    except GatewayError as e:
+        return dialect.fail(e)
     client = core_client(request)
     if not opts.stream:
         try:
             result = render_response(collect_messages(await collect(client.generate(grpc_req))), opts)
         except GatewayError as e:
-            return _fail(client_error(e, client_names(params)))
+            return dialect.fail(named(e))
         return web.Response(text=dumps(result), content_type="application/json")
 
     try:
         # Streamed records read only each token's id and logprob, unless they list alternatives.
-        stream = await CoreStream.open(client.generate(grpc_req, steps=not opts.top_tokens))
+        core_stream = await CoreStream.open(client.generate(grpc_req, steps=not opts.top_tokens))
     except GatewayError as e:
-        return _fail(client_error(e, client_names(params)))
-    sse = _sse(request, settings)
-    frame = sse_event if sse else jsonline
+        return dialect.fail(named(e))
+    frame = sse_event if dialect.sse else jsonline
     render = record_renderer(StreamRenderer(opts), frame)
 
     def render_error(err: GatewayError) -> bytes:
-        return frame(render_in_stream(client_error(err, client_names(params)), tgi_compat=settings.tgi_compat))
+        return frame(dialect.in_stream(named(err)))
 
     return await relay(
         request,
-        stream,
+        core_stream,
         render,
         render_error,
-        content_type=SSE_CONTENT_TYPE if sse else JSONLINES_CONTENT_TYPE,
+        content_type=SSE_CONTENT_TYPE if dialect.sse else JSONLINES_CONTENT_TYPE,
         request_id=grpc_req.request_id,
     )
 
@@ -175,14 +246,26 @@ def record_renderer(renderer: StreamRenderer, frame: Callable[[Any], bytes]) -> 
     """The framed records of each delta of one rolling-batch stream: `renderer.feed(msg)`'s
     records for a message; a plain decode step's record (`StreamRenderer.step_text`) filled
     into a Template of `plain_record` encoded once per request; the same bytes as framing the
-    records of the message the step stands for. Steps come only for a stream without
-    top_tokens (the route asks for them only then)."""
-    plain = Template(lambda *values: frame(renderer.plain_record(*values)), 3)
+    records of the message the step stands for (on TGI's routes the template also leaves the
+    record's `index` open). Steps come only for a stream without top_tokens (the route asks
+    for them only then)."""
+    indexed = renderer.opts.tgi_router
+    if indexed:  # `index` comes first in the record, so it is the first value
+
+        def indexed_record(index: Any, token_id: Any, text: Any, logprob: Any) -> bytes:
+            return frame(renderer.plain_record(token_id, text, logprob, index))
+
+        plain = Template(indexed_record, 4)
+    else:
+        plain = Template(lambda *values: frame(renderer.plain_record(*values)), 3)
 
     def render(delta: Delta) -> bytes:
         if type(delta) is tuple:
             text, token_id, logprob = delta
-            return plain.fill(token_id, renderer.step_text(text), logprob)
+            text = renderer.step_text(text)
+            if indexed:
+                return plain.fill(renderer.index, token_id, text, logprob)
+            return plain.fill(token_id, text, logprob)
         records = renderer.feed(cast(spb.GenerateResponse, delta))
         return frame(records[0]) if len(records) == 1 else b"".join(map(frame, records))
 

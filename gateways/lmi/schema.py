@@ -2,8 +2,9 @@
 
 Source: DJL-Serving's `lmi_input_output_schema.md` ("Rolling Batch/Continuous Batch Schema", "Dynamic
 Batch/Static Batch Schema", "GenerationParameters" with the LMI-Dist, vLLM and TensorRT-LLM
-additions), plus the fields the Hugging Face `text-generation` client sends in TGI-compat mode
-(`stop`, `watermark`, `grammar`).
+additions), plus the fields of TGI's `GenerateParameters` (text-generation-inference
+router/src/lib.rs) that LMI lacks (`stop` as a list, `watermark`, `grammar`, `adapter_id`), so one
+model serves DJL's routes and TGI's (gateways.lmi.tgi_routes).
 
 Only JSON shapes and types are checked here (strict: `"1"` is not an integer, `1` is not a
 boolean, an integer is accepted where a float is expected). Value ranges and cross-field rules
@@ -73,6 +74,7 @@ class GenerationParameters(BaseModel):
     top_n_tokens: Int32 | None = None
     watermark: bool | None = None
     grammar: dict[str, Any] | None = None
+    adapter_id: str | None = None
 
 
 class _Request(BaseModel):

@@ -107,6 +107,13 @@ class RenderOptions:
         stream: token-by-token response.
         tgi_compat: TGI shapes (token `logprob`/`special`, `details.seed`, `prefill` always
             present, non-streaming body wrapped in an array).
+        tgi_router: the shapes of TGI's own routes (`/generate`, `/generate_stream`; TGI's
+            router/src/lib.rs `GenerateResponse`, `StreamResponse`): as tgi_compat, but the
+            body is not wrapped, `details` has no `inputs`, every stream record carries `index`
+            (1-based), `generated_text` and `details` (null until the last), and the last
+            record's `details` is TGI's StreamDetails (`input_length`, no `prefill`).
+        array: on TGI's routes, the whole body is wrapped in a one-element array (TGI's
+            `POST /`, router/src/server.rs `compat_generate`).
         details: `details` is rendered (asked for, implied by prefill or best-of output, or
             TGI compatibility's default).
         prefill: `details.prefill` carries the prompt tokens (decoder_input_details or
@@ -121,6 +128,8 @@ class RenderOptions:
     inputs: str
     stream: bool = False
     tgi_compat: bool = False
+    tgi_router: bool = False
+    array: bool = False
     details: bool = False
     prefill: bool = False
     prefill_top: bool = False
@@ -129,16 +138,30 @@ class RenderOptions:
     full_text: bool = False
 
 
-def render_options(inputs: str, p: GenerationParameters, *, stream: bool, tgi_compat: bool) -> RenderOptions:
-    """Decide what the response shows (see RenderOptions)."""
+def render_options(
+    inputs: str,
+    p: GenerationParameters,
+    *,
+    stream: bool,
+    tgi_compat: bool,
+    tgi_router: bool = False,
+    array: bool = False,
+) -> RenderOptions:
+    """Decide what the response shows (see RenderOptions). On TGI's routes `details` is shown
+    when `details` or `decoder_input_details` asks for it, as TGI's `generate` does."""
     num_sequences = max(p.n or 1, p.best_of or 1)
     prefill = bool(p.decoder_input_details) or p.prompt_logprobs is not None
-    details = (p.details if p.details is not None else tgi_compat) or prefill or num_sequences > 1
+    if tgi_router:
+        details = bool(p.details) or prefill
+    else:
+        details = (p.details if p.details is not None else tgi_compat) or prefill or num_sequences > 1
     top = [v for v in (p.logprobs, p.top_n_tokens) if v is not None]
     return RenderOptions(
         inputs=inputs,
         stream=stream,
-        tgi_compat=tgi_compat,
+        tgi_compat=tgi_compat or tgi_router,
+        tgi_router=tgi_router,
+        array=array,
         details=details,
         prefill=prefill,
         prefill_top=bool(p.prompt_logprobs),
@@ -148,14 +171,20 @@ def render_options(inputs: str, p: GenerationParameters, *, stream: bool, tgi_co
     )
 
 
-def refuse_unsupported(p: GenerationParameters, *, stream: bool, dynamic: bool = False) -> None:
+def refuse_unsupported(
+    p: GenerationParameters, *, stream: bool, dynamic: bool = False, tgi_router: bool = False
+) -> None:
     """Refuse schema features this server cannot honour (never drop them silently).
 
     Raises:
         GatewayError: INVALID_ARGUMENT naming the LMI parameter:
             - `stop: true` (TensorRT-LLM's flag, without a defined meaning on other engines);
             - `watermark: true` (a TGI feature the core does not implement);
+            - `adapter_id` (TGI's LoRA adapter; the core serves one model without adapters);
             - n or best_of > 1 with streaming (seed: "only works with non-streaming case");
+            - on TGI's `/generate_stream` (`tgi_router`), `decoder_input_details: true`, whose
+              prompt tokens TGI's StreamDetails cannot carry (TGI refuses it the same way,
+              router/src/server.rs `generate_stream_internal`);
             - with dynamic batching, parameters whose output that schema cannot carry
               (details, decoder_input_details, prompt_logprobs, logprobs, top_n_tokens,
               n/best_of > 1).
@@ -168,6 +197,13 @@ def refuse_unsupported(p: GenerationParameters, *, stream: bool, dynamic: bool =
         )
     if p.watermark:
         raise _refuse("watermark", "watermarking is not supported by this server.")
+    if p.adapter_id is not None:
+        raise _refuse("adapter_id", "LoRA adapters are not supported by this server; leave adapter_id unset.")
+    if tgi_router and stream and p.decoder_input_details:
+        raise _refuse(
+            "decoder_input_details",
+            "the prompt's tokens are not part of a stream; ask for them without streaming (/generate).",
+        )
     many = max(p.n or 1, p.best_of or 1) > 1
     name = "n" if (p.n or 1) > 1 else "best_of"
     if dynamic:
@@ -202,8 +238,9 @@ def to_generate_request(
     core infers it), except that TGI compatibility reads `do_sample: false` as "not forced",
     as TGI does; `top_k: -1` (vLLM/LMI-Dist "disabled") and `top_p: 0` (the seed's TensorRT-LLM
     table: "0 when greedy") -> unset; n/best_of -> `sampling.n` =
-    max of both (the gateway ranks the sequences); max_new_tokens defaults to 30; min_length ->
-    min_new_tokens; stop_sequences (and TGI's list-valued `stop`) -> stopping.stop;
+    max of both (the gateway ranks the sequences); max_new_tokens defaults to 30 (on TGI's
+    routes an absent one is left to the core's default, as TGI fills it from its own limits);
+    min_length -> min_new_tokens; stop_sequences (and TGI's list-valued `stop`) -> stopping.stop;
     ignore_eos_token -> ignore_eos; truncate -> truncate_input_tokens; bad_sequences ->
     bad_words; return_full_text -> echo; logprobs/top_n_tokens -> top_logprobs;
     decoder_input_details -> prompt_logprobs 0, prompt_logprobs k -> k; TGI's grammar
@@ -221,7 +258,7 @@ def to_generate_request(
     Raises:
         GatewayError: see `refuse_unsupported`; a `grammar` of another shape (INVALID_ARGUMENT).
     """
-    refuse_unsupported(p, stream=opts.stream, dynamic=dynamic)
+    refuse_unsupported(p, stream=opts.stream, dynamic=dynamic, tgi_router=opts.tgi_router)
     req = spb.GenerateRequest(request_id=request_id, text=inputs)
     if model:
         req.model = model
@@ -237,7 +274,7 @@ def to_generate_request(
             s.best_of = p.best_of
     elif p.n is not None or p.best_of is not None:
         s.n = opts.num_sequences
-    if p.max_new_tokens is None:
+    if p.max_new_tokens is None and not opts.tgi_router:
         st.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
     st.stop.extend(stop_sequences(p))
     top = [v for v in (p.logprobs, p.top_n_tokens) if v is not None]
@@ -381,11 +418,11 @@ class StreamRenderer:
             if not tokens:
                 self._carry += out.text
                 continue
-            self._generated += len(tokens)
             last = len(tokens) - 1
             for i, tok in enumerate(tokens):
+                self._generated += 1
                 text = self._carry + out.text if i == last else ""
-                rec: dict[str, Any] = {"token": token_record(tok, text, tgi_compat=opts.tgi_compat)}
+                rec = self._record(token_record(tok, text, tgi_compat=opts.tgi_compat))
                 if opts.top_tokens:
                     rec["top_tokens"] = alternative_records(tok, tgi_compat=opts.tgi_compat)
                 records.append(rec)
@@ -394,12 +431,19 @@ class StreamRenderer:
             if not records:
                 # A sequence that ends without a token of its own (not produced by length, EOS or
                 # stop endings) still needs a last record to carry generated_text and details.
-                records.append({"token": _terminal_token(self._carry, opts.tgi_compat)})
+                records.append(self._record(_terminal_token(self._carry, opts.tgi_compat)))
             last_record = records[-1]
             last_record["generated_text"] = self.generated_text
             if opts.details:
                 last_record["details"] = self._details(msg)
         return records
+
+    def _record(self, token: dict[str, Any]) -> dict[str, Any]:
+        """The record of one token; on TGI's routes with `index` (the token's 1-based position)
+        and null `generated_text` and `details`, which the last record fills."""
+        if self.opts.tgi_router:
+            return {"index": self._generated, "token": token, "generated_text": None, "details": None}
+        return {"token": token}
 
     def step_text(self, text: str) -> str:
         """The text of the record of a plain decode step (core_call.Step: new `text` of
@@ -412,9 +456,18 @@ class StreamRenderer:
             text, self._carry = self._carry + text, ""
         return text
 
-    def plain_record(self, token_id: Any, text: Any, logprob: Any) -> dict[str, Any]:
-        """The record of a plain decode step (see `step_text`)."""
-        return {"token": token_fields(token_id, text, logprob, False, tgi_compat=self.opts.tgi_compat)}
+    @property
+    def index(self) -> int:
+        """The 1-based position of the last token rendered (TGI's stream `index`)."""
+        return self._generated
+
+    def plain_record(self, token_id: Any, text: Any, logprob: Any, index: Any = None) -> dict[str, Any]:
+        """The record of a plain decode step (see `step_text`); `index` (the `index` property
+        after `step_text`) is rendered on TGI's routes only."""
+        token = token_fields(token_id, text, logprob, False, tgi_compat=self.opts.tgi_compat)
+        if self.opts.tgi_router:
+            return {"index": index, "token": token, "generated_text": None, "details": None}
+        return {"token": token}
 
     @property
     def generated_text(self) -> str:
@@ -423,6 +476,14 @@ class StreamRenderer:
 
     def _details(self, msg: spb.GenerateResponse) -> dict[str, Any]:
         opts = self.opts
+        if opts.tgi_router:
+            # TGI's StreamDetails (router/src/lib.rs).
+            return {
+                "finish_reason": self._finish,
+                "generated_tokens": self._generated,
+                "seed": _seed(msg),
+                "input_length": msg.usage.prompt_tokens,
+            }
         details: dict[str, Any] = {
             "finish_reason": self._finish,
             "generated_tokens": self._generated,
@@ -515,16 +576,15 @@ def ranked(c: Collected) -> list[SequenceResult]:
 def render_response(c: Collected, opts: RenderOptions) -> dict[str, Any] | list[dict[str, Any]]:
     """The non-streaming rolling-batch body: `{generated_text, details?}` (seed "Response
     Schema"), wrapped in a one-element array under TGI compatibility ("Response with TGI
-    compatibility")."""
+    compatibility"); TGI's `GenerateResponse` on TGI's routes (no `details.inputs`, wrapped
+    only with `array`)."""
     seqs = ranked(c) if opts.num_sequences > 1 else [c.sequences[0]]
     best = seqs[0]
     result: dict[str, Any] = {"generated_text": _full_text(c, best, opts)}
     if opts.details:
-        details: dict[str, Any] = {
-            "finish_reason": best.finish_reason,
-            "generated_tokens": len(best.tokens),
-            "inputs": opts.inputs,
-        }
+        details: dict[str, Any] = {"finish_reason": best.finish_reason, "generated_tokens": len(best.tokens)}
+        if not opts.tgi_router:
+            details["inputs"] = opts.inputs
         details.update(_sequence_details(c, best, opts))
         if opts.num_sequences > 1:
             details["best_of_sequences"] = [
@@ -537,7 +597,7 @@ def render_response(c: Collected, opts: RenderOptions) -> dict[str, Any] | list[
                 for s in seqs[1:]
             ]
         result["details"] = details
-    return [result] if opts.tgi_compat else result
+    return [result] if (opts.array if opts.tgi_router else opts.tgi_compat) else result
 
 
 def _full_text(c: Collected, seq: SequenceResult, opts: RenderOptions) -> str:
@@ -583,3 +643,51 @@ def dynamic_line(texts: list[str]) -> dict[str, Any]:
 def render_dynamic(results: list[Collected], *, full_text: bool) -> list[dict[str, str]]:
     """The non-streaming dynamic-batch body: `[{generated_text}, ...]` in input order."""
     return [{"generated_text": (c.prompt_text if full_text else "") + c.sequences[0].text} for c in results]
+
+
+# ---------------------------------------------------------------------------------- TGI's /info
+
+
+def tgi_info(info: spb.GetModelInfoResponse, version: str) -> dict[str, Any]:
+    """TGI's `GET /info` object (text-generation-inference router/src/lib.rs `Info`, 3.x) from
+    the core's GetModelInfo: model_id is the served name; max_total_tokens the context length,
+    max_input_tokens one less (a prompt leaves room for one generated token); max_best_of the
+    largest `n`; max_stop_sequences the core's `--max-stop-sequences`. What the core does not
+    report is null: model_sha, the concurrency limits (the core's batch and queue sizes), the
+    validation workers and client batch size (TGI router settings with no counterpart here);
+    router and version name this gateway, docker_label and sha are null."""
+    return {
+        "model_id": info.model_name,
+        "model_sha": None,
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": None,
+        "max_best_of": info.max_n,
+        "max_stop_sequences": info.max_stop_sequences,
+        "max_input_tokens": max(info.max_context_length - 1, 0),
+        "max_total_tokens": info.max_context_length,
+        "validation_workers": None,
+        "max_client_batch_size": None,
+        "router": "trellis-gateway-lmi",
+        "version": version,
+        "sha": None,
+        "docker_label": None,
+    }
+
+
+def tgi_tokens(text: str, resp: spb.TokenizeResponse, truncate: int | None = None) -> list[dict[str, Any]]:
+    """TGI's `POST /tokenize` answer: one `{id, text, start, stop}` per token (router/src/lib.rs
+    `SimpleToken`; server.rs `encoding_to_tokens`): `start`/`stop` are UTF-8 byte offsets into
+    `text` and `text` is those bytes (invalid UTF-8 replaced); a special token the tokenizer
+    added has an empty span. Without spans (the core's tokenizer has no offsets) every token has
+    text "" and span 0..0, as TGI answers then. `truncate` keeps the last tokens, as TGI's
+    validation truncates the prompt from the left."""
+    data = text.encode("utf-8", "surrogatepass")
+    ids = list(resp.token_ids)
+    spans = [(s.start, s.stop) for s in resp.spans] if len(resp.spans) == len(ids) else [(0, 0)] * len(ids)
+    tokens = [
+        {"id": token_id, "text": data[start:stop].decode("utf-8", "replace"), "start": start, "stop": stop}
+        for token_id, (start, stop) in zip(ids, spans, strict=True)
+    ]
+    if truncate:
+        tokens = tokens[-truncate:]
+    return tokens

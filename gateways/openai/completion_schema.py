@@ -3,8 +3,8 @@
 The field table is the openai SDK's `CompletionCreateParams` (openai-python 3.x,
 `src/openai/types/completion_create_params.py`), checked with the chat route's rules
 (gateways.common.chat.schema): strict JSON types, OpenAI's own narrower ranges (temperature <=
-2, at most 4 stop strings), unknown fields refused with the field named, general ranges left to
-the core. `prompt` is a string, a list of strings, a list of token ids or a list of token-id
+2), unknown fields refused with the field named, general ranges (the number of stop strings
+included) left to the core. `prompt` is a string, a list of strings, a list of token ids or a list of token-id
 lists; each prompt is one request to the core.
 
 Refused with the field named: `suffix` (insertion needs a fill-in-the-middle model), and `echo`
@@ -27,7 +27,6 @@ from gateways.common.chat.schema import (
     StreamOptions,
     Wire,
     check_logit_bias,
-    check_stop_count,
     to_gateway_error,
 )
 from gateways.common.schema import Int32, Int64
@@ -71,8 +70,6 @@ class CompletionRequest(Wire):
     ignore_eos: bool | None = None
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
-
-    _stop = field_validator("stop")(check_stop_count)
 
     @property
     def prompts(self) -> list[str | list[int]]:

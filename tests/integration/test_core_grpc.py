@@ -316,6 +316,8 @@ async def test_get_model_info_and_tokenize(stub, tokenizer):
     assert not info.greedy_defaults.HasField("seed")
     tok = await stub.Tokenize(spb.TokenizeRequest(text="Hello world"))
     assert list(tok.token_ids) == tokenizer.encode("Hello world")
+    assert [(s.start, s.stop) for s in tok.spans] == tokenizer.spans("Hello world", list(tok.token_ids))
+    assert b"".join(b"Hello world"[s.start : s.stop] for s in tok.spans) == b"Hello world"
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.Tokenize(spb.TokenizeRequest())
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -159,7 +159,7 @@ async def test_stop_string_is_left_out(aclient):
         ({"prompt": []}, "prompt", "empty"),
         ({"prompt": 5}, "prompt", "Invalid value"),
         ({"max_tokens": -1}, "max_tokens", "must be in"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"stop": [f"s{i}" for i in range(17)]}, "stop", "At most 16"),  # the core's --max-stop-sequences
         ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed"),
         ({"frobnicate": 1}, "frobnicate", "Unrecognized"),
     ],

@@ -96,7 +96,14 @@ VALIDATION = [
     ),  # core
     ("n_zero", {"n": 0}, openai.BadRequestError, "n", "invalid_argument"),  # core
     ("n_above_limit", {"n": 17}, openai.BadRequestError, "n", "invalid_argument"),  # core
-    ("stop_five", {"stop": ["a", "b", "c", "d", "e"]}, openai.BadRequestError, "stop", "invalid_argument"),
+    # core: its --max-stop-sequences (16), not OpenAI's 4
+    (
+        "stop_beyond_core_bound",
+        {"stop": [f"s{i}" for i in range(17)]},
+        openai.BadRequestError,
+        "stop",
+        "invalid_argument",
+    ),
     ("stop_empty", {"stop": [""]}, openai.BadRequestError, "stop", "invalid_argument"),  # core
     ("seed_type", {"seed": "x"}, openai.BadRequestError, "seed", "invalid_argument"),
     (

@@ -193,17 +193,31 @@ def test_no_refusal(params):
         ({"type": "json", "value": {"type": "object"}}, {"json_schema": '{"type": "object"}'}),
         ({"type": "json", "value": '{"type": "integer"}'}, {"json_schema": '{"type": "integer"}'}),
         ({"type": "regex", "value": "[0-9]+"}, {"regex": "[0-9]+"}),
+        ({"type": "json_object", "value": {"type": "object"}}, {"json_schema": '{"type": "object"}'}),
+        (
+            {"type": "json_schema", "value": {"name": "n", "schema": {"type": "object"}}},
+            {"json_schema": '{"type": "object"}'},
+        ),
     ],
 )
 def test_tgi_grammar_sets_the_guide(grammar, guide):
-    """TGI's `grammar` parameter (text-generation-inference GrammarType: json, regex)."""
+    """TGI's `grammar` parameter (text-generation-inference GrammarType: json, json_object,
+    json_schema, regex)."""
     assert translate({"grammar": grammar})["guided_decoding"] == guide
 
 
 @pytest.mark.parametrize(
     ("grammar", "message"),
     [
-        ({"type": "xml", "value": "x"}, 'parameters.grammar.type must be "json" or "regex"'),
+        (
+            {"type": "xml", "value": "x"},
+            'parameters.grammar.type must be "json", "json_object", "json_schema" or "regex"',
+        ),
+        ({"type": "json_schema", "value": {"name": "n"}}, "parameters.grammar.value must be an object with 'schema'"),
+        (
+            {"type": "json_schema", "value": {"schema": {}, "type": "x"}},
+            r"got members \['schema', 'type'\]",
+        ),
         ({"type": "json", "value": 3}, "parameters.grammar.value must be a JSON Schema"),
         ({"type": "regex", "value": {}}, "parameters.grammar.value must be a regular expression"),
         ({"type": "regex", "value": "a", "extra": 1}, "takes only 'type' and 'value'"),

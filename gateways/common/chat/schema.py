@@ -4,9 +4,9 @@ the LMI gateway's `/invocations` when the body has `messages` (so they live here
 The request table is LMI's chat completions schema (DJL-Serving's `chat_input_output_schema.md`,
 "Request Schema") plus OpenAI's `max_completion_tokens` and `stream_options`. Only JSON shapes
 and types are checked here, plus the ranges that are OpenAI's own and narrower than the core's
-(temperature <= 2, at most 4 stop strings); every general range is the core's, checked once for
-every schema (core.validation). Integers must also fit the proto field they travel in (int32 or
-int64).
+(temperature <= 2); every general range is the core's, checked once for every schema
+(core.validation), the number of stop strings included (the core's --max-stop-sequences).
+Integers must also fit the proto field they travel in (int32 or int64).
 
 Structured output (`response_format`) and tools (`tools`, `tool_choice`,
 `parallel_tool_calls`, assistant `tool_calls` and `tool` messages) have their shapes checked
@@ -35,7 +35,6 @@ from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
-MAX_STOP = 4  # OpenAI's limit on `stop` strings.
 MAX_TEMPERATURE = 2.0  # OpenAI's upper bound; the core only requires >= 0.
 
 _TOKEN_ID = re.compile(r"-?[0-9]+")
@@ -73,13 +72,6 @@ def _neutral(name: str, value: Any) -> bool:
     if name == "modalities":
         return bool(value == ["text"])
     return False
-
-
-def check_stop_count(cls: type, value: str | list[str] | None) -> str | list[str] | None:
-    """pydantic validator of `stop`: at most MAX_STOP strings (OpenAI's limit)."""
-    if isinstance(value, list) and len(value) > MAX_STOP:
-        raise ValueError(f"at most {MAX_STOP} stop sequences are allowed, got {len(value)}")
-    return value
 
 
 def check_logit_bias(cls: type, value: dict[str, float] | None) -> dict[str, float] | None:
@@ -236,8 +228,6 @@ class ChatCompletionRequest(Wire):
     parallel_tool_calls: bool | None = None
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
-
-    _stop = field_validator("stop")(check_stop_count)
 
     @property
     def include_usage(self) -> bool:

@@ -80,3 +80,16 @@ def test_encode_gives_the_ids_of_transformers_own_call(request, name):
         assert tok.encode(ENCODE_TEXTS[4]) == expected(ENCODE_TEXTS[4], True)
     finally:
         tok.hf.split_special_tokens = False
+
+
+@pytest.mark.parametrize("name", ["bpe_tokenizer", "sp_tokenizer"])
+def test_spans_are_utf8_byte_offsets_of_each_token(request, name):
+    tok = request.getfixturevalue(name)
+    text = "héllo wörld, 日本"
+    ids = tok.encode(text)
+    spans = tok.spans(text, ids)
+    assert len(spans) == len(ids)
+    data = text.encode()
+    assert all(0 <= start <= stop <= len(data) for start, stop in spans)
+    assert spans[-1][1] == len(data)  # the last token ends the text
+    assert tok.spans(text, [*ids, 0]) == []  # ids of another text: no mapping

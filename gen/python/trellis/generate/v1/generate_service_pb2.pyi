@@ -167,9 +167,19 @@ class TokenizeRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
-    __slots__ = ("token_ids", "rendered_prompt")
+    __slots__ = ("token_ids", "rendered_prompt", "spans")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RENDERED_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     rendered_prompt: str
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., rendered_prompt: _Optional[str] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[TokenSpan]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., rendered_prompt: _Optional[str] = ..., spans: _Optional[_Iterable[_Union[TokenSpan, _Mapping]]] = ...) -> None: ...
+
+class TokenSpan(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
