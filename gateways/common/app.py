@@ -289,6 +289,10 @@ class ClientProtocolErrors(logging.Filter):
 
 _SERVER_LOG = logging.getLogger("aiohttp.server")
 
+#: Seconds the server reads (and discards, undecoded) the rest of a body it did not read before
+#: it closes the connection (`start_app`).
+LINGER_S = 2.0
+
 
 async def start_app(
     app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None = None
@@ -300,11 +304,12 @@ async def start_app(
     the handler's `finally` cancels the gRPC call (the core then aborts the engine request).
     Requests that are not HTTP/1.x are logged in one line (`ClientProtocolErrors`).
 
-    Bodies are read as received (`read_json` decodes them, bounded: `decode_body`), and a
-    response to a request whose body was not read to its end closes the connection at once
-    (aiohttp would otherwise go on reading, and inflating, the rest for up to 10 s: its
-    lingering close), so a refused body (401, 404, 405, 413) costs nothing more. Idle
-    keep-alive connections close after --keepalive-timeout.
+    Bodies are read as received (`read_json` decodes them, bounded: `decode_body`), so a body
+    the gateway refuses (401, 404, 405, 413) is never inflated. After a response to a request
+    whose body was not read to its end, the server reads and discards the rest for at most
+    LINGER_S (aiohttp's lingering close, 10 s by default), then closes the connection: closing
+    at once would reset a client still sending, which can lose the response it is answered
+    with. Idle keep-alive connections close after --keepalive-timeout.
     """
     if not any(isinstance(f, ClientProtocolErrors) for f in _SERVER_LOG.filters):
         _SERVER_LOG.addFilter(ClientProtocolErrors())
@@ -314,7 +319,7 @@ async def start_app(
         access_log=None,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         auto_decompress=False,
-        lingering_time=0,
+        lingering_time=LINGER_S,
         keepalive_timeout=app[CONFIG_KEY].keepalive_timeout,
     )
     await runner.setup()

@@ -23,14 +23,14 @@ from typing import Any
 
 from gateways.common import openapi as oa
 from gateways.common.chat import openapi as chat
+from gateways.common.chat.completion_schema import CompletionRequest
+from gateways.common.chat.openapi import text_completion
 from gateways.common.chat.translate import FINISH_REASONS as OPENAI_FINISH_REASONS
 from gateways.common.config import GatewayConfig
 from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE
 from gateways.lmi.config import LmiSettings
 from gateways.lmi.schema import DynamicBatchRequest, RollingBatchRequest
 from gateways.lmi.translate import FINISH_REASONS
-from gateways.openai.completion_schema import CompletionRequest
-from gateways.openai.openapi import text_completion
 
 _INT_OR_NULL = {"type": ["integer", "null"]}
 

@@ -13,7 +13,7 @@ text-generation-inference router/src/server.rs (3.x), so TGI's clients (`text-ge
 - `GET /info`: TGI's `Info` (translate.tgi_info). `GET /health` and `GET /`: 200 with no body
   while the core is SERVING, else 503 `{"error": "unhealthy", "error_type": "healthcheck"}`.
 - `POST /v1/chat/completions`, `POST /v1/completions`: TGI's OpenAI-compatible routes, served by
-  the OpenAI gateway's handlers (gateways.common.chat.route, gateways.openai.completion_route)
+  the OpenAI gateway's handlers (gateways.common.chat.route, gateways.common.chat.completion_route)
   with OpenAI's shapes and errors.
 
 Requests are LMI's rolling-batch body (gateways.lmi.schema), whose parameters include every
@@ -35,6 +35,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors as chat_errors
+from gateways.common.chat.completion_route import handle_completion
 from gateways.common.chat.route import handle_chat
 from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
@@ -42,7 +43,6 @@ from gateways.lmi import tgi_errors
 from gateways.lmi.routes import Dialect, answer_rolling
 from gateways.lmi.schema import parse_rolling
 from gateways.lmi.translate import tgi_info, tgi_tokens
-from gateways.openai.completion_route import handle_completion
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Request bodies are the pydantic models (`ChatCompletionRequest`, `CompletionRequest`,
 `ResponsesRequest`); the Responses API's schemas are gateways.openai.responses_openapi's. The
 chat responses are gateways.common.chat.openapi's. The completions responses are built by hand
-in gateways.openai.completion_translate and written here after OpenAI's `Completion` object
+in gateways.common.chat.completion_translate and written here after OpenAI's `Completion` object
 (openai-python `types/completion.py`, `completion_choice.py`), as the translation renders
 them; the model card and list after `types/model.py`, as gateways.openai.translate renders
 them. Anthropic's Messages routes are gateways.openai.messages_openapi's.
@@ -15,56 +15,13 @@ from typing import Any
 
 from gateways.common import openapi as oa
 from gateways.common.chat import openapi as chat
+from gateways.common.chat.completion_schema import CompletionRequest
 from gateways.common.chat.translate import FINISH_REASONS
 from gateways.common.config import GatewayConfig
 from gateways.common.framing import SSE_CONTENT_TYPE
 from gateways.openai import messages_openapi
-from gateways.openai.completion_schema import CompletionRequest
 from gateways.openai.config import OpenAISettings
 from gateways.openai.responses_openapi import paths as responses_paths
-
-
-def _completion_choice(words: list[str]) -> oa.Schema:
-    return {
-        "type": "object",
-        "required": ["index", "text", "logprobs", "finish_reason"],
-        "properties": {
-            "index": {"type": "integer", "minimum": 0, "description": "prompt * n + sequence index"},
-            "text": {"type": "string"},
-            "logprobs": {
-                "type": ["object", "null"],
-                "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
-                "properties": {
-                    "tokens": {"type": "array", "items": {"type": "string"}},
-                    "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},
-                    "top_logprobs": {
-                        "type": "array",
-                        "items": {"type": "object", "additionalProperties": {"type": "number"}},
-                    },
-                    "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                },
-            },
-            "finish_reason": {"enum": [*words, None]},
-        },
-    }
-
-
-def text_completion(words: list[str], *, chunk: bool) -> oa.Schema:
-    """A `text_completion` object: the whole answer, or one streamed chunk (usage null or absent;
-    the usage chunk has no choices)."""
-    return {
-        "type": "object",
-        "required": ["id", "object", "created", "model", "choices", *([] if chunk else ["usage"])],
-        "properties": {
-            "id": {"type": "string", "description": "cmpl-<unique>; also the x-request-id header."},
-            "object": {"const": "text_completion"},
-            "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {"type": "array", "items": _completion_choice(words)},
-            "usage": {"anyOf": [chat.USAGE, {"type": "null"}]} if chunk else chat.USAGE,
-        },
-    }
-
 
 MODEL = {
     "type": "object",
@@ -86,7 +43,7 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
     error = refs["error"]
     generation_errors = oa.errors_as(error, oa.GENERATION_ERRORS)
     completion_request = c.model(CompletionRequest, extra=chat.ignored_fields())
-    chunk = c.add("TextCompletionChunk", text_completion(words, chunk=True))
+    chunk = c.add("TextCompletionChunk", chat.text_completion(words, chunk=True))
     model = c.add("Model", MODEL)
 
     def sse(item: oa.Schema) -> dict[str, Any]:
@@ -113,7 +70,7 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
                 "requestBody": oa.request_body(completion_request),
                 "responses": oa.responses(
                     {
-                        **oa.json_content(c.add("TextCompletion", text_completion(words, chunk=False))),
+                        **oa.json_content(c.add("TextCompletion", chat.text_completion(words, chunk=False))),
                         **sse(chunk),
                     },
                     generation_errors,

@@ -15,10 +15,10 @@ from aiohttp import web
 from gateways.common import framing as wire
 from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors
+from gateways.common.chat.completion_route import handle_completion
 from gateways.common.chat.route import handle_chat
 from gateways.common.status import GatewayError
 from gateways.openai import messages_errors, responses_route, translate
-from gateways.openai.completion_route import handle_completion
 from gateways.openai.config import SETTINGS_KEY
 from gateways.openai.messages_route import handle_count_tokens, handle_messages
 from gateways.openai.responses_store import make_store
@@ -57,7 +57,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    """`POST /v1/completions` (OpenAI's legacy completions; gateways.openai.completion_route)."""
+    """`POST /v1/completions` (OpenAI's legacy completions; gateways.common.chat.completion_route)."""
     try:
         body = await read_json(request)
     except GatewayError as err:

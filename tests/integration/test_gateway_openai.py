@@ -337,6 +337,10 @@ async def test_seed_request_non_streaming_matches_the_seed_shape(base_url):
     async with aiohttp.ClientSession() as s, s.post(f"{base_url}/v1/chat/completions", json=body) as r:
         assert r.status == 200 and r.content_type == "application/json"
         got = await r.json()
+    # Cached prompt tokens are reported only when there are some (the prefix cache may hold
+    # this prompt from another test), an optional key beside the seed's.
+    details = got["usage"].pop("prompt_tokens_details", {"cached_tokens": 1})
+    assert list(details) == ["cached_tokens"] and details["cached_tokens"] > 0
     match(shape_of(want), got)
     assert got["id"].startswith("chatcmpl-") and got["object"] == "chat.completion"
     assert got["choices"][0]["finish_reason"] in ("stop", "length")

@@ -39,8 +39,8 @@ async def gateways(mock_core, start_gateway):
 
 async def _raw(url: str, head: str, body: bytes) -> tuple[bytes, bool]:
     """Send `head` and `body` on a fresh connection and read the answer; returns the response
-    head and whether the server closed the connection after it (EOF within 5 s; a lingering
-    server reads the rest of a declared body for 10 s first)."""
+    head and whether the server closed the connection after it (EOF within 5 s: the gateway
+    lingers LINGER_S, aiohttp's default 10 s)."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
@@ -79,7 +79,7 @@ async def test_a_compressed_body_expanding_past_the_limit_is_413(gateways):
 @pytest.mark.parametrize("gateway", ["keyed"])
 async def test_a_request_refused_without_reading_its_body_closes_the_connection(gateways, gateway):
     """401 (no API key) for a request whose body is mostly unsent: answered at once, and the
-    connection closed rather than the body waited for."""
+    connection closed after LINGER_S rather than the body waited for."""
     response, closed = await _raw(gateways[gateway], _head("/v1/chat/completions", DECLARED), b"{" * 1024)
     assert response.startswith(b"HTTP/1.1 401")
     assert closed

@@ -1,4 +1,4 @@
-"""Pure parts of `/v1/completions` (gateways/openai/completion_translate.py): request mapping,
+"""Pure parts of `/v1/completions` (gateways/common/chat/completion_translate.py): request mapping,
 choice numbering across prompts, echo, logprobs offsets, usage sums, and the errors of an
 incomplete stream."""
 
@@ -8,9 +8,9 @@ import pytest
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.chat import completion_translate as t
+from gateways.common.chat.completion_schema import parse_completion_request
 from gateways.common.status import GatewayError
-from gateways.openai import completion_translate as t
-from gateways.openai.completion_schema import parse_completion_request
 
 
 def state(**kw) -> t.CompletionState:

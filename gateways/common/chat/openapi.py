@@ -207,3 +207,46 @@ def add_chat(components: Components, words: list[str]) -> dict[str, Any]:
         "chunk": components.add("ChatCompletionChunk", chunk(words)),
         "error": components.add("OpenAIError", ERROR),
     }
+
+
+def completion_choice(words: list[str]) -> Schema:
+    """One choice of a `text_completion` object (OpenAI's legacy completions)."""
+    return {
+        "type": "object",
+        "required": ["index", "text", "logprobs", "finish_reason"],
+        "properties": {
+            "index": {"type": "integer", "minimum": 0, "description": "prompt * n + sequence index"},
+            "text": {"type": "string"},
+            "logprobs": {
+                "type": ["object", "null"],
+                "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+                "properties": {
+                    "tokens": {"type": "array", "items": {"type": "string"}},
+                    "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},
+                    "top_logprobs": {
+                        "type": "array",
+                        "items": {"type": "object", "additionalProperties": {"type": "number"}},
+                    },
+                    "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                },
+            },
+            "finish_reason": {"enum": [*words, None]},
+        },
+    }
+
+
+def text_completion(words: list[str], *, chunk: bool) -> Schema:
+    """A `text_completion` object: the whole answer, or one streamed chunk (usage null or absent;
+    the usage chunk has no choices)."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices", *([] if chunk else ["usage"])],
+        "properties": {
+            "id": {"type": "string", "description": "cmpl-<unique>; also the x-request-id header."},
+            "object": {"const": "text_completion"},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": completion_choice(words)},
+            "usage": {"anyOf": [USAGE, {"type": "null"}]} if chunk else USAGE,
+        },
+    }

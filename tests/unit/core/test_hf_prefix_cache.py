@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
+from transformers import AutoConfig
 
 from core.engine import hf, hf_process
 from core.types import EngineRequest, Guide, PrefixCacheStats, SamplingOptions
@@ -234,8 +235,10 @@ async def test_a_cancelled_request_leaves_correct_blocks(engine, uncached, chats
 
 
 async def test_eviction_keeps_the_store_within_a_tiny_bound(tiny_model_dir, tokenizer, uncached, chats):
-    # The demo model's block: 4 layers x (keys, values) x 2 KV heads x 16 tokens x 64 x 4 bytes.
-    block_bytes = 4 * 2 * 2 * BLOCK * 64 * 4
+    # A block: layers x (keys, values) x KV heads x BLOCK tokens x head_dim x 4 bytes (float32).
+    cfg = AutoConfig.from_pretrained(tiny_model_dir)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    block_bytes = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * BLOCK * head_dim * 4
     config = core_config(tiny_model_dir, max_batch_size=8)
     e = hf.HfEngine(
         config.model, **{**hf.engine_kwargs(config, tokenizer), "prefix_cache_bytes": 3 * block_bytes + 100}

@@ -25,10 +25,10 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.chat.completion_schema import DEFAULT_MAX_TOKENS, CompletionRequest
 from gateways.common.chat.translate import FINISH_REASONS, logprobs_content, stop_list, token_id_keys, usage_dict
 from gateways.common.fields import Field, FieldTable, by_rule, same_names, true_or_unset
 from gateways.common.streaming import finish_word
-from gateways.openai.completion_schema import DEFAULT_MAX_TOKENS, CompletionRequest
 
 OBJECT = "text_completion"
 

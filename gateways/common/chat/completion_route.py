@@ -21,13 +21,13 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common import framing as wire
 from gateways.common.app import core_client
+from gateways.common.chat import completion_translate as translate
 from gateways.common.chat import errors
+from gateways.common.chat.completion_schema import CompletionRequest, parse_completion_request
 from gateways.common.chat.route import encode, end_of_stream
 from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
 from gateways.common.streaming import MergedStreams, collect_all, open_all, relay
-from gateways.openai import completion_translate as translate
-from gateways.openai.completion_schema import CompletionRequest, parse_completion_request
 
 log = logging.getLogger(__name__)
 
