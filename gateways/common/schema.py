@@ -8,10 +8,13 @@ paths for error messages. (What the checked fields set on the contract: gateways
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Annotated, Any
 
+import grpc
 from pydantic import Field
+
+from gateways.common.status import GatewayError
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -65,3 +68,53 @@ def field_path(loc: Iterable[int | str], *, tags: Collection[str] = ()) -> str:
 
 def _is_union_tag(part: str) -> bool:
     return part in _PLAIN_TYPE_TAGS or not part.islower() or "[" in part or "-" in part
+
+
+def screen_fields(
+    body: Any,
+    known: Collection[str],
+    *,
+    ignored: Collection[str],
+    unsupported: Mapping[str, str],
+    neutral: Callable[[str, Any], bool],
+    unknown_message: Callable[[str], str] = lambda name: f"Unrecognized request argument supplied: {name}",
+    unsupported_message: Callable[[str, str], str] = lambda name, why: (
+        f"The parameter '{name}' is not supported by this server: {why}."
+    ),
+) -> dict[str, Any]:
+    """A request body's fields that the schema's model checks, before pydantic sees them.
+
+    Args:
+        body: the parsed JSON body.
+        known: the model's fields (kept).
+        ignored: fields accepted and dropped.
+        unsupported: fields the API defines and this server does not serve, with why; dropped
+            when `neutral(name, value)` (the value asks for nothing), else refused.
+        neutral, unknown_message, unsupported_message: the schema's rule and wording.
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT for a body that is not an object; for an unknown field
+            (reason UNKNOWN_PARAMETER) or an unsupported one that asks for something
+            (UNSUPPORTED_PARAMETER), naming it.
+    """
+    if not isinstance(body, dict):
+        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
+    checked = {}
+    for name, value in body.items():
+        if name in known:
+            checked[name] = value
+        elif name in ignored:
+            continue
+        elif name in unsupported:
+            if not neutral(name, value):
+                raise GatewayError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    unsupported_message(name, unsupported[name]),
+                    param=name,
+                    reason="UNSUPPORTED_PARAMETER",
+                )
+        else:
+            raise GatewayError(
+                grpc.StatusCode.INVALID_ARGUMENT, unknown_message(name), param=name, reason="UNKNOWN_PARAMETER"
+            )
+    return checked

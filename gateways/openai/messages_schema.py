@@ -28,9 +28,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from gateways.common.schema import Int32, Int64, field_path
+from gateways.common.chat.schema import Wire
+from gateways.common.schema import Int32, Int64, field_path, screen_fields
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -63,12 +64,6 @@ def _neutral(name: str, value: Any) -> bool:
     if name == "speed":
         return bool(value == "standard")
     return False
-
-
-class Wire(BaseModel):
-    """Strict JSON types and no unknown fields."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class TextBlock(Wire):
@@ -282,25 +277,15 @@ def to_gateway_error(e: ValidationError) -> GatewayError:
 
 
 def _parse(model: type[R], body: Any) -> R:
-    if not isinstance(body, dict):
-        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
-    checked = {}
-    for name, value in body.items():
-        if name in model.model_fields:
-            checked[name] = value
-        elif name in IGNORED_FIELDS or (name in UNSUPPORTED_FIELDS and _neutral(name, value)):
-            continue
-        elif name in UNSUPPORTED_FIELDS:
-            raise GatewayError(
-                _INVALID,
-                f"{name}: not supported by this server: {UNSUPPORTED_FIELDS[name]}.",
-                param=name,
-                reason="UNSUPPORTED_PARAMETER",
-            )
-        else:
-            raise GatewayError(
-                _INVALID, f"{name}: Extra inputs are not permitted", param=name, reason="UNKNOWN_PARAMETER"
-            )
+    checked = screen_fields(
+        body,
+        model.model_fields,
+        ignored=IGNORED_FIELDS,
+        unsupported=UNSUPPORTED_FIELDS,
+        neutral=_neutral,
+        unknown_message=lambda name: f"{name}: Extra inputs are not permitted",
+        unsupported_message=lambda name, why: f"{name}: not supported by this server: {why}.",
+    )
     _refuse_unsupported_blocks(checked)
     try:
         req = model.model_validate(checked)

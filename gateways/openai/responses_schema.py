@@ -25,11 +25,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from gateways.common.chat.schema import MAX_TEMPERATURE, to_gateway_error
+from gateways.common.chat.schema import MAX_TEMPERATURE, Wire, to_gateway_error
 from gateways.common.guided import NAME_PATTERN
-from gateways.common.schema import Int32, field_path
+from gateways.common.schema import Int32, field_path, screen_fields
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -68,12 +68,6 @@ UNSUPPORTED_FIELDS = {
 
 def _neutral(value: Any) -> bool:
     return value is None or value is False or value == [] or value == {} or value == 0
-
-
-class Wire(BaseModel):
-    """Strict JSON types and no unknown fields."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class InputText(Wire):
@@ -271,24 +265,13 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         GatewayError: INVALID_ARGUMENT, `param` naming the field (OpenAI spelling), `reason`
             UNKNOWN_PARAMETER, UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
     """
-    if not isinstance(body, dict):
-        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
-    known = ResponsesRequest.model_fields
-    checked = {}
-    for name, value in body.items():
-        if name in known:
-            checked[name] = value
-        elif name in IGNORED_FIELDS:
-            continue
-        elif name in UNSUPPORTED_FIELDS:
-            if not _neutral(value):
-                raise _unsupported(
-                    name, f"The parameter '{name}' is not supported by this server: {UNSUPPORTED_FIELDS[name]}."
-                )
-        else:
-            raise GatewayError(
-                _INVALID, f"Unrecognized request argument supplied: {name}", param=name, reason="UNKNOWN_PARAMETER"
-            )
+    checked = screen_fields(
+        body,
+        ResponsesRequest.model_fields,
+        ignored=IGNORED_FIELDS,
+        unsupported=UNSUPPORTED_FIELDS,
+        neutral=lambda _, value: _neutral(value),
+    )
     _check_kinds(checked)
     try:
         req = ResponsesRequest.model_validate(checked)

@@ -30,7 +30,7 @@ import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateways.common.guided import NAME_PATTERN, ResponseFormat
-from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path
+from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path, screen_fields
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -242,27 +242,13 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         GatewayError: INVALID_ARGUMENT, `param` naming the field (OpenAI spelling), `reason`
             UNKNOWN_PARAMETER, UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
     """
-    if not isinstance(body, dict):
-        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
-    known = ChatCompletionRequest.model_fields
-    checked = {}
-    for name, value in body.items():
-        if name in known:
-            checked[name] = value
-        elif name in IGNORED_FIELDS:
-            continue
-        elif name in UNSUPPORTED_FIELDS:
-            if not _neutral(name, value):
-                raise GatewayError(
-                    _INVALID,
-                    f"The parameter '{name}' is not supported by this server: {UNSUPPORTED_FIELDS[name]}.",
-                    param=name,
-                    reason="UNSUPPORTED_PARAMETER",
-                )
-        else:
-            raise GatewayError(
-                _INVALID, f"Unrecognized request argument supplied: {name}", param=name, reason="UNKNOWN_PARAMETER"
-            )
+    checked = screen_fields(
+        body,
+        ChatCompletionRequest.model_fields,
+        ignored=IGNORED_FIELDS,
+        unsupported=UNSUPPORTED_FIELDS,
+        neutral=_neutral,
+    )
     try:
         req = ChatCompletionRequest.model_validate(checked)
     except ValidationError as e:
