@@ -118,6 +118,12 @@ def sse_event(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj, option=_OPTIONS) + b"\n\n"
 
 
+def named_sse_event(name: str, obj: Any) -> bytes:
+    """One SSE event with an event name: `event: <name>` then `data: <JSON>` (the Responses and
+    Anthropic Messages streams, whose clients dispatch on the name)."""
+    return b"event: " + name.encode() + b"\n" + sse_event(obj)
+
+
 def sse_done() -> bytes:
     """OpenAI's end-of-stream sentinel."""
     return b"data: [DONE]\n\n"

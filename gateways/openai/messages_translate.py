@@ -333,7 +333,7 @@ def to_message(
 
 def event(name: str, data: dict[str, Any]) -> bytes:
     """One SSE event with Anthropic's event name: `event: <name>` then `data: <json>`."""
-    return b"event: " + name.encode() + b"\n" + wire.sse_event(data)
+    return wire.named_sse_event(name, data)
 
 
 @dataclass

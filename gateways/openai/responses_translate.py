@@ -344,8 +344,7 @@ def response_object(
 def sse(event: Mapping[str, Any]) -> bytes:
     """One Responses event: `event: <type>` and `data: <json>` (the SDK reads `data`, and
     clients dispatching on the event name read `event`)."""
-    kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\n" + wire.sse_event(event)
+    return wire.named_sse_event(event["type"], event)
 
 
 def error_code(status: int) -> str:

@@ -129,6 +129,13 @@ async def test_a_corrupt_compressed_body_is_a_client_error_in_the_schemas_shape(
     assert f"could not be decoded as {encoding}" in error_of(answer)
 
 
+async def test_a_truncated_compressed_body_is_a_client_error(gateways):
+    path, body, error_of, _ = ROUTES["openai"]
+    status, answer = await _post(gateways["openai"] + path, gzip.compress(body)[:-4], "gzip")
+    assert status == 400
+    assert "truncated or has trailing data" in error_of(answer)
+
+
 @pytest.mark.parametrize("gateway", sorted(ROUTES))
 async def test_a_body_decompressing_past_the_limit_is_413_in_the_schemas_shape(gateways, gateway):
     path, _, error_of, _ = ROUTES[gateway]
