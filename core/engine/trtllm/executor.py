@@ -499,15 +499,14 @@ class TrtllmEngine(EngineLifecycle):
                 self._handle(found, batch, now)
 
     def _note_reuse(self, live: _Live, perf: Any) -> None:
-        """Read a request's reused blocks from its first result with KV cache metrics (the
-        runtime fills them when the context blocks are allocated) and count the request."""
+        """Take a request's reused tokens from a result's KV cache metrics (on every result
+        once the context blocks are allocated; the largest seen wins). The request is counted
+        in the prefix cache counters when it ends."""
         blocks = perf_reused_blocks(perf)
         if blocks is None:
             return
-        prompt = len(live.request.prompt_ids)
-        live.cached = reused_tokens(blocks, self.layout.tokens_per_block, prompt)
-        if self._reuse is not None:
-            self._reuse.record(prompt, live.cached)
+        cached = reused_tokens(blocks, self.layout.tokens_per_block, len(live.request.prompt_ids))
+        live.cached = max(live.cached or 0, cached)
 
     def _advance(self, live: _Live, state: RequestState, now: float) -> None:
         rank = _STATE_RANK[state]
@@ -531,7 +530,7 @@ class TrtllmEngine(EngineLifecycle):
                 return
             res = response.result
             executor_final = executor_final or bool(res.is_final)
-            if live.cached is None and self._reuse_reported:
+            if self._reuse_reported:
                 self._note_reuse(live, getattr(res, "request_perf_metrics", None))
             if req.prompt_logprobs is not None and not live.prompt_info_sent:
                 logits = getattr(res, "context_logits", None)  # on every result when asked
@@ -588,6 +587,8 @@ class TrtllmEngine(EngineLifecycle):
             self._forget(live)
         if all_done or executor_final:
             outputs[-1].finished = True
+            if self._reuse is not None and live.cached is not None:
+                self._reuse.record(len(req.prompt_ids), live.cached)
             if not executor_final and (stopped_locally or all_done):  # the engine stopped it itself
                 self._cancel(live)
         for out in outputs:

@@ -516,7 +516,7 @@ class TrtllmLlmEngine(EngineLifecycle):
                 steps.append(advance.step)
             if advance.trailing is not None:
                 trailing.append(advance.trailing)
-        if live.cached is None and self._reuse is not None:
+        if self._reuse is not None:
             self._note_reuse(live, ro)
         outputs = [EngineOutput(req.request_id, sequences=steps, time=now, cached_tokens=live.cached or 0)]
         if trailing:
@@ -526,13 +526,16 @@ class TrtllmLlmEngine(EngineLifecycle):
             outputs[0].state = RequestState.PREFILLED
         if all(s.done for s in live.seqs) or ro.finished:
             outputs[-1].finished = True
+            if self._reuse is not None and live.cached is not None:
+                self._reuse.record(len(req.prompt_ids), live.cached)
             if not ro.finished:  # stopped here (a local stop token): the LLM is still generating
                 self._abort_on_llm_loop(live)
         return [o for o in outputs if o.sequences or o.state is not None or o.finished]
 
     def _note_reuse(self, live: _Live, ro: Any) -> None:
-        """Read a request's reused prompt tokens from its first update that reports them (see
-        the module docstring) and count the request (on the LLM loop; the counter locks)."""
+        """Take a request's reused prompt tokens from an update that reports them (see the
+        module docstring; the largest seen wins). The request is counted in the prefix cache
+        counters when it ends (on the LLM loop; the counter locks)."""
         prompt = len(live.request.prompt_ids)
         cached = exact_cached_tokens(ro, prompt)
         if cached is None and self._tokens_per_block is not None:
@@ -545,11 +548,8 @@ class TrtllmLlmEngine(EngineLifecycle):
                 None,
             )
             cached = None if blocks is None else reused_tokens(blocks, self._tokens_per_block, prompt)
-        if cached is None:
-            return
-        live.cached = cached
-        assert self._reuse is not None
-        self._reuse.record(prompt, cached)
+        if cached is not None:
+            live.cached = max(live.cached or 0, cached)
 
 
 class _ReadError(Exception):

@@ -24,11 +24,12 @@ What each release reports, per request:
   * nothing (executor before 0.16; an LLM API without either field): 0, never a guess.
 
 KV cache events (`KvCacheConfig(event_buffer_max_size=N)`, then the executor's
-`get_kv_cache_event_manager().get_latest_events(timeout)`, or the LLM API's
-`LLM.get_kv_cache_events(timeout)`): each event's `data` is a `KVCacheCreatedData`,
+`get_kv_cache_event_manager().get_latest_events(timeout)`; the LLM API's
+`LLM.get_kv_cache_events(timeout)` is not read): each event's `data` is a `KVCacheCreatedData`,
 `KVCacheStoredData` (`blocks`), `KVCacheRemovedData` (`block_hashes`) or `KVCacheUpdatedData`
-(`cpp/tensorrt_llm/pybind/executor/bindings.cpp`); `ReuseCounter.on_events` counts the blocks
-stored and removed, which gives the blocks held for reuse.
+(`cpp/tensorrt_llm/pybind/executor/bindings.cpp`, the `kv_cache` submodule);
+`ReuseCounter.on_events` counts the blocks stored and removed, which gives the blocks held for
+reuse.
 """
 
 from __future__ import annotations
