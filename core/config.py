@@ -236,8 +236,9 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--prefix-cache",
         action=argparse.BooleanOptionalAction,
         default=d.prefix_cache,
-        help="HF engine: keep prompts' keys and values in blocks, so a prompt starting with a cached prefix "
-        "computes only the rest (prompts asking for prompt logprobs are computed whole)",
+        help="reuse the KV of prompts already seen, on every engine that can: the HF engine keeps prompts' keys "
+        "and values in blocks, so a prompt starting with a cached prefix computes only the rest (prompts asking for "
+        "prompt logprobs are computed whole); off also turns TensorRT-LLM's KV-cache block reuse off",
     )
     p.add_argument(
         "--prefix-cache-mib",
@@ -327,7 +328,7 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--trt-enable-block-reuse",
         action=argparse.BooleanOptionalAction,
         default=d.trt_enable_block_reuse,
-        help="TensorRT-LLM: KV-cache block reuse across requests",
+        help="TensorRT-LLM: KV-cache block reuse across requests (on only when --prefix-cache is on too)",
     )
     p.add_argument(
         "--trt-scheduler-policy",

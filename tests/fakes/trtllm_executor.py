@@ -66,6 +66,26 @@ masks are what each guide allows either way. Guided parameters on an executor wi
 GuidedDecodingConfig are refused with an error response for that request (no GuidedDecoder
 exists to honour them; the wording of that error is the double's).
 
+KV-cache block reuse (every era, when `KvCacheConfig.enable_block_reuse` is on; it needs an
+engine built with paged context FMHA): a request's prompt is looked up as a chain of full blocks
+of `build_config.plugin_config.tokens_per_block` tokens over its first `prompt length - 1`
+tokens (`BlockManager::addSequence`, `kvCacheManager.cpp`: the last prompt token is always
+computed), and the full blocks of its prompt are stored for reuse once its context phase is
+done, the least recently used beyond `fake_reuse_capacity` blocks evicted. Partial reuse of a
+block (1.x `enable_partial_reuse`) is not modelled. What each era reports of it:
+  * "0.11", "0.15": nothing per request (`Result` has no `request_perf_metrics`: Triton's
+    tensorrtllm_backend reads it from v0.16.0), and no KV cache events;
+  * "1.0", "1.3": `OutputConfig(return_perf_metrics=True)` puts a `RequestPerfMetrics` on every
+    result whose `kv_cache_metrics` has `num_total_allocated_blocks`, `num_new_allocated_blocks`,
+    `num_reused_blocks`, `num_missed_blocks` and `kv_cache_hit_rate` (`request.cpp`
+    `KvCacheMetrics`); `KvCacheConfig(event_buffer_max_size=N)` (N > 0) makes
+    `Executor.get_kv_cache_event_manager()` return a `KVCacheEventManager` whose
+    `get_latest_events(timeout=None)` drains `KVCacheEvent(event_id, data)`s: one
+    `KVCacheCreatedData` at start, a `KVCacheStoredData(parent_hash, blocks)` per stored chain
+    (`KVCacheStoredBlockData(block_hash, tokens, lora_id, cache_level, priority)`), a
+    `KVCacheRemovedData(block_hashes)` per eviction (`bindings.cpp`, the `kv_cache` submodule);
+    without a buffer it returns None.
+
 Behaviour common to every era, from the same sources: `LlmRequest::createResponse` sends
 `log_probs` cumulative (all generated so far) and `context_logits` on every result when
 asked; `LlmRequest::validate` clips max_tokens to max_seq_len - prompt with a warning; the
@@ -433,6 +453,8 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     ]
     if not early:
         result_fields += ["finish_reasons", "sequence_index", "is_sequence_final", "decoding_iter"]
+    if late:
+        result_fields += ["request_perf_metrics"]
 
     class Result:
         """read/write struct, constructible for tests; 0.11 lacks finish_reasons and
@@ -452,8 +474,21 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
                 self.sequence_index = 0
                 self.is_sequence_final = False
                 self.decoding_iter = 0
+            if late:
+                self.request_perf_metrics = None
 
     m.Result = Result
+    if late:
+        m.KvCacheMetrics = types.SimpleNamespace
+        m.RequestPerfMetrics = types.SimpleNamespace
+        kv_events = types.SimpleNamespace(
+            KVCacheCreatedData=type("KVCacheCreatedData", (types.SimpleNamespace,), {}),
+            KVCacheStoredData=type("KVCacheStoredData", (types.SimpleNamespace,), {}),
+            KVCacheStoredBlockData=type("KVCacheStoredBlockData", (types.SimpleNamespace,), {}),
+            KVCacheRemovedData=type("KVCacheRemovedData", (types.SimpleNamespace,), {}),
+            KVCacheEvent=type("KVCacheEvent", (types.SimpleNamespace,), {}),
+        )
+        m.kv_cache = kv_events
 
     class Response:
         """`has_error()` is a method; `error_msg` / `result` throw when absent."""
@@ -499,6 +534,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
             ("host_cache_size", None),
             ("onboard_blocks", True),
         ]
+        + ([("event_buffer_max_size", 0)] if late else [])
     )
 
     class KvCacheConfig:
@@ -635,6 +671,7 @@ class _Live:
         self.max_tokens = object.__getattribute__(req, "_v")["max_tokens"]  # any era's name
         self.context_logits = None
         self.finals_sent = 0
+        self.kv_metrics = None  # KvCacheMetrics fields, set when the context blocks are allocated
 
     @property
     def n(self) -> int:
@@ -695,6 +732,13 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 _check(self._paged_context_fmha, "Chunked context requires paged context FMHA")
             if ec.kv_cache_config.enable_block_reuse:
                 _check(self._paged_context_fmha, "KV cache block reuse requires paged context FMHA")
+            self._tokens_per_block = int(build.get("plugin_config", {}).get("tokens_per_block", 32))
+            self._reuse = bool(ec.kv_cache_config.enable_block_reuse)
+            self._blocks: collections.OrderedDict[int, list[int]] = collections.OrderedDict()  # hash -> tokens, LRU
+            self.fake_reuse_capacity = 1024
+            self._kv_by_id: dict[int, dict] = {}
+            buffer = getattr(ec.kv_cache_config, "event_buffer_max_size", 0) or 0
+            self._events = _FakeEventManager(m, buffer, self) if late and buffer > 0 else None
             sched = ec.scheduler_config
             self._policy = sched.capacity_scheduler_policy
             self._normalize = ec.normalize_log_probs
@@ -877,6 +921,12 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 self._iter_stats.clear()
                 return out
 
+        if late:
+
+            def get_kv_cache_event_manager(self):
+                """The KVCacheEventManager, or None when KvCacheConfig.event_buffer_max_size is 0."""
+                return self._events
+
         def get_latest_request_stats(self):
             with self._cv:
                 self._raise_if_shutdown()
@@ -906,6 +956,12 @@ def _make_executor_class(m: types.ModuleType, era: str):
             with self._cv:
                 self._killed = message
                 self._cv.notify_all()
+
+        def fake_kv_metrics(self, rid: int) -> dict | None:
+            """The KvCacheMetrics fields of a request (None: its context blocks are not
+            allocated yet)."""
+            with self._cv:
+                return self._kv_by_id.get(rid)
 
         @property
         def fake_live_count(self) -> int:
@@ -952,10 +1008,13 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 prompt = live.req.input_token_ids
                 if live.context_done < len(prompt):
                     stages[live.id] = m.RequestStage.CONTEXT_IN_PROGRESS
+                    if live.kv_metrics is None:
+                        live.kv_metrics = self._kv_by_id[live.id] = self._allocate(list(prompt))
                     chunk = self._max_num_tokens if self._chunked else len(prompt)
                     live.context_done = min(len(prompt), live.context_done + chunk)
                     if live.context_done < len(prompt):
                         continue
+                    self._store(list(prompt))
                 else:
                     stages[live.id] = m.RequestStage.GENERATION_IN_PROGRESS
                 self._step(live)
@@ -1192,8 +1251,64 @@ def _make_executor_class(m: types.ModuleType, era: str):
                     prompt = list(req.input_token_ids)
                     live.context_logits = torch.stack([self.model.logits(prompt[: i + 1]) for i in range(len(prompt))])
                 res.context_logits = live.context_logits
+            if late and oc.return_perf_metrics and live.kv_metrics is not None:  # on every result
+                res.request_perf_metrics = m.RequestPerfMetrics(kv_cache_metrics=m.KvCacheMetrics(**live.kv_metrics))
             self._finish_fields(live, seq, res)
             self._ready.append(m.Response(live.id, res, *self._client_id(req)))
+
+        # -------------------------------------------------------------- block reuse
+        def _chain(self, tokens: list[int], limit: int) -> list[tuple[int, int | None, list[int]]]:
+            """(hash, parent hash, tokens) of the full blocks in tokens[:limit]."""
+            tpb = self._tokens_per_block
+            out: list[tuple[int, int | None, list[int]]] = []
+            parent = None
+            for end in range(tpb, limit + 1, tpb):
+                h = hash(tuple(tokens[:end])) & ((1 << 63) - 1)
+                out.append((h, parent, tokens[end - tpb : end]))
+                parent = h
+            return out
+
+        def _allocate(self, prompt: list[int]) -> dict:
+            """The KvCacheMetrics of a request entering its context phase: the longest chain of
+            stored blocks over its first len - 1 tokens is reused."""
+            tpb = self._tokens_per_block
+            total = -(-len(prompt) // tpb)
+            reused = missed = 0
+            if self._reuse:
+                for h, _, _ in self._chain(prompt, len(prompt) - 1):
+                    if h not in self._blocks:
+                        break
+                    self._blocks.move_to_end(h)
+                    reused += 1
+                missed = total - reused
+            rate = reused / (reused + missed) if reused + missed else 0.0
+            return {
+                "num_total_allocated_blocks": total,
+                "num_new_allocated_blocks": total - reused,
+                "num_reused_blocks": reused,
+                "num_missed_blocks": missed,
+                "kv_cache_hit_rate": rate,
+            }
+
+        def _store(self, prompt: list[int]) -> None:
+            """Keep the prompt's full blocks for reuse (a KVCacheStoredData for the new ones),
+            evicting the least recently used beyond fake_reuse_capacity (KVCacheRemovedData)."""
+            if not self._reuse:
+                return
+            new = []
+            for h, parent, tokens in self._chain(prompt, len(prompt)):
+                if h in self._blocks:
+                    self._blocks.move_to_end(h)
+                    continue
+                self._blocks[h] = tokens
+                new.append((h, parent, tokens))
+            if new and self._events is not None:
+                self._events.stored(new)
+            evicted = []
+            while len(self._blocks) > self.fake_reuse_capacity:
+                evicted.append(self._blocks.popitem(last=False)[0])
+            if evicted and self._events is not None:
+                self._events.removed(evicted)
 
         def _finish_fields(self, live: _Live, seq: _Seq, res) -> None:
             if seq.done:
@@ -1233,6 +1348,46 @@ def _make_executor_class(m: types.ModuleType, era: str):
             self._ready.append(m.Response(live.id, message, *self._client_id(live.req)))
 
     return Executor
+
+
+class _FakeEventManager:
+    """The executor's KVCacheEventManager: a bounded buffer of KVCacheEvents (the oldest
+    dropped when full), drained by `get_latest_events(timeout=None)`."""
+
+    def __init__(self, m: types.ModuleType, size: int, executor) -> None:
+        self._k = m.kv_cache
+        self._buffer: collections.deque = collections.deque(maxlen=size)
+        self._ids = itertools.count()
+        self._executor = executor
+        self._add(self._k.KVCacheCreatedData(num_blocks_per_cache_level=[1024, 0]))
+
+    def _add(self, data) -> None:
+        self._buffer.append(self._k.KVCacheEvent(event_id=next(self._ids), data=data))
+
+    def stored(self, blocks: list[tuple[int, int | None, list[int]]]) -> None:
+        stored = [
+            self._k.KVCacheStoredBlockData(block_hash=h, tokens=tokens, lora_id=None, cache_level=0, priority=35)
+            for h, _, tokens in blocks
+        ]
+        self._add(self._k.KVCacheStoredData(parent_hash=blocks[0][1], blocks=stored))
+
+    def removed(self, hashes: list[int]) -> None:
+        self._add(self._k.KVCacheRemovedData(block_hashes=hashes))
+
+    def get_latest_events(self, timeout=None) -> list:
+        """Drain the buffer (the executor's lock guards it); `timeout` (a timedelta or float
+        seconds, std::optional<std::chrono::milliseconds>) is how long to wait for an event
+        when there is none."""
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        elif timeout is not None and not isinstance(timeout, float):
+            raise TypeError("get_latest_events(): incompatible function arguments (timeout)")
+        with self._executor._cv:
+            if not self._buffer and timeout:
+                self._executor._cv.wait(timeout)
+            out = list(self._buffer)
+            self._buffer.clear()
+            return out
 
 
 class _FakeGuidedDecoder:
@@ -1330,6 +1485,7 @@ def engine_config(
     use_paged_context_fmha: bool = True,
     gather_context_logits: bool = False,
     version: str = "1.0.0",
+    tokens_per_block: int | None = 32,
 ) -> dict:
     """The config.json trtllm-build writes into an engine directory."""
     return {
@@ -1348,7 +1504,11 @@ def engine_config(
             "max_num_tokens": max_num_tokens,
             "max_beam_width": max_beam_width,
             "gather_context_logits": gather_context_logits,
-            "plugin_config": {"use_paged_context_fmha": use_paged_context_fmha, "paged_kv_cache": True},
+            "plugin_config": {
+                "use_paged_context_fmha": use_paged_context_fmha,
+                "paged_kv_cache": True,
+                **({} if tokens_per_block is None else {"tokens_per_block": tokens_per_block}),
+            },
         },
     }
 

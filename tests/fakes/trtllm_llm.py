@@ -52,6 +52,16 @@ source (NVIDIA/TensorRT-LLM):
     without one, a guided request is refused (the executor double's error response, as a
     `RequestError`), and a guide the grammar backend cannot compile fails the whole batch.
 
+KV-cache block reuse: the LLM's `KvCacheConfig(enable_block_reuse=True)` (the default) turns
+on the executor double's block reuse, with blocks of `KvCacheConfig.tokens_per_block` tokens
+(32 by default, `llmapi/llm_args.py`; that every modelled release has the field is
+[UNCONFIRMED] for 1.0). `SamplingParams(return_perf_metrics=True)` (1.0 release notes: "Add
+request_perf_metrics to LLMAPI") puts the executor's `RequestPerfMetrics` on each
+CompletionOutput (`result.py` `_handle_sequence`); from the releases with PR #7637 (merged
+September 2025; here 1.2 and later, `Release.cached_tokens`) the RequestOutput also carries
+`cached_tokens`, the request's exact reused prompt tokens (`result.py`
+`GenerationResultBase.cached_tokens`). KV cache events of the LLM API are not modelled.
+
 Test hooks: `fake_executor` (the executor double inside), `fake_kill()`, `fake_fail_submit()`.
 """
 
@@ -128,6 +138,7 @@ class SamplingParams:
     detokenize: bool = True
     skip_special_tokens: bool = True
     guided_decoding: GuidedDecodingParams | None = None
+    return_perf_metrics: bool = False
 
     def __post_init__(self):
         if self.pad_id is None:
@@ -171,6 +182,7 @@ class CompletionOutput:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.generation_logits = None
+        self.request_perf_metrics = None
         self._last_token_ids_len = 0
         self._last_logprobs_len = 0
 
@@ -211,6 +223,8 @@ class RequestOutput:
         self._events: asyncio.Queue = asyncio.Queue()
         self._error: BaseException | None = None
         self._aborted = False
+        if llm.fake_cached_tokens:
+            self.cached_tokens = 0
 
     # called on the loop by the LLM's awaiter thread
     def _on_response(self, response) -> None:
@@ -232,6 +246,13 @@ class RequestOutput:
             if values is not None:
                 context = self.prompt_token_ids + out.token_ids + new[:-1]
                 values.append(float(self._llm.fake_log_softmax(context, self._params)[self._params.end_id]))
+        perf = getattr(res, "request_perf_metrics", None)
+        if perf is not None:
+            out.request_perf_metrics = perf
+        if self._llm.fake_cached_tokens:  # the prepopulated prompt length (PR #7637)
+            metrics = self._llm.fake_executor.fake_kv_metrics(self.request_id)
+            if metrics is not None:
+                self.cached_tokens = metrics["num_reused_blocks"] * self._llm.args.kv_cache_config.tokens_per_block
         base = self.prompt_token_ids + out.token_ids
         out.token_ids += new
         if values is not None:
@@ -309,6 +330,7 @@ class KvCacheConfig:
         "free_gpu_memory_fraction": None,
         "host_cache_size": None,
         "enable_partial_reuse": True,
+        "tokens_per_block": 32,
     }
 
     def __init__(self, **kwargs):
@@ -328,6 +350,7 @@ class LLM:
     fake_release_args: ClassVar[frozenset[str]] = frozenset({"sampler_type"})
     fake_sampler_types: ClassVar[frozenset[str]] = frozenset({"TRTLLMSampler", "TorchSampler", "auto"})
     fake_torch_sampler: ClassVar[str] = "torch-legacy"
+    fake_cached_tokens: ClassVar[bool] = True
     fake_logprobs: ClassVar[str] = "topk"
     fake_ignore_eos_drops_stops: ClassVar[bool] = True
     fake_length_error: ClassVar[type[Exception]] = ValueError
@@ -393,6 +416,7 @@ class LLM:
             max_seq_len=max_seq_len,
             max_batch_size=self.args.max_batch_size,
             max_num_tokens=self.args.max_num_tokens,
+            tokens_per_block=self.args.kv_cache_config.tokens_per_block,
         )
         guided = None
         backend = kwargs.get("guided_decoding_backend")
@@ -418,7 +442,7 @@ class LLM:
             max_beam_width=1,
             max_batch_size=self.args.max_batch_size,
             max_num_tokens=self.args.max_num_tokens,
-            kv_cache_config=tl.KvCacheConfig(enable_block_reuse=True),
+            kv_cache_config=tl.KvCacheConfig(enable_block_reuse=self.args.kv_cache_config.enable_block_reuse),
             enable_chunked_context=self.args.enable_chunked_prefill,
             # llm.py: normalize_log_probs from the LLM's args (False); the PyTorch backend's
             # samplers do not normalize either (PR #12366's description)
@@ -494,7 +518,11 @@ class LLM:
             max_tokens=max(1, min(p.max_tokens, room)),
             streaming=streaming,
             sampling_config=tl.SamplingConfig(**{k: v for k, v in sc.items() if v is not None}),
-            output_config=tl.OutputConfig(return_log_probs=p.logprobs is not None, exclude_input_from_output=True),
+            output_config=tl.OutputConfig(
+                return_log_probs=p.logprobs is not None,
+                exclude_input_from_output=True,
+                return_perf_metrics=p.return_perf_metrics,
+            ),
             end_id=-1 if p.ignore_eos else p.end_id,
             pad_id=p.pad_id,
             stop_words=stops or None,
@@ -597,6 +625,7 @@ class Release:
         ignore_eos_drops_stops: the worker sends `stop_words=[]` with ignore_eos.
         length_error: what `_check_arguments` raises for a prompt over max_num_tokens.
         version: `tensorrt_llm.__version__`.
+        cached_tokens: the RequestOutput carries `cached_tokens` (PR #7637).
     """
 
     sampler_args: frozenset[str]
@@ -606,17 +635,18 @@ class Release:
     ignore_eos_drops_stops: bool
     length_error: type[Exception]
     version: str
+    cached_tokens: bool = True
 
 
 _SAMPLER_TYPES = frozenset({"TRTLLMSampler", "TorchSampler", "auto"})
 RELEASES = {
     # 1.0: `enable_trtllm_sampler` (docs/source/1.0/features/sampling.md)
     "1.0.0": Release(
-        frozenset({"enable_trtllm_sampler"}), frozenset(), "torch-legacy", "sampled", False, ValueError, "1.0.0"
+        frozenset({"enable_trtllm_sampler"}), frozenset(), "torch-legacy", "sampled", False, ValueError, "1.0.0", False
     ),
     # PR #6216 (July 2025) to PR #6831 (August 2025): `use_torch_sampler`, TRTLLMSampler by default
     "1.1.0rc0": Release(
-        frozenset({"use_torch_sampler"}), frozenset(), "torch-legacy", "topk", True, ValueError, "1.1.0rc0"
+        frozenset({"use_torch_sampler"}), frozenset(), "torch-legacy", "topk", True, ValueError, "1.1.0rc0", False
     ),
     # PR #6831: `sampler_type` (auto -> TorchSampler)
     "1.2.0": Release(frozenset({"sampler_type"}), _SAMPLER_TYPES, "torch-legacy", "topk", True, ValueError, "1.2.0"),
@@ -660,6 +690,7 @@ def install(
         fake_logprobs = release.logprobs
         fake_ignore_eos_drops_stops = release.ignore_eos_drops_stops
         fake_length_error = release.length_error
+        fake_cached_tokens = release.cached_tokens
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)

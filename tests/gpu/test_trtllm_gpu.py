@@ -11,6 +11,9 @@ Then, per engine, what the doubles can only model:
   * a guide that XGrammar refuses and llguidance accepts (`\p{L}+`) fails alone with
     INVALID_ARGUMENT while a request next to it finishes (the runtime would fail the batch,
     `GuidedDecoder::build`);
+  * KV-cache block reuse (on by default): a prompt sent twice gives the same greedy tokens, and
+    the second time reports cached tokens (at most the prompt length - 1) that the prefix
+    cache counters add up, where the release reports reuse (core/engine/trtllm/reuse.py);
   * `--engine trtllm-llm` serves a prompt longer than the LLM's `max_num_tokens` (chunked
     prefill; `llm.py` `_check_arguments`), and refuses it itself, as CONTEXT_LENGTH_EXCEEDED,
     with `--no-trt-enable-chunked-prefill`.
@@ -43,6 +46,7 @@ from core.engine import hf  # noqa: E402
 from core.engine.registry import tokenizer_path  # noqa: E402
 from core.engine.trtllm import executor as trtllm  # noqa: E402
 from core.engine.trtllm import llm as trtllm_llm  # noqa: E402
+from core.engine.trtllm.options import release_at_least  # noqa: E402
 from core.tokenizer import Tokenizer  # noqa: E402
 from gateways.common.status import GatewayError  # noqa: E402
 from tests.conftest import core_config  # noqa: E402
@@ -133,6 +137,23 @@ async def _check_bad_guide_next_to_a_running_request(stub) -> None:
     assert finish_of(rest).finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_EOS)
 
 
+async def _check_block_reuse(server, stub, reported: bool) -> None:
+    """The same long prompt twice: identical greedy tokens; the second reports its reused
+    prompt tokens (0 < cached < prompt) where `reported`, else 0; the counters agree."""
+    text = " ".join(["The license grants every user the right to copy the work."] * 20)
+    long = spb.GenerateRequest(text=text, stopping=pb.StoppingParams(max_new_tokens=8))
+    first = await collect(stub, long)
+    second = await collect(stub, long)
+    assert tokens_of(second) == tokens_of(first)
+    prompt, cached = second[-1].usage.prompt_tokens, second[-1].usage.cached_tokens
+    stats = server.engine.stats().prefix_cache
+    assert stats is not None
+    if reported:
+        assert 0 < cached < prompt and stats.hits >= cached and stats.queries >= 2 * prompt
+    else:
+        assert cached == 0
+
+
 @pytest.fixture(scope="module")
 def demo_engine(tmp_path_factory, demo) -> Path:
     examples = os.environ.get("TRTLLM_EXAMPLES_DIR")
@@ -160,16 +181,21 @@ async def test_executor_engine_matches_hf(demo_engine, hf_greedy):
 
 async def test_executor_engine_logprobs_and_guides(demo_engine, hf_logprobs):
     tokenizer = Tokenizer.load(tokenizer_path(core_config(demo_engine, engine="trtllm")))
-    async with serve_engine(trtllm.build, demo_engine, tokenizer, engine="trtllm") as (_server, stub):
+    async with serve_engine(trtllm.build, demo_engine, tokenizer, engine="trtllm") as (server, stub):
         await _check_logprobs(stub, hf_logprobs)
         await _check_bad_guide_next_to_a_running_request(stub)
+        await _check_block_reuse(server, stub, server.engine._reuse_reported)
 
 
 async def test_llm_api_engine_logprobs_and_guides(demo, hf_logprobs):
     tokenizer = Tokenizer.load(demo)
-    async with serve_engine(trtllm_llm.build, demo, tokenizer, engine="trtllm-llm") as (_server, stub):
+    async with serve_engine(trtllm_llm.build, demo, tokenizer, engine="trtllm-llm") as (server, stub):
         await _check_logprobs(stub, hf_logprobs)
         await _check_bad_guide_next_to_a_running_request(stub)
+        # exact cached_tokens from 1.2 (PR #7637); before, perf metrics and the block size
+        engine = server.engine
+        reported = engine._tokens_per_block is not None or release_at_least(engine._api.version, "1.2.0rc0")
+        await _check_block_reuse(server, stub, reported)
 
 
 @pytest.mark.parametrize("chunked", [True, False])

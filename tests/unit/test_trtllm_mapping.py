@@ -35,6 +35,8 @@ OLD = BindingApi(
     min_p=False,
     finish_reasons=False,
     executor_config_fields=frozenset({"max_batch_size"}),
+    perf_metrics=False,
+    kv_events=False,
 )
 
 
@@ -188,7 +190,7 @@ def test_enqueue_errors(message, stopping, kind):
     "era, expected",
     [
         ("1.0", BindingApi(guide_types=frozenset({"JSON", "JSON_SCHEMA", "REGEX", "EBNF_GRAMMAR", "STRUCTURAL_TAG"}))),
-        ("0.15", BindingApi(num_return_sequences=False, min_p=False)),
+        ("0.15", BindingApi(num_return_sequences=False, min_p=False, perf_metrics=False, kv_events=False)),
         ("0.11", OLD),
     ],
 )

@@ -92,6 +92,11 @@ class BindingApi:
             guided decoding, before 0.16).
         normalize_log_probs: ExecutorConfig takes normalize_log_probs (every release with the
             executor; `executorConfig.cpp`, default True until PR #12366, March 2026).
+        perf_metrics: `OutputConfig(return_perf_metrics=...)` exists and a `Result` carries
+            `request_perf_metrics` (0.16 and later: `request.cpp`; Triton's tensorrtllm_backend
+            reads `result.request_perf_metrics.kv_cache_metrics` from v0.16.0).
+        kv_events: `KvCacheConfig(event_buffer_max_size=...)` and
+            `Executor.get_kv_cache_event_manager()` exist (`executorConfig.cpp`, `executor.cpp`).
     """
 
     max_tokens: str = "max_tokens"
@@ -103,6 +108,8 @@ class BindingApi:
     executor_config_fields: frozenset[str] = frozenset(EXECUTOR_CONFIG_FIELDS)
     guide_types: frozenset[str] = frozenset()
     normalize_log_probs: bool = True
+    perf_metrics: bool = True
+    kv_events: bool = True
 
 
 def _accepts(ctor: Callable[..., object], *args: object, **kwargs: object) -> bool:
@@ -129,6 +136,10 @@ def detect_api(tl: Bindings) -> BindingApi:
         executor_config_fields=fields,
         guide_types=_guide_types(tl),
         normalize_log_probs=_accepts(tl.ExecutorConfig, max_beam_width=1, normalize_log_probs=False),
+        perf_metrics=_accepts(tl.OutputConfig, return_perf_metrics=True)
+        and hasattr(tl.Result(), "request_perf_metrics"),
+        kv_events=_accepts(tl.KvCacheConfig, event_buffer_max_size=1)
+        and hasattr(tl.Executor, "get_kv_cache_event_manager"),
     )
 
 
@@ -161,6 +172,11 @@ class LlmApi:
         sampler_types: the members of `tensorrt_llm.llmapi.llm_args.SamplerType` (the values
             `sampler_type` takes, 1.1 to the releases before PR #18232); empty where the
             release has no such enum.
+        perf_metrics: `SamplingParams` has `return_perf_metrics` (1.0 and later: "Add
+            request_perf_metrics to LLMAPI", 1.0 release notes), so each CompletionOutput can
+            carry `request_perf_metrics`.
+        kv_events: `KvCacheConfig` has `event_buffer_max_size` and `LLM` has
+            `get_kv_cache_events` (`llmapi/llm.py`, `llmapi/llm_args.py`).
     """
 
     llm: Any
@@ -171,6 +187,8 @@ class LlmApi:
     version: str
     guided_decoding_params: Any = None
     sampler_types: frozenset[str] = frozenset()
+    perf_metrics: bool = False
+    kv_events: bool = False
 
 
 def import_llm_api() -> LlmApi:
@@ -202,7 +220,16 @@ def import_llm_api() -> LlmApi:
         version=release_of(top),
         guided_decoding_params=getattr(llmapi, "GuidedDecodingParams", None),
         sampler_types=_sampler_types(),
+        perf_metrics="return_perf_metrics" in _field_names(top.SamplingParams),
+        kv_events="event_buffer_max_size" in _field_names(llmapi.KvCacheConfig)
+        and hasattr(top.LLM, "get_kv_cache_events"),
     )
+
+
+def _field_names(cls: Any) -> frozenset[str]:
+    """Field names of a dataclass (`SamplingParams`) or a pydantic model (`KvCacheConfig`)."""
+    fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "model_fields", None) or {}
+    return frozenset(str(k) for k in fields)
 
 
 def _sampler_types() -> frozenset[str]:

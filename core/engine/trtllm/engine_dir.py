@@ -33,6 +33,9 @@ class EngineLayout:
         paged_context_fmha: needed for KV-cache block reuse and chunked context.
         gather_context_logits: context logits can be returned (prompt logprobs).
         version: TensorRT-LLM version that built the engine, when recorded.
+        tokens_per_block: tokens of one paged KV-cache block (`build_config.plugin_config.
+            tokens_per_block`; None where the config does not record it): turns the reused
+            blocks the runtime reports into reused tokens (reuse.reused_tokens).
     """
 
     engine_dir: Path
@@ -47,6 +50,7 @@ class EngineLayout:
     paged_context_fmha: bool = False
     gather_context_logits: bool = False
     version: str | None = None
+    tokens_per_block: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -116,4 +120,5 @@ def read_engine_layout(model_dir: str | Path) -> EngineLayout:
         paged_context_fmha=bool(plugins.get("use_paged_context_fmha", manifest.get("use_paged_context_fmha", False))),
         gather_context_logits=bool(build.get("gather_context_logits", manifest.get("gather_context_logits", False))),
         version=config.get("version") or manifest.get("tensorrt_llm_version"),
+        tokens_per_block=int(plugins["tokens_per_block"]) if plugins.get("tokens_per_block") else None,
     )

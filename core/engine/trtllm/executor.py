@@ -25,6 +25,13 @@ strings, logprob formatting and sessions are the core's shared request pipeline.
     list no guide kinds, so the core refuses guided requests before they reach the engine.
   * Logprobs are the model's: `ExecutorConfig(normalize_log_probs=False)` wherever the
     release has it (options.executor_config).
+  * KV-cache block reuse (on unless --no-trt-enable-block-reuse or --no-prefix-cache): where
+    the release reports per-request perf metrics (0.16 and later), every request asks for
+    them and its reused prompt tokens (reuse.reused_tokens: reused blocks x the engine's
+    tokens_per_block, at most the prompt length - 1) go out as `cached_tokens` and into the
+    prefix cache counters; earlier releases report 0. Where the release keeps KV cache events,
+    the awaiter thread drains them with each response batch and counts the blocks stored and
+    removed (reuse.ReuseCounter).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from core.engine.trtllm.mapping import (
     xgrammar_tokenizer_info,
 )
 from core.engine.trtllm.options import TrtllmOptions, executor_config, guided_decoding_config
+from core.engine.trtllm.reuse import ReuseCounter, perf_reused_blocks, reused_tokens
 from core.engine.trtllm.sequence import SequenceTracker
 from core.errors import CoreError, EngineDead, InvalidArgument, NotReady, Overloaded
 from core.types import (
@@ -107,6 +115,7 @@ class _Live:
     cancel_sent: bool = False
     executor_done: bool = False
     prompt_info_sent: bool = False
+    cached: int | None = None  # reused prompt tokens, once the runtime reported them
 
 
 # ------------------------------------------------------------------------------------ factory
@@ -209,6 +218,16 @@ class TrtllmEngine(EngineLifecycle):
         self._enqueue_lock = threading.Lock()
         self._live: dict[int, _Live] = {}
         self._by_name: dict[str, _Live] = {}
+        # Reuse is reported where the release has per-request perf metrics and the engine
+        # records its block size; otherwise cached_tokens stays 0 (never an estimate).
+        self._reuse_reported = (
+            options.enable_block_reuse
+            and layout.paged_context_fmha
+            and self.api.perf_metrics
+            and layout.tokens_per_block is not None
+        )
+        self._reuse = ReuseCounter() if options.enable_block_reuse and layout.paged_context_fmha else None
+        self._events: Any = None  # the executor's KVCacheEventManager, where the release keeps events
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -236,6 +255,13 @@ class TrtllmEngine(EngineLifecycle):
         self._executor = await asyncio.to_thread(tl.Executor, self.layout.engine_dir, tl.ModelType.DECODER_ONLY, config)
         if not self._executor.can_enqueue_requests():
             raise RuntimeError(f"rank {rank} cannot enqueue requests; only MPI rank 0 serves gRPC")
+        if self._reuse is not None and self.api.kv_events:
+            self._events = self._executor.get_kv_cache_event_manager()  # None: events not kept
+        if self._reuse is not None and not self._reuse_reported:
+            log.info(
+                "trtllm engine: per-request KV-cache reuse is not reported (this release has no request perf "
+                "metrics, or the engine's config.json has no tokens_per_block); cached_tokens is 0"
+            )
         self._started = self._alive = True
         self._thread = threading.Thread(target=self._await_loop, name="trtllm-awaiter", daemon=True)
         self._thread.start()
@@ -266,9 +292,11 @@ class TrtllmEngine(EngineLifecycle):
         return resolve_trtllm_sampling(opts, random_seed=random_seed)
 
     def stats(self) -> EngineStats:
-        """Requests in the executor: queued (not yet seen scheduled) and active."""
+        """Requests in the executor: queued (not yet seen scheduled) and active; with block
+        reuse on, the prefix cache counters (reuse.ReuseCounter)."""
         queued = sum(1 for live in self._live.values() if live.state < _STATE_RANK[RequestState.SCHEDULED])
-        return EngineStats(active=len(self._live) - queued, queued=queued)
+        prefix = self._reuse.stats() if self._reuse is not None else None
+        return EngineStats(active=len(self._live) - queued, queued=queued, prefix_cache=prefix)
 
     def iteration_stats(self) -> list[str]:
         """Drain the executor's latest iteration stats as JSON strings."""
@@ -338,6 +366,7 @@ class TrtllmEngine(EngineLifecycle):
             return_log_probs=req.logprobs,
             return_context_logits=req.prompt_logprobs is not None,
             exclude_input_from_output=True,
+            **({"return_perf_metrics": True} if self._reuse_reported else {}),
         )
         kwargs: dict[str, object] = {
             "input_token_ids": list(req.prompt_ids),
@@ -405,6 +434,8 @@ class TrtllmEngine(EngineLifecycle):
             try:
                 responses = executor.await_responses(timeout=timeout)
                 stats = list(executor.get_latest_request_stats()) if want_stats else []
+                if self._events is not None and self._reuse is not None:
+                    self._reuse.on_events(self._events.get_latest_events(datetime.timedelta(0)))
             except Exception as e:
                 if not self._stopping:
                     log.error("TensorRT-LLM executor failed: %s", e)
@@ -467,6 +498,16 @@ class TrtllmEngine(EngineLifecycle):
             if found is not None:
                 self._handle(found, batch, now)
 
+    def _note_reuse(self, live: _Live, perf: Any) -> None:
+        """Take a request's reused tokens from a result's KV cache metrics (on every result
+        once the context blocks are allocated; the largest seen wins). The request is counted
+        in the prefix cache counters when it ends."""
+        blocks = perf_reused_blocks(perf)
+        if blocks is None:
+            return
+        cached = reused_tokens(blocks, self.layout.tokens_per_block, len(live.request.prompt_ids))
+        live.cached = max(live.cached or 0, cached)
+
     def _advance(self, live: _Live, state: RequestState, now: float) -> None:
         rank = _STATE_RANK[state]
         if rank > live.state:
@@ -489,6 +530,8 @@ class TrtllmEngine(EngineLifecycle):
                 return
             res = response.result
             executor_final = executor_final or bool(res.is_final)
+            if self._reuse_reported:
+                self._note_reuse(live, getattr(res, "request_perf_metrics", None))
             if req.prompt_logprobs is not None and not live.prompt_info_sent:
                 logits = getattr(res, "context_logits", None)  # on every result when asked
                 if logits is not None:
@@ -528,7 +571,9 @@ class TrtllmEngine(EngineLifecycle):
                     merged.finish_reason, merged.stop_token_id = advance.step.finish_reason, advance.step.stop_token_id
             if advance.trailing is not None:
                 trailing.append(advance.trailing)
-        outputs = [EngineOutput(req.request_id, sequences=list(steps.values()), time=now)]
+        outputs = [
+            EngineOutput(req.request_id, sequences=list(steps.values()), time=now, cached_tokens=live.cached or 0)
+        ]
         if trailing:
             outputs.append(EngineOutput(req.request_id, sequences=trailing, time=now))
         first = outputs[0]
@@ -542,6 +587,8 @@ class TrtllmEngine(EngineLifecycle):
             self._forget(live)
         if all_done or executor_final:
             outputs[-1].finished = True
+            if self._reuse is not None and live.cached is not None:
+                self._reuse.record(len(req.prompt_ids), live.cached)
             if not executor_final and (stopped_locally or all_done):  # the engine stopped it itself
                 self._cancel(live)
         for out in outputs:

@@ -30,6 +30,13 @@ Differences from `--engine trtllm`, each because the LLM API has no way to do it
     (EngineInfo.max_input_length, GetModelInfoResponse.max_input_tokens) and refuses a longer
     prompt with CONTEXT_LENGTH_EXCEEDED before the LLM sees it.
 
+KV-cache block reuse is on unless --no-trt-enable-block-reuse or --no-prefix-cache. A request's
+reused prompt tokens (`cached_tokens`, and the prefix cache counters) are the RequestOutput's
+exact `cached_tokens` where the release has it (PR #7637), else `reused blocks x
+KvCacheConfig.tokens_per_block` (at most the prompt length - 1) from the CompletionOutput's
+`request_perf_metrics` where `SamplingParams` takes `return_perf_metrics` (1.0 and later), else
+0 (reuse.py). The LLM API's KV cache events are not read.
+
 Guided decoding: the LLM is built with `guided_decoding_backend` (--trt-guided-decoding-backend,
 xgrammar by default) and a guided request's `SamplingParams(guided_decoding=
 GuidedDecodingParams(...))` carries the same guide the executor engine sends
@@ -67,6 +74,7 @@ from core.engine.trtllm.mapping import (
     special_ids,
 )
 from core.engine.trtllm.options import Sampler, TrtllmOptions, llm_kwargs
+from core.engine.trtllm.reuse import ReuseCounter, exact_cached_tokens, perf_reused_blocks, reused_tokens
 from core.engine.trtllm.sequence import SequenceTracker
 from core.errors import CoreError, EngineDead, EngineFailure, InvalidArgument, NotReady, Overloaded
 from core.types import (
@@ -127,6 +135,7 @@ class _Live:
     started: bool = False
     aborted: bool = False
     closed: bool = False
+    cached: int | None = None  # reused prompt tokens, once the LLM reported them
 
 
 class TrtllmLlmEngine(EngineLifecycle):
@@ -170,6 +179,8 @@ class TrtllmLlmEngine(EngineLifecycle):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._live: dict[str, _Live] = {}
+        self._reuse = ReuseCounter() if options.enable_block_reuse else None
+        self._tokens_per_block: int | None = None  # the LLM's KvCacheConfig.tokens_per_block, read at start
 
     def _make_info(self, context: int, max_input: int | None) -> EngineInfo:
         """The engine's facts; `max_input` is the longest prompt the LLM takes (None: the
@@ -232,6 +243,8 @@ class TrtllmLlmEngine(EngineLifecycle):
         if self._guide_kinds() and kwargs.get("guided_decoding_backend") == "xgrammar":
             self._guides = XGrammarCheck(await asyncio.to_thread(import_xgrammar))
         self.info = self._make_info(context, max_input)
+        block = getattr(getattr(args, "kv_cache_config", None), "tokens_per_block", None)
+        self._tokens_per_block = int(block) if block else None
         self._started = self._alive = True
         log.info("trtllm-llm engine: %s (TensorRT-LLM %s, %s sampler)", self._model, self._api.version, self.sampler)
 
@@ -268,9 +281,11 @@ class TrtllmLlmEngine(EngineLifecycle):
         return resolve_trtllm_sampling(opts, random_seed=random_seed)
 
     def stats(self) -> EngineStats:
-        """Requests with output so far (active) and without (queued)."""
+        """Requests with output so far (active) and without (queued); with block reuse on, the
+        prefix cache counters (reuse.ReuseCounter)."""
         queued = sum(1 for live in self._live.values() if not live.started)
-        return EngineStats(active=len(self._live) - queued, queued=queued)
+        prefix = self._reuse.stats() if self._reuse is not None else None
+        return EngineStats(active=len(self._live) - queued, queued=queued, prefix_cache=prefix)
 
     def abort(self, request_id: str) -> None:
         """Abort the request's RequestOutput (the LLM cancels it in its executor)."""
@@ -352,6 +367,8 @@ class TrtllmLlmEngine(EngineLifecycle):
             kwargs["embedding_bias"] = binding_call(
                 embedding_bias, "logit_bias", "sampling.logit_bias", bias=req.logit_bias, width=self._model_vocab
             )
+        if self._reuse is not None and self._api.perf_metrics:
+            kwargs["return_perf_metrics"] = True
         if req.guide is not None:
             if req.guide.kind not in self.info.guided_decoding:
                 raise InvalidArgument(
@@ -499,7 +516,9 @@ class TrtllmLlmEngine(EngineLifecycle):
                 steps.append(advance.step)
             if advance.trailing is not None:
                 trailing.append(advance.trailing)
-        outputs = [EngineOutput(req.request_id, sequences=steps, time=now)]
+        if self._reuse is not None:
+            self._note_reuse(live, ro)
+        outputs = [EngineOutput(req.request_id, sequences=steps, time=now, cached_tokens=live.cached or 0)]
         if trailing:
             outputs.append(EngineOutput(req.request_id, sequences=trailing, time=now))
         if not live.started and any(s.token_ids for s in steps):
@@ -507,9 +526,30 @@ class TrtllmLlmEngine(EngineLifecycle):
             outputs[0].state = RequestState.PREFILLED
         if all(s.done for s in live.seqs) or ro.finished:
             outputs[-1].finished = True
+            if self._reuse is not None and live.cached is not None:
+                self._reuse.record(len(req.prompt_ids), live.cached)
             if not ro.finished:  # stopped here (a local stop token): the LLM is still generating
                 self._abort_on_llm_loop(live)
         return [o for o in outputs if o.sequences or o.state is not None or o.finished]
+
+    def _note_reuse(self, live: _Live, ro: Any) -> None:
+        """Take a request's reused prompt tokens from an update that reports them (see the
+        module docstring; the largest seen wins). The request is counted in the prefix cache
+        counters when it ends (on the LLM loop; the counter locks)."""
+        prompt = len(live.request.prompt_ids)
+        cached = exact_cached_tokens(ro, prompt)
+        if cached is None and self._tokens_per_block is not None:
+            blocks = next(
+                (
+                    b
+                    for c in ro.outputs
+                    if (b := perf_reused_blocks(getattr(c, "request_perf_metrics", None))) is not None
+                ),
+                None,
+            )
+            cached = None if blocks is None else reused_tokens(blocks, self._tokens_per_block, prompt)
+        if cached is not None:
+            live.cached = max(live.cached or 0, cached)
 
 
 class _ReadError(Exception):

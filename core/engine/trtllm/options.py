@@ -15,6 +15,7 @@ from typing import Any, Literal
 from core.config import CoreConfig
 from core.engine.trtllm.bindings import BindingApi, Bindings, LlmApi
 from core.engine.trtllm.engine_dir import EngineLayout
+from core.engine.trtllm.reuse import EVENT_BUFFER_MAX_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ class TrtllmOptions:
         max_queue_size: requests waiting before RESOURCE_EXHAUSTED (0: unlimited).
         max_num_tokens: batched tokens per step (None: the engine's value).
         kv_cache_free_gpu_memory_fraction: share of free GPU memory for the KV cache.
-        enable_block_reuse: KV-cache block reuse across requests.
+        enable_block_reuse: KV-cache block reuse across requests (--trt-enable-block-reuse and
+            --prefix-cache: either one off turns it off).
         scheduler_policy: capacity scheduler policy (executor only).
         enable_chunked_context: chunked prefill (executor only).
         enable_chunked_prefill: chunked prefill where the LLM takes `enable_chunked_prefill`
@@ -92,7 +94,8 @@ class TrtllmOptions:
             max_queue_size=config.max_queue_size,
             max_num_tokens=config.trt_max_num_tokens or None,
             kv_cache_free_gpu_memory_fraction=config.trt_kv_cache_free_gpu_memory_fraction,
-            enable_block_reuse=config.trt_enable_block_reuse,
+            # One switch for every engine's prefix reuse (--no-prefix-cache), and the TensorRT-LLM one.
+            enable_block_reuse=config.trt_enable_block_reuse and config.prefix_cache,
             scheduler_policy=policy,
             enable_chunked_context=config.trt_enable_chunked_context,
             enable_chunked_prefill=config.trt_enable_chunked_prefill,
@@ -135,7 +138,9 @@ def executor_config(
     Optional fields go through the constructor, where every release that has them takes them
     (0.11 takes max_batch_size there but has no property for it); a release without one gets
     the engine's value, and without max_queue_size the engine bounds its own queue. Block reuse
-    is turned off with a warning when the engine lacks paged context FMHA. `guided` is the
+    is turned off with a warning when the engine lacks paged context FMHA; with it on, KV cache
+    events are kept (`event_buffer_max_size`, reuse.EVENT_BUFFER_MAX_SIZE) where the release
+    has them (`api.kv_events`). `guided` is the
     `guided_decoding_config` (`guided_decoding_config()`; None: left out).
     `normalize_log_probs` is always False where the release has it: normalized, the runtime
     reports each token's logprob in the top-k/top-p truncated distribution, 0.0 for every
@@ -180,7 +185,9 @@ def executor_config(
         max_beam_width=1,
         scheduler_config=tl.SchedulerConfig(policy),
         kv_cache_config=tl.KvCacheConfig(
-            enable_block_reuse=reuse, free_gpu_memory_fraction=opts.kv_cache_free_gpu_memory_fraction
+            enable_block_reuse=reuse,
+            free_gpu_memory_fraction=opts.kv_cache_free_gpu_memory_fraction,
+            **({"event_buffer_max_size": EVENT_BUFFER_MAX_SIZE} if reuse and api.kv_events else {}),
         ),
         enable_chunked_context=opts.enable_chunked_context,
         iter_stats_max_iterations=opts.iter_stats_max_iterations,
@@ -205,6 +212,8 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     prompt longer than `max_num_tokens` (8192 by default) on the PyTorch backend, however long
     the context; upstream turns it off again, with a warning, for attention backends that
     cannot chunk (`_torch/pyexecutor/py_executor_creator.py`).
+    Block reuse follows `opts.enable_block_reuse`; with it on, KV cache events are kept
+    (`event_buffer_max_size`) where the release has them (`api.kv_events`).
     Executor-only flags that were changed are logged as ignored. Guided decoding goes on with
     `guided_decoding_backend` (`llmapi/llm_args.py`: "xgrammar" or "llguidance", the latter
     on the PyTorch backend only) where the release takes it, with the LLM's tokenizer loaded.
@@ -221,6 +230,7 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
         "kv_cache_config": api.kv_cache_config(
             free_gpu_memory_fraction=opts.kv_cache_free_gpu_memory_fraction,
             enable_block_reuse=opts.enable_block_reuse,
+            **({"event_buffer_max_size": EVENT_BUFFER_MAX_SIZE} if opts.enable_block_reuse and api.kv_events else {}),
         ),
     }
     if opts.max_num_tokens:
