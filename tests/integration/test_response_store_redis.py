@@ -99,26 +99,32 @@ async def test_two_gateways_share_a_chain(redis_url, start_gateway):
         await b.close()
 
 
-async def test_an_unreachable_store_is_503(start_gateway):
-    url = await start_gateway("openai", response_store=f"redis://127.0.0.1:{free_port()}/0")
+def ended_requests(core) -> int:
+    """How many requests the core has seen end (finished, failed or cancelled)."""
+    return sum(core.servicer.pipeline.metrics.requests.values())
+
+
+async def test_an_unreachable_store_is_503_before_anything_is_generated(start_gateway, start_mock_core):
+    core = await start_mock_core()
+    url = await start_gateway("openai", core=core.address, response_store=f"redis://127.0.0.1:{free_port()}/0")
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
         for call in (
             client.responses.retrieve("resp_x"),
             client.responses.delete("resp_x"),
             client.responses.input_items.list("resp_x"),
-            client.responses.create(model=MODEL, input="Hi", max_output_tokens=1),
-            client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_x"),
+            client.responses.create(model="mock", input="Hi", max_output_tokens=50),
+            client.responses.create(model="mock", input="Hi", max_output_tokens=50, stream=True),
+            client.responses.create(model="mock", input="Hi", previous_response_id="resp_x"),
         ):
             with pytest.raises(openai.InternalServerError) as err:
                 await call
             assert err.value.status_code == 503 and err.value.code == "store_unavailable"
+        # The store was asked first: the core generated nothing.
+        assert ended_requests(core) == 0 and core.servicer.pipeline.metrics.generation_tokens == 0
         # Without storing, nothing needs the store.
-        resp = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, store=False)
+        resp = await client.responses.create(model="mock", input="Hi", max_output_tokens=1, store=False)
         assert resp.status in ("completed", "incomplete") and resp.store is False
-        stream = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, stream=True)
-        events = [event async for event in stream]
-        assert [e.type for e in events[-2:]] == ["error", "response.failed"]
-        assert events[-2].code == "store_unavailable"
+        assert ended_requests(core) == 1
 
 
 def test_a_bad_ttl_is_refused():
