@@ -8,7 +8,8 @@ the text; and the chat records they give are rendered once more, in Anthropic's 
 
 Shapes are anthropic-sdk-python 2.10.0's (`anthropic/types/`): `message.py`, `usage.py`,
 `text_block.py`, `tool_use_block.py`, `thinking_block.py`, `raw_message_*_event.py`,
-`raw_content_block_*_event.py`, `text_delta.py`, `input_json_delta.py`, `thinking_delta.py`.
+`raw_content_block_*_event.py`, `text_delta.py`, `input_json_delta.py`, `thinking_delta.py`,
+`signature_delta.py`.
 
 Request rules: `system` becomes the first, system message (text blocks joined with newlines);
 a user turn's text and image blocks become one user message, and each `tool_result` block a
@@ -345,7 +346,8 @@ class EventStream:
     stop_sequence, usage) and message_stop. A block is opened by its first delta
     (content_block_start, then content_block_delta: thinking_delta, text_delta or
     input_json_delta) and closed (content_block_stop) when a block of another kind or another
-    tool call starts, or at the end.
+    tool call starts, or at the end. A thinking block's last delta is a signature_delta, as
+    Anthropic sends it; its signature is empty (nothing is signed here).
 
     Attributes:
         state: the chat renderers' state (state_for).
@@ -378,8 +380,12 @@ class EventStream:
     def _close(self) -> list[bytes]:
         if self.kind is None:
             return []
+        out = []
+        if self.kind == "thinking":
+            out.append(self._delta(self.index, {"type": "signature_delta", "signature": ""}))
         self.kind = None
-        return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        out.append(event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+        return out
 
     def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
         return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})

@@ -180,7 +180,9 @@ def test_stream_events_parse_with_the_sdk_models_and_rebuild_the_message():
     assert kinds[0] == ("message_start", None) and kinds[-2:] == [("message_delta", None), ("message_stop", None)]
     starts = [e.content_block.type for e in parsed if e.type == "content_block_start"]
     assert starts == ["thinking", "text", "tool_use"]
-    thinking = "".join(e.delta.thinking for e in parsed if e.type == "content_block_delta" and e.index == 0)
+    block0 = [e.delta for e in parsed if e.type == "content_block_delta" and e.index == 0]
+    assert [d.type for d in block0[-1:]] == ["signature_delta"] and block0[-1].signature == ""
+    thinking = "".join(d.thinking for d in block0[:-1])
     arguments = "".join(e.delta.partial_json for e in parsed if e.type == "content_block_delta" and e.index == 2)
     assert thinking == "plan it" and json.loads(arguments) == {"q": 1}
     assert parsed[-2].delta.stop_reason == "tool_use" and parsed[-2].usage.input_tokens == 6
