@@ -361,6 +361,7 @@ class EventStream:
     call_blocks: dict[int, int] = field(default_factory=dict)
     finish: str | None = None
     stop_sequence: str | None = None
+    _text_delta: wire.Template | None = None  # the open text block's text_delta event
 
     def start(self) -> bytes:
         """message_start (usage unknown yet: zeros; message_delta carries it) and a ping."""
@@ -413,9 +414,7 @@ class EventStream:
                 out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             out.append(self._delta(self.index, {"type": "thinking_delta", "thinking": reasoning}))
         if text := delta.get("content"):
-            if self.kind != "text":
-                out += self._open("text", {"type": "text", "text": ""})
-            out.append(self._delta(self.index, {"type": "text_delta", "text": text}))
+            out += self._text(text)
         for call in delta.get("tool_calls") or ():
             function = call["function"]
             if "id" in call:
@@ -427,6 +426,21 @@ class EventStream:
                 out.append(self._delta(index, {"type": "input_json_delta", "partial_json": function["arguments"]}))
         if choice["finish_reason"] is not None:
             self.finish = choice["finish_reason"]
+        return out
+
+    def text(self, text: str) -> bytes:
+        """The events of a plain decode step's text (core_call.Step; the route asks for steps
+        when chat_translate.plain_deltas holds: no reasoning or tool calls to parse): what
+        `message` gives for a message with that text alone."""
+        return b"".join(self._text(text)) if text else b""
+
+    def _text(self, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self.kind != "text" or self._text_delta is None:
+            out += self._open("text", {"type": "text", "text": ""})
+            index = self.index
+            self._text_delta = wire.Template(lambda value: self._delta(index, {"type": "text_delta", "text": value}))
+        out.append(self._text_delta.fill_text(text))
         return out
 
     def end(self) -> bytes:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -51,32 +50,6 @@ def _not_found(response_id: str, param: str | None = None) -> GatewayError:
         param=param,
         reason="PREVIOUS_RESPONSE_NOT_FOUND" if param else "NOT_FOUND",
     )
-
-
-class _End:
-    """The end of a complete stream, after its response was stored."""
-
-
-_END = _End()
-
-
-class _Events:
-    """A response's core stream as relay items: its deltas, then `_END` once the finished
-    response is stored."""
-
-    def __init__(self, stream: CoreStream, finish: Callable[[], Awaitable[None]]) -> None:
-        self.stream = stream
-        self._finish = finish
-
-    async def __aiter__(self) -> AsyncIterator[Delta | _End]:
-        async for delta in self.stream:
-            yield delta
-        await self._finish()
-        yield _END
-
-    def cancel(self) -> None:
-        """Cancel the core's request."""
-        self.stream.cancel()
 
 
 async def handle_create(request: web.Request, body: Any, *, reasoning_parser: str = "") -> web.StreamResponse:
@@ -144,9 +117,7 @@ async def handle_create(request: web.Request, body: Any, *, reasoning_parser: st
         out = events.complete(cast(pb.Usage, state.usage))
         await _keep(store, checked, ids, context, out)
 
-    def render(item: Delta | _End) -> bytes:
-        if item is _END:
-            return events.end()
+    def render(item: Delta) -> bytes:
         if type(item) is tuple:
             return events.text(item[0])
         chunks = chat_translate.to_chunks(cast(spb.GenerateResponse, item), state)
@@ -158,11 +129,13 @@ async def handle_create(request: web.Request, body: Any, *, reasoning_parser: st
 
     return await relay(
         request,
-        _Events(stream, finish),
+        stream,
         render,
         render_error,
         content_type=wire.SSE_CONTENT_TYPE,
         headers=headers,
+        end=events.end,
+        finish=finish,
         request_id=ids.response,
     )
 

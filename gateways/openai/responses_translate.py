@@ -408,6 +408,7 @@ class ResponseEvents:
     finish: str | None = None
     _open: dict[str, Any] | None = None  # the output item being streamed
     _parts: list[bytes] = field(default_factory=list)
+    _text_delta: wire.Template | None = None  # the open message's output_text.delta event
 
     def _emit(self, event: dict[str, Any]) -> None:
         event["sequence_number"] = self.sequence
@@ -460,16 +461,19 @@ class ResponseEvents:
             item = self._open_message()
         part = item["content"][0]
         part["text"] += text
-        self._emit(
-            {
+        template = self._text_delta
+        if template is None:
+            event = {
                 "type": "response.output_text.delta",
                 "item_id": item["id"],
                 "output_index": len(self.response["output"]),
                 "content_index": 0,
-                "delta": text,
-                "logprobs": [],
             }
-        )
+            template = self._text_delta = wire.Template(
+                lambda delta, number: sse({**event, "delta": delta, "logprobs": [], "sequence_number": number}), 2
+            )
+        self._parts.append(template.fill(text, self.sequence))
+        self.sequence += 1
 
     def _reasoning(self, text: str) -> None:
         item = self._open
@@ -497,6 +501,7 @@ class ResponseEvents:
 
     def _open_message(self) -> dict[str, Any]:
         """Start a message item with an empty output_text part."""
+        self._text_delta = None
         index = len(self.response["output"])
         item = message_item(self.ids.message(index), "", "in_progress")
         item["content"] = []
