@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Generic, Protocol, TypeVar, cast
 
 import grpc
@@ -343,6 +343,7 @@ async def relay(
     charset: str | None = None,
     headers: Mapping[str, str] | None = None,
     end: Callable[[], bytes] | None = None,
+    finish: Callable[[], Awaitable[None]] | None = None,
     request_id: str = "",
 ) -> web.StreamResponse:
     """Answer with an open stream: one write per core message (or batch), merged writes while
@@ -364,6 +365,9 @@ async def relay(
         content_type, charset, headers: see `stream_response`.
         end: the framed bytes after the last item of a complete stream (e.g. a usage chunk,
             `data: [DONE]`), if any.
+        finish: awaited after the last item of a complete stream, before `end` (e.g. storing
+            the finished response, which `end` then announces); a GatewayError it raises ends
+            the stream in-band instead of `end`.
         request_id: for the log.
 
     Returns:
@@ -383,13 +387,18 @@ async def relay(
         )
         pushed: object = stream  # a Stream[T] whose T is Delta
         if isinstance(pushed, CoreStream):
-            await _relay_pushed(pushed, out, cast(_RenderDelta, render), render_error, end)
+            if finish is None:
+                await _relay_pushed(pushed, out, cast(_RenderDelta, render), render_error, end)
+            elif await _relay_pushed(pushed, out, cast(_RenderDelta, render), render_error, None):
+                await _finish(out, finish, end, render_error, request_id)
         else:
             try:
                 async for item in stream:
                     if data := render(item):
                         out.write(data)
                         await out.drain()
+                if finish is not None:
+                    await finish()
                 if end is not None and (data := end()):
                     out.write(data)
             except GatewayError as e:
@@ -408,19 +417,38 @@ async def relay(
     return resp
 
 
+async def _finish(
+    out: ResponseWriter,
+    finish: Callable[[], Awaitable[None]],
+    end: Callable[[], bytes] | None,
+    render_error: Callable[[GatewayError], bytes],
+    request_id: str,
+) -> None:
+    """`finish`, then `end`'s bytes, after a complete pushed stream (see relay)."""
+    try:
+        await finish()
+        data = end() if end is not None else b""
+    except GatewayError as e:
+        log.warning("request %s failed mid-stream: %s %s", request_id, e.code.name, e.message)
+        data = render_error(e)
+    if data:
+        out.write(data)
+
+
 async def _relay_pushed(
     stream: CoreStream,
     out: ResponseWriter,
     render: _RenderDelta,
     render_error: Callable[[GatewayError], bytes],
     end: Callable[[], bytes] | None,
-) -> None:
-    done = False
+) -> bool:
+    """Relay a CoreStream from its listener; True when it ended complete (not in-band)."""
+    done = complete = False
     gone: ConnectionResetError | None = None
     wake: asyncio.Future[None] | None = None
 
     def on_news() -> None:
-        nonlocal done, gone
+        nonlocal done, gone, complete
         if done:  # ended in-band already: news until the call is cancelled are dropped
             return
         parts: list[bytes] = []
@@ -434,7 +462,7 @@ async def _relay_pushed(
                     raise error
                 if end is not None:
                     parts.append(end())
-                done = True
+                done = complete = True
         except GatewayError as e:
             log.warning("request %s failed mid-stream: %s %s", stream.call.request.request_id, e.code.name, e.message)
             parts.append(render_error(e))
@@ -463,3 +491,4 @@ async def _relay_pushed(
         await wake
     if gone is not None:
         raise gone
+    return complete

@@ -66,7 +66,8 @@ def add_arguments(parser: EnvArgumentParser) -> None:
         choices=["", *PARSERS],
         default="",
         help="read the model's <think> reasoning out of its text (vLLM's parser names): chat completions "
-        "return it as message.reasoning / delta.reasoning, /v1/messages as thinking blocks; empty: none",
+        "return it as message.reasoning / delta.reasoning, /v1/responses as reasoning items, /v1/messages as "
+        "thinking blocks; empty: none",
     )
     parser.add_argument(
         "--response-store",

@@ -98,6 +98,7 @@ _DELTA = {
     "anyOf": [
         _event("text_delta", text=_STRING),
         _event("thinking_delta", thinking=_STRING),
+        _event("signature_delta", signature=_STRING),
         _event("input_json_delta", partial_json=_STRING),
     ]
 }

@@ -26,6 +26,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common import framing as wire
 from gateways.common.app import core_client
+from gateways.common.chat import translate as chat_translate
 from gateways.common.core_call import Delta
 from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, collect, relay
@@ -72,7 +73,8 @@ async def handle_messages(request: web.Request, body: Any, *, reasoning_parser: 
             messages = await collect(client.generate(generate_request))
             reply = translate.to_message(messages, state, message_id=message_id)
             return web.json_response(reply, headers=headers, dumps=wire.dumps)
-        stream = await CoreStream.open(client.generate(generate_request))
+        steps = chat_translate.plain_deltas(state)
+        stream = await CoreStream.open(client.generate(generate_request, steps=steps))
     except GatewayError as e:
         return _failed(e, message_id, headers)
     events = translate.EventStream(state, message_id)
@@ -80,8 +82,13 @@ async def handle_messages(request: web.Request, body: Any, *, reasoning_parser: 
 
     def render(delta: Delta) -> bytes:
         nonlocal started
-        head = b"" if started else events.start()
-        started = True
+        if started:
+            head = b""
+        else:
+            head = events.start()
+            started = True
+        if type(delta) is tuple:
+            return head + events.text(delta[0])
         return head + events.message(cast(spb.GenerateResponse, delta))
 
     def render_error(err: GatewayError) -> bytes:

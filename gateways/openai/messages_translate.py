@@ -8,7 +8,8 @@ the text; and the chat records they give are rendered once more, in Anthropic's 
 
 Shapes are anthropic-sdk-python 2.10.0's (`anthropic/types/`): `message.py`, `usage.py`,
 `text_block.py`, `tool_use_block.py`, `thinking_block.py`, `raw_message_*_event.py`,
-`raw_content_block_*_event.py`, `text_delta.py`, `input_json_delta.py`, `thinking_delta.py`.
+`raw_content_block_*_event.py`, `text_delta.py`, `input_json_delta.py`, `thinking_delta.py`,
+`signature_delta.py`.
 
 Request rules: `system` becomes the first, system message (text blocks joined with newlines);
 a user turn's text and image blocks become one user message, and each `tool_result` block a
@@ -345,7 +346,8 @@ class EventStream:
     stop_sequence, usage) and message_stop. A block is opened by its first delta
     (content_block_start, then content_block_delta: thinking_delta, text_delta or
     input_json_delta) and closed (content_block_stop) when a block of another kind or another
-    tool call starts, or at the end.
+    tool call starts, or at the end. A thinking block's last delta is a signature_delta, as
+    Anthropic sends it; its signature is empty (nothing is signed here).
 
     Attributes:
         state: the chat renderers' state (state_for).
@@ -359,6 +361,7 @@ class EventStream:
     call_blocks: dict[int, int] = field(default_factory=dict)
     finish: str | None = None
     stop_sequence: str | None = None
+    _text_delta: wire.Template | None = None  # the open text block's text_delta event
 
     def start(self) -> bytes:
         """message_start (usage unknown yet: zeros; message_delta carries it) and a ping."""
@@ -378,8 +381,12 @@ class EventStream:
     def _close(self) -> list[bytes]:
         if self.kind is None:
             return []
+        out = []
+        if self.kind == "thinking":
+            out.append(self._delta(self.index, {"type": "signature_delta", "signature": ""}))
         self.kind = None
-        return [event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        out.append(event("content_block_stop", {"type": "content_block_stop", "index": self.index}))
+        return out
 
     def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
         return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
@@ -407,9 +414,7 @@ class EventStream:
                 out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             out.append(self._delta(self.index, {"type": "thinking_delta", "thinking": reasoning}))
         if text := delta.get("content"):
-            if self.kind != "text":
-                out += self._open("text", {"type": "text", "text": ""})
-            out.append(self._delta(self.index, {"type": "text_delta", "text": text}))
+            out += self._text(text)
         for call in delta.get("tool_calls") or ():
             function = call["function"]
             if "id" in call:
@@ -421,6 +426,21 @@ class EventStream:
                 out.append(self._delta(index, {"type": "input_json_delta", "partial_json": function["arguments"]}))
         if choice["finish_reason"] is not None:
             self.finish = choice["finish_reason"]
+        return out
+
+    def text(self, text: str) -> bytes:
+        """The events of a plain decode step's text (core_call.Step; the route asks for steps
+        when chat_translate.plain_deltas holds: no reasoning or tool calls to parse): what
+        `message` gives for a message with that text alone."""
+        return b"".join(self._text(text)) if text else b""
+
+    def _text(self, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self.kind != "text" or self._text_delta is None:
+            out += self._open("text", {"type": "text", "text": ""})
+            index = self.index
+            self._text_delta = wire.Template(lambda value: self._delta(index, {"type": "text_delta", "text": value}))
+        out.append(self._text_delta.fill_text(text))
         return out
 
     def end(self) -> bytes:

@@ -2,8 +2,8 @@
 the pydantic model (`ResponsesRequest`, plus the fields read and ignored); the response object,
 its output items, its events and the stored-response answers are written here after
 openai-python 3.52.0 `types/responses/` (`response.py`, `response_output_message.py`,
-`response_function_tool_call.py`, `response_usage.py`, `response_stream_event.py`,
-`response_item_list.py`), as gateways.openai.responses_translate and responses_route render
+`response_function_tool_call.py`, `response_reasoning_item.py`, `response_usage.py`,
+`response_stream_event.py`, `response_item_list.py`), as gateways.openai.responses_translate and responses_route render
 them.
 """
 
@@ -55,6 +55,19 @@ CALL_ITEM = _object(
         "call_id": _STRING,
         "name": _STRING,
         "arguments": {"type": "string", "description": "JSON text."},
+    },
+)
+
+REASONING_TEXT = _object(["type", "text"], {"type": {"const": "reasoning_text"}, "text": _STRING})
+
+REASONING_ITEM = _object(
+    ["id", "type", "summary", "content"],
+    {
+        "id": _STRING,
+        "type": {"const": "reasoning"},
+        "status": _ITEM_STATUS,
+        "summary": {"type": "array", "maxItems": 0, "description": "Always empty: no summaries are made."},
+        "content": {"type": "array", "items": REASONING_TEXT},
     },
 )
 
@@ -121,6 +134,8 @@ EVENT_TYPES = (
     "response.output_item.done",
     "response.function_call_arguments.delta",
     "response.function_call_arguments.done",
+    "response.reasoning_text.delta",
+    "response.reasoning_text.done",
     "response.completed",
     "response.incomplete",
     "response.failed",
@@ -140,7 +155,7 @@ def event_schema(response: oa.Schema, output_item: oa.Schema) -> oa.Schema:
             "output_index": _COUNT,
             "content_index": _COUNT,
             "item_id": _STRING,
-            "part": OUTPUT_TEXT,
+            "part": {"anyOf": [OUTPUT_TEXT, REASONING_TEXT]},
             "delta": _STRING,
             "text": _STRING,
             "arguments": _STRING,
@@ -154,7 +169,8 @@ def event_schema(response: oa.Schema, output_item: oa.Schema) -> oa.Schema:
 
 
 _INPUT_ITEM = _object(
-    ["id", "type"], {"id": _STRING, "type": {"enum": ["message", "function_call", "function_call_output"]}}
+    ["id", "type"],
+    {"id": _STRING, "type": {"enum": ["message", "function_call", "function_call_output", "reasoning"]}},
 )
 
 ITEM_LIST = _object(
@@ -181,7 +197,7 @@ def paths(c: oa.Components, error: oa.Schema, generation_errors: dict[int, oa.Sc
     """The Responses API's `paths` entries, their schemas added to `c`."""
     extra = {name: {"description": "Accepted and ignored."} for name in sorted(IGNORED_FIELDS)}
     request = c.model(ResponsesRequest, extra=extra)
-    output_item = c.add("ResponseOutputItem", {"anyOf": [MESSAGE_ITEM, CALL_ITEM]})
+    output_item = c.add("ResponseOutputItem", {"anyOf": [REASONING_ITEM, MESSAGE_ITEM, CALL_ITEM]})
     response = c.add("Response", response_schema(output_item))
     event = c.add("ResponseStreamEvent", event_schema(response, output_item))
     response_id = oa.path_parameter("response_id", "The response's id (resp_...).")

@@ -7,7 +7,8 @@ shape. A streamed response opens the core's stream before its status line (the f
 rule of gateways.common.streaming), so a refused request is a proper 4xx/5xx; a failure after
 the start is sent in-band as an `error` event, then `response.failed`. A finished response is
 stored (unless `store` is false) before its last event or its body is sent, so a client can
-retrieve or chain it as soon as it has it.
+retrieve or chain it as soon as it has it; and a response to be stored is not generated while
+the store cannot be reached (503 `store_unavailable` before the core is asked).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, cast
 
 import grpc
@@ -52,34 +52,14 @@ def _not_found(response_id: str, param: str | None = None) -> GatewayError:
     )
 
 
-class _End:
-    """The end of a complete stream, after its response was stored."""
-
-
-_END = _End()
-
-
-class _Events:
-    """A response's core stream as relay items: its deltas, then `_END` once the finished
-    response is stored."""
-
-    def __init__(self, stream: CoreStream, finish: Callable[[], Awaitable[None]]) -> None:
-        self.stream = stream
-        self._finish = finish
-
-    async def __aiter__(self) -> AsyncIterator[Delta | _End]:
-        async for delta in self.stream:
-            yield delta
-        await self._finish()
-        yield _END
-
-    def cancel(self) -> None:
-        """Cancel the core's request."""
-        self.stream.cancel()
-
-
-async def handle_create(request: web.Request, body: Any) -> web.StreamResponse:
+async def handle_create(request: web.Request, body: Any, *, reasoning_parser: str = "") -> web.StreamResponse:
     """Answer `POST /v1/responses`.
+
+    Args:
+        request: the aiohttp request (its app holds the core client and the store).
+        body: the parsed JSON body (any JSON value; a non-object is a 400).
+        reasoning_parser: a name in gateways.common.reasoning.PARSERS, whose reasoning becomes
+            `reasoning` output items; "" for none.
 
     Returns:
         A `response` object, an SSE stream of Responses events (`stream: true`), or an error
@@ -99,13 +79,20 @@ async def handle_create(request: web.Request, body: Any) -> web.StreamResponse:
             if previous is None:
                 raise _not_found(req.previous_response_id, "previous_response_id")
             context = previous.context
+        elif req.stored:
+            await store.check()
         chat_req = rt.to_chat_request(req, ITEMS.validate_python(context))
         generate_request = chat_translate.to_generate_request(chat_req, request_id=ids.response)
         log.info("response %s: stream=%s previous=%s", ids.response, bool(req.stream), req.previous_response_id)
         client = core_client(request)
         info = await client.model_info()
         state = chat_translate.state_for(
-            chat_req, completion_id=ids.key, created=created, model=info.model_name, finish_words=rt.FINISH_WORDS
+            chat_req,
+            completion_id=ids.key,
+            created=created,
+            model=info.model_name,
+            finish_words=rt.FINISH_WORDS,
+            reasoning=reasoning_parser,
         )
         response = rt.skeleton(req, ids=ids, created_at=created, model=info.model_name)
         if req.stream:
@@ -130,9 +117,7 @@ async def handle_create(request: web.Request, body: Any) -> web.StreamResponse:
         out = events.complete(cast(pb.Usage, state.usage))
         await _keep(store, checked, ids, context, out)
 
-    def render(item: Delta | _End) -> bytes:
-        if item is _END:
-            return events.end()
+    def render(item: Delta) -> bytes:
         if type(item) is tuple:
             return events.text(item[0])
         chunks = chat_translate.to_chunks(cast(spb.GenerateResponse, item), state)
@@ -144,11 +129,13 @@ async def handle_create(request: web.Request, body: Any) -> web.StreamResponse:
 
     return await relay(
         request,
-        _Events(stream, finish),
+        stream,
         render,
         render_error,
         content_type=wire.SSE_CONTENT_TYPE,
         headers=headers,
+        end=events.end,
+        finish=finish,
         request_id=ids.response,
     )
 

@@ -1,10 +1,11 @@
 """Wire models of OpenAI's Responses API request (`POST /v1/responses`), after openai-python
 3.52.0 `types/responses/response_create_params.py` and the input item types it names
 (`easy_input_message_param.py`, `response_input_param.py`: `Message`, `FunctionCallOutput`,
-`response_function_tool_call_param.py`).
+`response_function_tool_call_param.py`, `response_reasoning_item_param.py`).
 
-Served: `input` (a string, or a list of `message`, `function_call` and `function_call_output`
-items; message content as a string or `input_text` / `input_image` (by URL) / `output_text` /
+Served: `input` (a string, or a list of `message`, `function_call`, `function_call_output` and
+`reasoning` items, the last an earlier response's reasoning, accepted and left out of the
+prompt; message content as a string or `input_text` / `input_image` (by URL) / `output_text` /
 `refusal` parts), `instructions`, `max_output_tokens`, `temperature`, `top_p`, function `tools`
 with `tool_choice` and `parallel_tool_calls`, `text.format` (`text`, `json_object`,
 `json_schema`), `stream` (with `stream_options.include_obfuscation`, which has no effect),
@@ -39,8 +40,8 @@ MAX_METADATA = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 
-#: Input item types served; the others (reasoning, item_reference, hosted tool calls) are refused.
-ITEM_TYPES = ("message", "function_call", "function_call_output")
+#: Input item types served; the others (item_reference, hosted tool calls, ...) are refused.
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _PART_TYPES = ("input_text", "input_image", "output_text", "refusal")
 _FORMAT_TYPES = ("text", "json_object", "json_schema")
 
@@ -145,6 +146,34 @@ class FunctionCallOutputItem(Wire):
     name: str | None = None
 
 
+class SummaryText(Wire):
+    """`{"type": "summary_text", "text"}`: a reasoning summary."""
+
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(Wire):
+    """`{"type": "reasoning_text", "text"}`: reasoning text."""
+
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(Wire):
+    """An earlier response's reasoning passed back (`ResponseReasoningItemParam`). It is left
+    out of the prompt, as chat completions leave out an input message's reasoning: reasoning
+    templates (Qwen3, DeepSeek-R1) drop past turns' reasoning themselves. `encrypted_content`
+    is refused unless null: this server never produces it."""
+
+    type: Literal["reasoning"]
+    summary: list[SummaryText]
+    content: list[ReasoningText] | None = None
+    encrypted_content: None = None
+    id: str | None = None
+    status: _Status | None = None
+
+
 def _item_type(value: Any) -> str | None:
     if isinstance(value, dict):
         return value.get("type", "message")  # type: ignore[no-any-return]
@@ -154,7 +183,8 @@ def _item_type(value: Any) -> str | None:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type),
 ]
 
@@ -249,7 +279,7 @@ class ResponsesRequest(Wire):
         """Whether the response is kept for retrieval and chaining (`store`, true by default)."""
         return self.store is not False
 
-    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem]:
+    def items(self) -> list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]:
         """`input` as items (a string is one user message)."""
         if self.input is None:
             return []
@@ -339,7 +369,7 @@ def _check_metadata(metadata: dict[str, str]) -> None:
             )
 
 
-def _check_items(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem]) -> None:
+def _check_items(items: list[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem]) -> None:
     """An image needs a URL; only assistant messages carry output text and refusals, and only
     the others carry input parts."""
     for i, item in enumerate(items):

@@ -65,6 +65,11 @@ class ResponseStore(Protocol):
         """Delete a stored response; False when there was none."""
         ...
 
+    async def check(self) -> None:
+        """Raise GatewayError UNAVAILABLE when the store cannot be reached now (asked before a
+        response to be stored is generated, so that none is generated in vain)."""
+        ...
+
     async def close(self) -> None:
         """Release the store's connections (at the gateway's shutdown)."""
         ...
@@ -106,6 +111,9 @@ class MemoryStore:
         """See ResponseStore.delete."""
         return self._records.pop(response_id, None) is not None
 
+    async def check(self) -> None:
+        """Always reachable."""
+
     async def close(self) -> None:
         """Nothing to release."""
 
@@ -123,6 +131,9 @@ class NoStore:
     async def delete(self, response_id: str) -> bool:
         """Always False."""
         return False
+
+    async def check(self) -> None:
+        """Always reachable."""
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -175,6 +186,10 @@ class RedisStore:
     async def delete(self, response_id: str) -> bool:
         """See ResponseStore.delete."""
         return bool(await self._call(self._redis.delete(self.PREFIX + response_id)))
+
+    async def check(self) -> None:
+        """See ResponseStore.check: a PING."""
+        await self._call(self._redis.ping())
 
     async def close(self) -> None:
         """Close the connection pool."""

@@ -7,13 +7,17 @@ response it continues, onto a ChatCompletionRequest; the chat translation
 tool_choice guides and `text.format` guides work as on chat completions. Items become chat
 messages: `instructions` a leading system message, `developer` the system role, a
 `function_call` an assistant message's tool call (consecutive calls, and the assistant text
-before them, are one message), a `function_call_output` a "tool" message.
+before them, are one message), a `function_call_output` a "tool" message; a `reasoning` item is
+left out (gateways.openai.responses_schema.ReasoningItem).
 
 Response: the chat translation renders the core's messages as a `chat.completion` (or its
 chunks), its Hermes tool-call parser (gateways.common.chat.tools) splitting text and calls, and
 `response_object` / `ResponseEvents` render that as a Responses `response` object (openai-python
 3.52.0 `types/responses/response.py`) or its server-sent events
-(`types/responses/response_stream_event.py`).
+(`types/responses/response_stream_event.py`). With the gateway's `--reasoning-parser`, the
+model's reasoning is a `reasoning` output item before the others (`response_reasoning_item.py`:
+`content` of `reasoning_text` parts, `summary` empty) and streams as
+`response.reasoning_text.delta` / `.done` events inside its content part.
 """
 
 from __future__ import annotations
@@ -39,12 +43,13 @@ from gateways.openai.responses_schema import (
     InputText,
     MessageItem,
     OutputText,
+    ReasoningItem,
     Refusal,
     ResponsesRequest,
     ToolChoiceFunction,
 )
 
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 
 #: The Responses API's word per core finish reason: a spent budget (max_output_tokens, a time
 #: limit) leaves the response "incomplete"; a cancelled or failed sequence has no word, so it
@@ -158,6 +163,8 @@ def to_messages(items: Sequence[Item]) -> list[chat.Message]:
         calls, text = [], None
 
     for item in items:
+        if isinstance(item, ReasoningItem):
+            continue
         if isinstance(item, FunctionCallItem):
             function = chat.CalledFunction(name=item.name, arguments=item.arguments)
             calls.append(chat.ToolCallWire(id=item.call_id, type="function", function=function))
@@ -200,8 +207,8 @@ def _image(part: InputImage) -> chat.ImageUrl:
 
 @dataclass(frozen=True, slots=True)
 class Ids:
-    """The ids of one response: `resp_<key>`, and its output items' `msg_<key>_<n>` /
-    `fc_<key>_<n>` (n: the item's output index)."""
+    """The ids of one response: `resp_<key>`, and its output items' `msg_<key>_<n>`,
+    `fc_<key>_<n>` / `rs_<key>_<n>` (n: the item's output index)."""
 
     key: str
 
@@ -217,6 +224,10 @@ class Ids:
     def call(self, index: int) -> str:
         """The id of the function call item at output index `index`."""
         return f"fc_{self.key}_{index}"
+
+    def reasoning(self, index: int) -> str:
+        """The id of the reasoning item at output index `index`."""
+        return f"rs_{self.key}_{index}"
 
 
 def skeleton(req: ResponsesRequest, *, ids: Ids, created_at: int, model: str) -> dict[str, Any]:
@@ -292,6 +303,24 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A `reasoning` output item with one `reasoning_text` part and no summary
+    (`ResponseReasoningItem`)."""
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "content": [reasoning_part(text)],
+    }
+
+
+def reasoning_part(text: str) -> dict[str, Any]:
+    """A `reasoning_text` content part (`response_reasoning_item.Content`, and the content
+    part events' `PartReasoningText`)."""
+    return {"type": "reasoning_text", "text": text}
+
+
 def text_part(text: str) -> dict[str, Any]:
     """An `output_text` content part (`ResponseOutputText`)."""
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
@@ -313,9 +342,10 @@ def response_object(
     completion: Mapping[str, Any], response: dict[str, Any], ids: Ids, usage: pb.Usage
 ) -> dict[str, Any]:
     """The finished `response` for a whole answer, from the chat translation's `chat.completion`
-    (`to_completion`, one choice): a message item for the text (when there is text or no
-    call), then a function_call item per tool call. When the budget ran out, the last item is
-    the one cut short ("incomplete"), as in a stream.
+    (`to_completion`, one choice): a reasoning item for the reasoning (with a reasoning parser,
+    when there is some), a message item for the text (when there is text or no call), then a
+    function_call item per tool call. When the budget ran out, the last item is the one cut
+    short ("incomplete"), as in a stream.
 
     Raises:
         GatewayError: INTERNAL, the completion has no choice.
@@ -327,6 +357,8 @@ def response_object(
     status = "incomplete" if finish == "length" else "completed"
     message = choice["message"]
     output: list[dict[str, Any]] = []
+    if message.get("reasoning"):
+        output.append(reasoning_item(ids.reasoning(0), message["reasoning"], "completed"))
     content = message.get("content")
     calls = message.get("tool_calls") or []
     if content or not calls:
@@ -358,7 +390,8 @@ class ResponseEvents:
     """The server-sent events of one streamed response (module docstring), in OpenAI's order:
     `response.created`, `response.in_progress`, then per output item `output_item.added`, its
     content (`content_part.added`, `output_text.delta`..., `output_text.done`,
-    `content_part.done`; or `function_call_arguments.delta`..., `.done`) and
+    `content_part.done`; for a reasoning item the same with `reasoning_text.delta`...,
+    `reasoning_text.done`; or `function_call_arguments.delta`..., `.done`) and
     `output_item.done`, and last `response.completed` or `response.incomplete`; a failure
     after the start ends it with `error` then `response.failed`. Every event carries
     `sequence_number`, from 0.
@@ -375,6 +408,7 @@ class ResponseEvents:
     finish: str | None = None
     _open: dict[str, Any] | None = None  # the output item being streamed
     _parts: list[bytes] = field(default_factory=list)
+    _text_delta: wire.Template | None = None  # the open message's output_text.delta event
 
     def _emit(self, event: dict[str, Any]) -> None:
         event["sequence_number"] = self.sequence
@@ -403,6 +437,8 @@ class ResponseEvents:
         self._start()
         for choice in chunk["choices"]:
             delta = choice["delta"]
+            if delta.get("reasoning"):
+                self._reasoning(delta["reasoning"])
             if delta.get("content"):
                 self._text(delta["content"])
             for call in delta.get("tool_calls") or ():
@@ -425,19 +461,47 @@ class ResponseEvents:
             item = self._open_message()
         part = item["content"][0]
         part["text"] += text
-        self._emit(
-            {
+        template = self._text_delta
+        if template is None:
+            event = {
                 "type": "response.output_text.delta",
                 "item_id": item["id"],
                 "output_index": len(self.response["output"]),
                 "content_index": 0,
+            }
+            template = self._text_delta = wire.Template(
+                lambda delta, number: sse({**event, "delta": delta, "logprobs": [], "sequence_number": number}), 2
+            )
+        self._parts.append(template.fill(text, self.sequence))
+        self.sequence += 1
+
+    def _reasoning(self, text: str) -> None:
+        item = self._open
+        if item is None or item["type"] != "reasoning":
+            self._close("completed")
+            index = len(self.response["output"])
+            item = reasoning_item(self.ids.reasoning(index), "", "in_progress")
+            item["content"] = []
+            self._emit({"type": "response.output_item.added", "output_index": index, "item": dict(item)})
+            part = reasoning_part("")
+            event = {"item_id": item["id"], "output_index": index, "content_index": 0, "part": dict(part)}
+            self._emit({"type": "response.content_part.added", **event})
+            item["content"] = [part]
+            self._open = item
+        item["content"][0]["text"] += text
+        self._emit(
+            {
+                "type": "response.reasoning_text.delta",
+                "item_id": item["id"],
+                "output_index": len(self.response["output"]),
+                "content_index": 0,
                 "delta": text,
-                "logprobs": [],
             }
         )
 
     def _open_message(self) -> dict[str, Any]:
         """Start a message item with an empty output_text part."""
+        self._text_delta = None
         index = len(self.response["output"])
         item = message_item(self.ids.message(index), "", "in_progress")
         item["content"] = []
@@ -483,6 +547,11 @@ class ResponseEvents:
             common = {"item_id": item["id"], "output_index": index, "content_index": 0}
             self._emit({"type": "response.output_text.done", **common, "text": part["text"], "logprobs": []})
             self._emit({"type": "response.content_part.done", **common, "part": part})
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            common = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            self._emit({"type": "response.reasoning_text.done", **common, "text": part["text"]})
+            self._emit({"type": "response.content_part.done", **common, "part": part})
         else:
             self._emit(
                 {
@@ -498,11 +567,13 @@ class ResponseEvents:
 
     def complete(self, usage: pb.Usage) -> dict[str, Any]:
         """Close the output and finish the response object (events wait for `end`); an answer
-        with no output item gets an empty message, as a non-streamed one does. The last item
-        is "incomplete" when the budget ran out."""
+        with neither text nor a call gets an empty message, as a non-streamed one does. The
+        last item is "incomplete" when the budget ran out."""
         self._start()
         status = "incomplete" if self.finish == "length" else "completed"
-        if self._open is None and not self.response["output"]:
+        items = [*self.response["output"], *([self._open] if self._open else [])]
+        if all(item["type"] == "reasoning" for item in items):
+            self._close("completed")
             self._open_message()
         self._close(status)
         return finished(self.response, self.finish, usage)
@@ -544,6 +615,8 @@ def input_item_records(items: Sequence[Item], ids: Ids) -> list[dict[str, Any]]:
                 record["content"] = [part]
         elif isinstance(item, FunctionCallItem):
             record["id"] = item.id or f"fc_{ids.key}_in{n}"
+        elif isinstance(item, ReasoningItem):
+            record["id"] = item.id or f"rs_{ids.key}_in{n}"
         else:
             record["id"] = item.id or f"fco_{ids.key}_in{n}"
         record.setdefault("status", "completed")

@@ -89,7 +89,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         body = await read_json(request, json_only=True)
     except GatewayError as err:
         return errors.render_before_stream(err)
-    return await responses_route.handle_create(request, body)
+    reasoning_parser = request.app[SETTINGS_KEY].reasoning_parser
+    return await responses_route.handle_create(request, body, reasoning_parser=reasoning_parser)
 
 
 async def list_models(request: web.Request) -> web.Response:

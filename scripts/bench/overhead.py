@@ -4,7 +4,11 @@
 A core on `--engine mock` (a model step that only waits: 10 ms by default, EOS never drawn,
 every token one text delta) serves closed-loop streams of 64 new tokens (EOS ignored), at 64
 and 256 concurrent streams, directly over gRPC and through each gateway (LMI jsonlines, OpenAI
-SSE, Triton SSE, WebSocket). Each run warms up at full concurrency, then measures a window:
+chat completions SSE, the OpenAI gateway's Responses API and Anthropic Messages SSE, Triton SSE,
+WebSocket). Responses and Messages cannot ask for ignore_eos; the mock core never draws EOS, so
+their streams run to their budget as well (Responses stores each response in the gateway's
+default memory store, as a client's would be). Each run warms up at full concurrency, then
+measures a window:
   * per process (core, gateway, the load generator itself): CPU seconds (user + system, psutil,
     sampled just before and after the window) per token delivered to clients in the window,
     in µs; for the WebSocket gateway also per PROGRESS event;
@@ -17,6 +21,8 @@ SSE, Triton SSE, WebSocket). Each run warms up at full concurrency, then measure
     (system busy time minus ours); a window where other work used more than --busy-cores is
     measured again (--retries times at most) and the quietest one is kept.
 The load generator shares the machine's cores; its own CPU is reported next to the servers'.
+For "responses" and "messages", "vs_chat" gives their gateway CPU per token over chat
+completions' ("openai") at the same concurrency.
 A final figure gives the floor: the mock engine alone with a bare consumer (a handler attached
 as the pipeline attaches, counting tokens: no pipeline, no gRPC), in µs of CPU per token, and the
 part spent in the engine's own steps (MockEngine.step_cpu_s).
@@ -49,10 +55,59 @@ import psutil
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import PROMPTS, Client, GrpcClient, LmiClient, Meter, MuxClient, OpenAIClient, TritonClient, WsClient
+from loadgen import (
+    PROMPTS,
+    Client,
+    GrpcClient,
+    HttpClient,
+    LmiClient,
+    Meter,
+    MuxClient,
+    OpenAIClient,
+    TritonClient,
+    WsClient,
+)
 from procs import ROOT, Proc, free_port
 
-TARGETS = ("grpc", "mux", "lmi", "openai", "triton", "ws")
+TARGETS = ("grpc", "mux", "lmi", "openai", "responses", "messages", "triton", "ws")
+
+#: Targets served by another gateway's process than their name: the OpenAI gateway's other APIs.
+GATEWAY_OF = {"responses": "openai", "messages": "openai"}
+
+
+class ResponsesClient(HttpClient):
+    """Streamed `POST /v1/responses` (OpenAI's Responses API); each `response.output_text.delta`
+    event is one token (one token per core step on the mock engine)."""
+
+    def request(self, prompt: str) -> tuple[str, dict]:
+        body = {
+            "model": self.model,
+            "input": prompt,
+            "stream": True,
+            "max_output_tokens": self.max_new_tokens,
+            "temperature": 0,
+        }
+        return f"{self.url}/v1/responses", body
+
+    def tokens_in(self, line: bytes) -> int:
+        return 1 if line.startswith(b"data:") and b'"response.output_text.delta"' in line else 0
+
+
+class MessagesClient(HttpClient):
+    """Streamed `POST /v1/messages` (Anthropic's Messages API); each `text_delta` is one token."""
+
+    def request(self, prompt: str) -> tuple[str, dict]:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+            "max_tokens": self.max_new_tokens,
+            "temperature": 0,
+        }
+        return f"{self.url}/v1/messages", body
+
+    def tokens_in(self, line: bytes) -> int:
+        return 1 if line.startswith(b"data:") and b'"text_delta"' in line else 0
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -89,7 +144,13 @@ def make_client(target: str, address: str, tokens: int) -> Client:
         return MuxClient(address, tokens)
     if target == "ws":
         return WsClient(f"ws://{address}/ws", tokens)
-    cls = {"lmi": LmiClient, "openai": OpenAIClient, "triton": TritonClient}[target]
+    cls = {
+        "lmi": LmiClient,
+        "openai": OpenAIClient,
+        "responses": ResponsesClient,
+        "messages": MessagesClient,
+        "triton": TritonClient,
+    }[target]
     return cls(f"http://{address}", tokens, "demo")
 
 
@@ -217,10 +278,11 @@ _ON_UVLOOP = (
 
 
 def start_gateway(name: str, core_port: int) -> tuple[Proc, int]:
-    """Gateway `name` (or `name@uvloop`: on uvloop's loop) in front of the core at
-    `core_port`, and its port."""
+    """Gateway `name` (or `name@uvloop`: on uvloop's loop; a target of GATEWAY_OF: that
+    gateway) in front of the core at `core_port`, and its port."""
     port = free_port()
     name, _, loop = name.partition("@")
+    name = GATEWAY_OF.get(name, name)
     extra = ["--env-file", ""] if name == "ws" else []
     return Proc(
         f"gateway-{name}-overhead",
@@ -289,6 +351,15 @@ def run_overhead(
                     gateway.stop()
     finally:
         core.stop()
+    for target, by_streams in runs.items():
+        api, at, loop = target.partition("@")
+        if api not in GATEWAY_OF:
+            continue
+        chat = runs.get(f"{GATEWAY_OF[api]}{at}{loop}", {})
+        for n, run in by_streams.items():
+            base = chat.get(n, {}).get("cpu_us_per_token", {}).get("gateway")
+            mine = run["cpu_us_per_token"].get("gateway")
+            run["vs_chat"] = round(mine / base, 3) if base and mine else None
     floor = engine_floor(model, max(streams), step_ms, tokens)
     return {
         "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -494,9 +565,10 @@ def row(target: str, r: dict[str, Any]) -> str:
     gw_sys = f" (kernel {kernel['gateway']:.1f})" if kernel.get("gateway") is not None else ""
     ev = r.get("cpu_us_per_event", {}).get("gateway")
     above = r["itl_above_step_ms"]
+    vs_chat = f" ({r['vs_chat']:.2f}x chat)" if r.get("vs_chat") else ""
     return (
-        f"{target:<7} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {_f(us['core'], 7, 1)}  "
-        f"gateway {gw}{gw_sys} µs/token{f' ({ev:.1f} µs/event)' if ev else ''}  "
+        f"{target:<9} x{r['streams']:<4} {r['tokens_per_s']:8.0f} tok/s  core {_f(us['core'], 7, 1)}  "
+        f"gateway {gw}{gw_sys} µs/token{vs_chat}{f' ({ev:.1f} µs/event)' if ev else ''}  "
         f"client {r['cpu_cores']['client']:.2f} cores  "
         f"ITL-step p50 {_f(above['p50'])} p99 {_f(above['p99'])} ms  step {_f(r['achieved_step_ms'])} ms  "
         f"TTFT p50 {_f(r['ttft_ms']['p50'], 0, 0)} ms  streaming {_f(r['streaming_mean'], 0, 0)}  "

@@ -170,7 +170,9 @@ async def test_thinking_blocks_from_tags_split_across_tokens(scripted, scripted_
     assert msg.content[0].thinking == "Two and two\nmake four." and msg.content[1].text == "The answer is 4."
     events = await raw_events(scripted_url, {"model": "mock", "max_tokens": 100, "messages": ask, "stream": True})
     check_event_order(events)
-    thinking = [e.delta.thinking for e in events if e.type == "content_block_delta" and e.index == 0]
+    block0 = [e.delta for e in events if e.type == "content_block_delta" and e.index == 0]
+    assert block0[-1].type == "signature_delta" and block0[-1].signature == ""  # as Anthropic ends a thinking block
+    thinking = [d.thinking for d in block0[:-1]]
     assert len(thinking) > 1 and "".join(thinking) == "Two and two\nmake four."
     assert all("<" not in piece and ">" not in piece for piece in thinking)
     async with scripted.messages.stream(model="mock", max_tokens=100, messages=ask) as stream:

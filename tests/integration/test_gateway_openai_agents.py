@@ -2,10 +2,8 @@
 with one function tool and an output type, through `OpenAIResponsesModel`, run whole and
 streamed, with the conversation sent as items and chained by `previous_response_id`.
 
-`openai-agents` 0.24.0 requires `websockets<17`, which conflicts with the project's pin
-(websockets 17.4), so it is not in the dev extras and this module skips without it. To run it:
-`pip install --target /tmp/agents openai-agents==0.24.0`, remove the `openai` copy that lands
-there, and run pytest with `PYTHONPATH=/tmp/agents:...`.
+`openai-agents` is a dev dependency (pyproject.toml; it is why websockets is pinned below 17),
+so `make test` runs this module.
 
 The untrained test model never ends free text by itself (a response would be `incomplete`,
 which the Agents SDK treats as a failure), so the agent has an output type with a bounded
@@ -17,11 +15,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+import agents
 import openai
 import pytest
+from agents.models.openai_responses import OpenAIResponsesModel
 from pydantic import BaseModel, Field
-
-agents = pytest.importorskip("agents")
 
 MODEL = "tiny"
 
@@ -34,8 +32,6 @@ class Reading(BaseModel):
 
 
 def weather_agent(client: openai.AsyncOpenAI, calls: list[str]):
-    from agents.models.openai_responses import OpenAIResponsesModel
-
     @agents.function_tool
     def get_weather(city: Literal["Oslo", "Rome"]) -> str:
         """Current weather of a city."""

@@ -367,7 +367,7 @@ async def test_bad_fields_are_named(aclient, kwargs, param, code):
 @pytest.mark.parametrize(
     ("item", "param"),
     [
-        ({"type": "reasoning", "id": "rs_1", "summary": []}, "input[0].type"),
+        ({"type": "web_search_call", "id": "ws_1", "status": "completed"}, "input[0].type"),
         ({"type": "item_reference", "id": "msg_1"}, "input[0].type"),
         ({"role": "tool", "content": "x"}, "input[0].role"),
         ({"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}, "input[0].content[0]"),

@@ -1,8 +1,8 @@
 """The Redis response store (gateways/openai/responses_store.py, `--response-store redis://...`)
 against a real redis-server on loopback: records round-trip and expire, two gateways share
-stored responses (a chain started on one continues on the other), and an unreachable store is
-503 `store_unavailable`. Skipped where redis-server or redis-py is absent (`make system-deps`
-installs redis-server)."""
+stored responses (a chain started on one continues on the other, directly and behind haproxy),
+and an unreachable store is 503 `store_unavailable` before anything is generated. Skipped where
+redis-server or redis-py is absent (`make system-deps` installs redis-server and haproxy)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from gateways.openai.responses_store import RedisStore, StoredResponse, make_store
+from tests.integration.test_haproxy import CONFIG, HAPROXY
 
 pytest.importorskip("redis")
 REDIS = shutil.which("redis-server")
@@ -99,26 +100,76 @@ async def test_two_gateways_share_a_chain(redis_url, start_gateway):
         await b.close()
 
 
-async def test_an_unreachable_store_is_503(start_gateway):
-    url = await start_gateway("openai", response_store=f"redis://127.0.0.1:{free_port()}/0")
+@pytest.mark.skipif(HAPROXY is None, reason="haproxy is not installed (make system-deps installs it)")
+async def test_a_chain_continues_through_the_other_gateway_behind_haproxy(redis_url, start_gateway, tmp_path):
+    """haproxy balances two gateways round robin and names the one that answered
+    (`x-served-by`); a response created through one is continued through the other."""
+    urls = [await start_gateway("openai", response_store=redis_url) for _ in range(2)]
+    front = free_port()
+    backend = "    http-response set-header x-served-by %s\n" + "\n".join(
+        f"    server g{i} {url.removeprefix('http://')}" for i, url in enumerate(urls)
+    )
+    (tmp_path / "haproxy.cfg").write_text(CONFIG.format(port=front, servers=backend))
+    haproxy = await asyncio.create_subprocess_exec(
+        str(HAPROXY), "-db", "-f", str(tmp_path / "haproxy.cfg"), stdout=asyncio.subprocess.DEVNULL
+    )
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{front}/v1", api_key="unused", max_retries=0)
+    try:
+        for _ in range(200):  # up to 10 s for haproxy to listen
+            try:
+                await client.models.list()
+                break
+            except openai.APIConnectionError:
+                await asyncio.sleep(0.05)
+        raw = await client.responses.with_raw_response.create(model=MODEL, input="Name a colour.", max_output_tokens=3)
+        first, first_gateway = raw.parse(), raw.headers["x-served-by"]
+        served = set()
+        for stream in (False, True):  # round robin: one of each pair goes to the other gateway
+            for _ in range(2):
+                raw = await client.responses.with_raw_response.create(
+                    model=MODEL, previous_response_id=first.id, input="Another?", max_output_tokens=3, stream=stream
+                )
+                served.add(raw.headers["x-served-by"])
+                if stream:
+                    events = [event async for event in raw.parse()]
+                    second = events[-1].response
+                else:
+                    second = raw.parse()
+                assert second.previous_response_id == first.id and second.status in ("completed", "incomplete")
+                assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+        assert served == {"g0", "g1"} and first_gateway in served
+    finally:
+        await client.close()
+        haproxy.terminate()
+        await haproxy.wait()
+
+
+def ended_requests(core) -> int:
+    """How many requests the core has seen end (finished, failed or cancelled)."""
+    return sum(core.servicer.pipeline.metrics.requests.values())
+
+
+async def test_an_unreachable_store_is_503_before_anything_is_generated(start_gateway, start_mock_core):
+    core = await start_mock_core()
+    url = await start_gateway("openai", core=core.address, response_store=f"redis://127.0.0.1:{free_port()}/0")
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
         for call in (
             client.responses.retrieve("resp_x"),
             client.responses.delete("resp_x"),
             client.responses.input_items.list("resp_x"),
-            client.responses.create(model=MODEL, input="Hi", max_output_tokens=1),
-            client.responses.create(model=MODEL, input="Hi", previous_response_id="resp_x"),
+            client.responses.create(model="mock", input="Hi", max_output_tokens=50),
+            client.responses.create(model="mock", input="Hi", max_output_tokens=50, stream=True),
+            client.responses.create(model="mock", input="Hi", previous_response_id="resp_x"),
         ):
             with pytest.raises(openai.InternalServerError) as err:
                 await call
             assert err.value.status_code == 503 and err.value.code == "store_unavailable"
+        # The store was asked first: the core generated nothing.
+        assert ended_requests(core) == 0 and core.servicer.pipeline.metrics.generation_tokens == 0
         # Without storing, nothing needs the store.
-        resp = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, store=False)
+        resp = await client.responses.create(model="mock", input="Hi", max_output_tokens=1, store=False)
         assert resp.status in ("completed", "incomplete") and resp.store is False
-        stream = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, stream=True)
-        events = [event async for event in stream]
-        assert [e.type for e in events[-2:]] == ["error", "response.failed"]
-        assert events[-2].code == "store_unavailable"
+        assert ended_requests(core) == 1
 
 
 def test_a_bad_ttl_is_refused():

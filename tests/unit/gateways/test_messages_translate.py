@@ -12,6 +12,7 @@ from pydantic import TypeAdapter
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.chat import translate as chat_translate
 from gateways.common.status import GatewayError
 from gateways.openai import messages_translate as mt
 from gateways.openai.messages_schema import parse_count_tokens_request, parse_messages_request
@@ -180,10 +181,29 @@ def test_stream_events_parse_with_the_sdk_models_and_rebuild_the_message():
     assert kinds[0] == ("message_start", None) and kinds[-2:] == [("message_delta", None), ("message_stop", None)]
     starts = [e.content_block.type for e in parsed if e.type == "content_block_start"]
     assert starts == ["thinking", "text", "tool_use"]
-    thinking = "".join(e.delta.thinking for e in parsed if e.type == "content_block_delta" and e.index == 0)
+    block0 = [e.delta for e in parsed if e.type == "content_block_delta" and e.index == 0]
+    assert [d.type for d in block0[-1:]] == ["signature_delta"] and block0[-1].signature == ""
+    thinking = "".join(d.thinking for d in block0[:-1])
     arguments = "".join(e.delta.partial_json for e in parsed if e.type == "content_block_delta" and e.index == 2)
     assert thinking == "plan it" and json.loads(arguments) == {"q": 1}
     assert parsed[-2].delta.stop_reason == "tool_use" and parsed[-2].usage.input_tokens == 6
+
+
+def test_plain_steps_render_as_the_messages_they_stand_for():
+    """A plain stream (no reasoning parser, no tools) may get its text as steps (the route asks
+    for them): the events are the bytes the same text in whole messages gives."""
+    req = parse_messages_request(body())
+    plain = mt.state_for(req, message_id="msg_abc", model="m", reasoning="")
+    assert chat_translate.plain_deltas(plain)
+    final = response(pb.SequenceOutput(finish_reason=pb.FINISH_REASON_LENGTH), usage=pb.Usage(completion_tokens=3))
+    pieces = ["Hel", "lo", ' "x"\n']
+    whole = mt.EventStream(plain, "msg_abc")
+    expected = whole.start() + b"".join(whole.message(response(pb.SequenceOutput(text=t))) for t in pieces)
+    expected += whole.message(final) + whole.end()
+    stepped = mt.EventStream(mt.state_for(req, message_id="msg_abc", model="m", reasoning=""), "msg_abc")
+    got = stepped.start() + b"".join(stepped.text(t) for t in pieces) + stepped.text("")
+    got += stepped.message(final) + stepped.end()
+    assert got == expected
 
 
 def test_a_stop_sequence_and_a_cut_call():

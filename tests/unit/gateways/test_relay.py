@@ -1,8 +1,10 @@
 """`relay` renders a CoreStream's deltas, whole messages and plain decode steps mixed, with the
 one `render` of the route, in the order they arrived, writing each core message's bytes at once;
 a render that fails ends the response in-band with the schema's error (`render_error`: the
-GatewayError it raised, or INTERNAL for a bug) and never reaches the stream's reader; and a
-relayed call leaves no reference cycle behind. A real aiohttp server on loopback relays a
+GatewayError it raised, or INTERNAL for a bug) and never reaches the stream's reader; `finish`
+is awaited after a complete stream and before its end (a GatewayError from it ends the response
+in-band instead), never after an incomplete one; and a relayed call leaves no reference cycle
+behind. A real aiohttp server on loopback relays a
 CoreCall that the test feeds as the multiplexed stream's reader would (`_add_step`, `_add`,
 `_end`, then `_notify` once per core message)."""
 
@@ -25,6 +27,7 @@ from gateways.common.status import GatewayError
 from gateways.common.streaming import CoreStream, relay
 
 CALLS = web.AppKey("calls", asyncio.Queue)
+FINISHED = web.AppKey("finished", list)
 
 
 def render(delta: Delta) -> bytes:
@@ -66,11 +69,29 @@ async def ended_handler(request: web.Request) -> web.StreamResponse:
     return await relay(request, CoreStream(call), render, render_error, content_type="text/plain", end=lambda: b"END\n")
 
 
+async def finish_handler(request: web.Request) -> web.StreamResponse:
+    """Relays with `finish`: it records its call, then fails when the query asks for it."""
+    call = CoreCall(spb.GenerateRequest(request_id="r1"), steps=True)
+    await request.app[CALLS].put(call)
+
+    async def finish() -> None:
+        await asyncio.sleep(0)
+        request.app[FINISHED].append("finished")
+        if "fail" in request.query:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, "store down")
+
+    return await relay(
+        request, CoreStream(call), render, render_error, content_type="text/plain", end=lambda: b"END\n", finish=finish
+    )
+
+
 @pytest.fixture
 async def served():
     app = web.Application()
     app[CALLS] = asyncio.Queue()
+    app[FINISHED] = []
     app.router.add_get("/", handler)
+    app.router.add_get("/finish", finish_handler)
     app.router.add_get("/ended", ended_handler)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -104,9 +125,9 @@ def message(text: str, *, final: bool = False) -> spb.GenerateResponse:
     return msg
 
 
-async def _body(served, feed) -> bytes:
+async def _body(served, feed, path: str = "") -> bytes:
     app, session, url = served
-    async with session.get(url) as resp:
+    async with session.get(url + path) as resp:
         call = await app[CALLS].get()
         feed(call)
         return await resp.read()
@@ -148,6 +169,27 @@ async def test_a_gateway_error_from_render_ends_the_response_with_it(served):
 
     body = await _body(served, feed)
     assert body == b"S:a:1/None\nE:FAILED_PRECONDITION:refused by the schema\n"
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_finish_comes_after_a_complete_stream_and_before_its_end(served, fails):
+    def feed(call: CoreCall) -> None:
+        core_message(call, ("a", 1, None))
+        core_message(call, message(".", final=True), end=True)
+
+    body = await _body(served, feed, "finish?fail" if fails else "finish")
+    last = b"E:UNAVAILABLE:store down\n" if fails else b"END\n"
+    assert body == b"S:a:1/None\nM:r1:.\nusage\n" + last
+    assert served[0][FINISHED] == ["finished"]
+
+
+async def test_an_incomplete_stream_is_not_finished(served):
+    def feed(call: CoreCall) -> None:
+        core_message(call, ("a", 1, None), end=True)
+
+    body = await _body(served, feed, "finish")
+    assert body == b"S:a:1/None\nE:INTERNAL:The model server ended the response before it finished.\n"
+    assert served[0][FINISHED] == []
 
 
 async def test_a_stream_ending_without_its_final_message_ends_in_band(served):
