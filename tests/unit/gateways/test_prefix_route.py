@@ -46,7 +46,7 @@ def test_a_prompt_key_is_its_first_characters_and_token_ids_their_first_quarter(
     assert prefix_key(spb.GenerateRequest(text="a" + header), chars=1) != prefix_key(spb.GenerateRequest(text="b"))
     ids = list(range(100))
     a = spb.GenerateRequest(token_ids=pb.TokenIds(ids=ids))
-    b = spb.GenerateRequest(token_ids=pb.TokenIds(ids=ids[:64] + [7]))
+    b = spb.GenerateRequest(token_ids=pb.TokenIds(ids=[*ids[:64], 7]))
     assert prefix_key(a) == prefix_key(b)  # 256 characters: 64 ids
     assert prefix_key(a, chars=400) != prefix_key(b, chars=400)
     assert prefix_key(spb.GenerateRequest(text="abc")) != prefix_key(
@@ -80,7 +80,7 @@ def test_bad_rings_are_refused():
 def test_bounded_loads_keep_a_key_home_until_its_core_is_full_then_spill_along_the_ring():
     ring = HashRing(CORES)
     key = b"a hot few-shot header"
-    home, second, third = ring.order(key)
+    home, second, _third = ring.order(key)
     loads = [0, 0, 0]
     usable = [True, True, True]
     assert pick(ring, key, loads, usable) == home
@@ -107,7 +107,7 @@ def test_many_keys_stay_home_under_an_even_load():
 def test_down_and_avoided_cores_are_passed_over():
     ring = HashRing(CORES)
     key = b"k"
-    home, second, third = ring.order(key)
+    home, second, _third = ring.order(key)
     usable = [True] * 3
     usable[home] = False
     assert pick(ring, key, [0, 0, 0], usable) == second
