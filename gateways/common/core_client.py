@@ -107,10 +107,11 @@ class _Core:
         self.channel = channel
         self.stub = spb_grpc.GenerateServiceStub(channel)
         self.pool: list[MultiplexedStream | None] = [None] * streams
+        self.streams: set[MultiplexedStream] = set()  # the pool's and retired ones still open
 
     def load(self) -> int:
         """Requests of this gateway in flight on the core."""
-        return sum(len(s.open) for s in self.pool if s is not None)
+        return sum(len(s.open) for s in self.streams)
 
     def usable(self) -> bool:
         """Whether the core may take a request (connecting counts: a refusal is retried)."""
@@ -395,6 +396,7 @@ class CoreClient:
             core = cores[i]
             stream = self._least_loaded(core.pool, core.stub, core.channel, avoid, now, provisional=False)
             stream.core = core.address
+            core.streams.add(stream)
             return stream
         return self._least_loaded(self._pool, self.stub, self._channel, avoid, now)
 
@@ -482,6 +484,7 @@ class CoreClient:
             if s is stream:
                 del self._sessions[bucket]
         for core in self._cores:
+            core.streams.discard(stream)
             for i, s in enumerate(core.pool):
                 if s is stream:
                     core.pool[i] = None

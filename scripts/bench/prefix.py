@@ -12,7 +12,8 @@ what prefix-aware routing keeps of it over several cores. Four parts (`--only`):
   whole history (earlier user turns and replies, as token ids) plus 24 new user tokens and
   generates 32. Per side and turn, TTFT p50; per side, output tokens/s; alternated rounds.
 - `fleet`: three cores (cache on) behind one OpenAI gateway, 12 concurrent chat conversations
-  of 6 turns sharing a system prompt, through `/v1/chat/completions`: the token hit rate
+  of 6 turns through `/v1/chat/completions`, each opening on a document of its own (about 300
+  tokens) after a short shared system prompt, then asking 12-word questions: the token hit rate
   (`prompt_tokens_details.cached_tokens` over `prompt_tokens`) with `--routing prefix`, with
   `--routing round_robin`, and with one core alone. Each setup talks about other things, so no
   setup reuses what an earlier one left in the caches.
@@ -223,12 +224,15 @@ async def chat_fleet(url: str, count: int, turns: int, seed: int, new_tokens: in
     """`count` concurrent chat conversations through an OpenAI gateway: (prompt tokens,
     cached prompt tokens) over every turn."""
     rng = random.Random(seed)
-    system = f"Setup {seed}. " + words(rng, 150)  # about 300 tokens shared by every conversation
+    system = f"Setup {seed}. " + words(rng, 20)  # a short system prompt every conversation shares
     totals = [0, 0]
 
     async def one(http: aiohttp.ClientSession, c: int) -> None:
         own = random.Random(seed * 100 + c)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": words(own, 12)}]
+        # Each conversation opens on a document of its own (about 300 tokens), as a chat about a
+        # retrieved text or an agent's task does, then asks short questions about it.
+        opening = f"Document {c}: {words(own, 150)}\nQuestion: {words(own, 12)}"
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": opening}]
         for _ in range(turns):
             body = {"model": model, "messages": messages, "max_tokens": new_tokens, "temperature": 0}
             async with http.post(url + "/v1/chat/completions", json=body) as resp:

@@ -3,7 +3,9 @@ bounded loads (gateways.common.prefix_route); the routing flags."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import logging
 import random
 
 import pytest
@@ -198,3 +200,26 @@ async def test_a_core_client_routes_by_prefix_only_over_cores_it_can_name():
     client = CoreClient("127.0.0.1:1,127.0.0.1:2", routing="prefix")
     assert client.routing == "prefix" and [c.address for c in client._cores] == ["127.0.0.1:1", "127.0.0.1:2"]
     await client.close()
+
+
+async def test_a_dns_name_s_addresses_become_the_ring(caplog):
+    client = CoreClient("dns:///localhost:1", routing="prefix", stream_max_age=0.2)
+    client.connect()
+    for _ in range(100):
+        if client._cores:
+            break
+        await asyncio.sleep(0.05)
+    assert "127.0.0.1:1" in [c.address for c in client._cores]
+    client.set_cores(["127.0.0.2:1"])  # the name now points elsewhere: the old core's channel closes
+    assert [c.address for c in client._cores] == ["127.0.0.2:1"]
+    await client.close()
+    failing = CoreClient("dns:///no-such-core.invalid:1", routing="prefix")
+    with caplog.at_level(logging.WARNING):
+        failing.connect()
+        for _ in range(200):
+            if "looking up no-such-core.invalid" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+    assert "looking up no-such-core.invalid for prefix routing failed" in caplog.text
+    assert failing._cores == []  # nothing known: requests use the balanced pool
+    await failing.close()
