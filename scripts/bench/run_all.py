@@ -186,6 +186,12 @@ def main() -> int:
         "--skip", default="", help="comma-separated sections to leave out: " + ",".join([*SECTIONS, *GROUPS])
     )
     p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    p.add_argument(
+        "--baseline",
+        choices=["none", "vllm"],
+        default="none",
+        help="prefix section: also compare with vLLM's CPU build in /tmp/vllm-venv (skipped when absent)",
+    )
     args = p.parse_args()
 
     def sections(arg: str) -> set[str]:
@@ -233,7 +239,7 @@ def prefix_section(args, out: Path) -> dict:
     cores and gateways; its progress lines pass through)."""
     path = out / "prefix.json"
     cmd = [sys.executable, str(ROOT / "scripts/bench/prefix.py"), "--model", args.model, "--json", str(path)]
-    subprocess.run([*cmd, "--rounds", str(args.rounds)], check=True, cwd=ROOT)
+    subprocess.run([*cmd, "--rounds", str(args.rounds), "--baseline", args.baseline], check=True, cwd=ROOT)
     figures = json.loads(path.read_text())
     figures.pop("setup", None)
     return dict(figures)
