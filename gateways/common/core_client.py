@@ -328,7 +328,7 @@ class CoreClient:
             self._lookup.cancel()
         for core in self._cores:
             await core.channel.close()
-        for task in list(self._unary):
+        for task in [*self._unary, *self._closing_channels]:
             task.cancel()
 
     def generate(self, request: spb.GenerateRequest, *, hash_key: str | None = None, steps: bool = False) -> CoreCall:
