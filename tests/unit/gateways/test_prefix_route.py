@@ -223,3 +223,15 @@ async def test_a_dns_name_s_addresses_become_the_ring(caplog):
     assert "looking up no-such-core.invalid for prefix routing failed" in caplog.text
     assert failing._cores == []  # nothing known: requests use the balanced pool
     await failing.close()
+
+
+async def test_sessions_keep_their_ring_hash_stream_and_other_requests_go_by_prefix():
+    client = CoreClient("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", routing="prefix")
+    request = chat(("system", "s"), ("user", "about ships"))
+    session = client._stream_for("session-7", request=request)
+    assert session.core is None and session in client._sessions.values()
+    routed = client._stream_for(None, request=request)
+    home = client._cores[next(client._ring.order(prefix_key(request)))]
+    assert routed.core == home.address and routed in home.streams
+    assert client._stream_for(None, request=request).core == home.address  # idle: home again
+    await client.close()
