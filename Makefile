@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint gateway-check proto proto-check bench bench-overhead bench-guided soak venv model clean system-deps
+.PHONY: run test lint gateway-check proto proto-check bench bench-overhead bench-guided bench-prefix soak venv model clean system-deps
 
 venv: $(STAMP)
 
@@ -86,6 +86,10 @@ bench-overhead: $(STAMP) $(GEN) model
 # The guided-decoding section alone: JSON-schema-constrained vs free tokens/s at 16 streams.
 bench-guided: $(STAMP) $(GEN) model
 	$(PY) scripts/bench/run_all.py --model $(MODEL) --only guided
+
+# The prefix section alone: the prefix cache on vs off, prefix routing vs round robin, memory.
+bench-prefix: $(STAMP) $(GEN) model
+	$(PY) scripts/bench/run_all.py --model $(MODEL) --only prefix
 
 # The reliability suite's long run (about 15 minutes; mock engine, every process on loopback):
 # figures in bench-results/reliability.json. SOAK_ARGS passes flags, e.g. SOAK_ARGS="--soak-seconds 300".

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from envflags import EnvArgumentParser, ListAction, comma_list
 from envflags.tls import add_server_tls_arguments
-from gateways.common.targets import parse_core_target
+from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS
+from gateways.common.targets import dns_name, listed_addresses, parse_core_target
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -68,6 +69,11 @@ class GatewayConfig:
             (grpc.initial_reconnect_backoff_ms; also grpc.min_reconnect_backoff_ms).
         core_max_reconnect_backoff_ms: longest delay between reconnection attempts
             (grpc.max_reconnect_backoff_ms): a core that comes back is served within about that.
+        routing: how requests without a session pick one of several cores: "round_robin" or
+            "prefix" (gateways.common.prefix_route; docs/fleet.md weighs them).
+        routing_prefix_chars: characters of a text prompt that make its prefix key.
+        routing_load_factor: the `c` of bounded loads (a core takes a request while its
+            requests in flight are below c times the average).
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -103,6 +109,9 @@ class GatewayConfig:
     core_retries: int = 2
     core_reconnect_backoff_ms: int = 100
     core_max_reconnect_backoff_ms: int = 500
+    routing: str = "round_robin"
+    routing_prefix_chars: int = DEFAULT_PREFIX_CHARS
+    routing_load_factor: float = DEFAULT_LOAD_FACTOR
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def redacted(self) -> dict[str, Any]:
@@ -151,6 +160,9 @@ _COMMON = {
     "core_ssl_certfile",
     "core_ssl_keyfile",
     "drain_seconds",
+    "routing",
+    "routing_prefix_chars",
+    "routing_load_factor",
 }
 _COMMON |= {f.name for f in fields(GatewayConfig) if f.name.startswith("core_")}
 
@@ -196,6 +208,28 @@ def add_core_arguments(p: EnvArgumentParser, d: GatewayConfig) -> None:
         default=d.core_max_reconnect_backoff_ms,
         help="longest delay between reconnection attempts (grpc.max_reconnect_backoff_ms): a core that comes "
         "back is served within about this",
+    )
+    p.add_argument(
+        "--routing",
+        choices=["round_robin", "prefix"],
+        default=d.routing,
+        help="how a request picks one of several cores: round_robin (the least-loaded stream) or prefix (a "
+        "consistent hash of its leading part with bounded loads, so shared prefixes meet their cache); sessions "
+        "keep their core either way",
+    )
+    p.add_argument(
+        "--routing-prefix-chars",
+        type=int,
+        default=d.routing_prefix_chars,
+        help="--routing prefix: characters of a prompt that make its key (a chat's key is its messages up to the "
+        "first user message)",
+    )
+    p.add_argument(
+        "--routing-load-factor",
+        type=float,
+        default=d.routing_load_factor,
+        help="--routing prefix: a core takes a request while its requests in flight are below this times the "
+        "average (bounded loads; at least 1)",
     )
 
 
@@ -301,9 +335,18 @@ def load(
     ns = vars(p.parse_args(argv))
     ns["api_key"] = tuple(ns["api_key"])
     try:
-        parse_core_target(ns["core"])
+        target = parse_core_target(ns["core"])
+        if ns["routing"] == "prefix" and listed_addresses(target) is None and dns_name(target) is None:
+            p.error(
+                f"--routing prefix needs the cores' addresses: a list, an ipv4:/ipv6: target or a dns: name, "
+                f"not {target.uri!r}"
+            )
     except ValueError as e:
         p.error(str(e))
+    if ns["routing_prefix_chars"] < 1:
+        p.error(f"--routing-prefix-chars must be >= 1, got {ns['routing_prefix_chars']}")
+    if not ns["routing_load_factor"] >= 1:
+        p.error(f"--routing-load-factor must be >= 1, got {ns['routing_load_factor']}")
     for dest in ("drain_seconds", "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
         if ns[dest] < 0:
             p.error(f"--{dest.replace('_', '-')} must be >= 0, got {ns[dest]}")

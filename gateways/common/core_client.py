@@ -18,6 +18,13 @@ on the session channel instead (ring_hash on a request header, gRFC A76): one st
 bucket, the bucket in the stream's metadata, so every request of a session reaches the core
 that holds it, or the next one on the ring when that core is gone (a fresh start there).
 
+With `--routing prefix` (gateways.common.prefix_route), a request without a hash key goes to
+the core its leading part hashes to on a consistent-hash ring with bounded loads, so requests
+that share a prefix meet the core that caches it. The client then keeps one channel per core
+(the listed addresses, or what a `dns:` name resolves to, looked up again every
+`--core-stream-max-age` seconds) with its own small pool of streams, and counts each core's
+requests in flight itself; unary calls stay on the balanced channel.
+
 A request that ends with UNAVAILABLE or RESOURCE_EXHAUSTED before its first message (refused
 by a draining or full core, or on a stream that broke before it started) is sent again, up to
 `--core-retries` times, on another stream (another core); one that had started ends with the
@@ -32,6 +39,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import socket
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -46,12 +55,16 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from gateways.common.config import GatewayConfig
 from gateways.common.core_call import CoreCall
 from gateways.common.multiplexed import MultiplexedStream
+from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS, HashRing, pick, prefix_key
 from gateways.common.status import GatewayError
 from gateways.common.targets import (
     HASH_HEADER,
     CoreTarget,
+    address_target,
     balanced_service_config,
+    dns_name,
     enable_request_hash_header,
+    listed_addresses,
     parse_core_target,
     session_service_config,
 )
@@ -68,6 +81,41 @@ PROVISIONAL_AGE = 1.0
 
 #: Hash buckets of the session channel: one stream per bucket in use, placed by ring_hash.
 SESSION_BUCKETS = 64
+
+#: Seconds the requests on the streams of a core that left a dns: name may still run.
+CLOSE_GRACE = 600.0
+
+#: The request-routing policies of `--routing`.
+ROUTINGS = ("round_robin", "prefix")
+
+#: Channel states in which a core takes no request (unreachable, or not SERVING to the health
+#: check of its round_robin channel).
+_DOWN = frozenset({grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN})
+
+
+class _Core:
+    """One core of `--routing prefix`: its channel and its own pool of streams.
+
+    Args:
+        address: the core's host:port (its name on the ring).
+        channel: a round_robin channel with health checking to that address only.
+        streams: streams in its pool.
+    """
+
+    def __init__(self, address: str, channel: grpc.aio.Channel, streams: int):
+        self.address = address
+        self.channel = channel
+        self.stub = spb_grpc.GenerateServiceStub(channel)
+        self.pool: list[MultiplexedStream | None] = [None] * streams
+        self.streams: set[MultiplexedStream] = set()  # the pool's and retired ones still open
+
+    def load(self) -> int:
+        """Requests of this gateway in flight on the core."""
+        return sum(len(s.open) for s in self.streams)
+
+    def usable(self) -> bool:
+        """Whether the core may take a request (connecting counts: a refusal is retried)."""
+        return self.channel.get_state(try_to_connect=True) not in _DOWN
 
 
 class CoreClient:
@@ -89,9 +137,15 @@ class CoreClient:
         stream_max_age: seconds a stream takes new requests (0: forever).
         retries: times a refused request is resent (used with several cores only).
         reconnect_backoff_ms, max_reconnect_backoff_ms: gRPC's reconnection backoff bounds.
+        routing: how a request without a hash key picks its core when there are several:
+            "round_robin" (the least-loaded stream of the balanced pool) or "prefix" (a
+            consistent hash of its leading part with bounded loads, gateways.common.prefix_route).
+        prefix_chars: characters of a text prompt that make its prefix key.
+        load_factor: the `c` of bounded loads (at least 1).
 
     Raises:
-        ValueError: a `target` that does not parse.
+        ValueError: a `target` that does not parse, an unknown `routing`, a `load_factor` below
+            1 or `prefix_chars` below 1.
     """
 
     def __init__(
@@ -108,7 +162,16 @@ class CoreClient:
         queue_timeout: float | None = None,
         api_key: str = "",
         credentials: grpc.ChannelCredentials | None = None,
+        routing: str = "round_robin",
+        prefix_chars: int = DEFAULT_PREFIX_CHARS,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
     ):
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+        if load_factor < 1:
+            raise ValueError(f"the routing load factor must be at least 1, got {load_factor}")
+        if prefix_chars < 1:
+            raise ValueError(f"the routing prefix length must be at least 1 character, got {prefix_chars}")
         self.target = parse_core_target(target) if isinstance(target, str) else target
         self.address = self.target.uri
         self.timeout = timeout
@@ -148,6 +211,74 @@ class CoreClient:
         self._unary: set[asyncio.Task[None]] = set()
         self._delivering = False  # a stream reader is handing out one core message's news
         self._after: list[Callable[[], None]] = []
+        # --routing prefix: the cores by address, their ring, and the lookup of a dns: name.
+        self.routing = routing if several else "round_robin"
+        self.prefix_chars = prefix_chars
+        self.load_factor = load_factor
+        self._options = options
+        self._per_core = max(1, math.ceil(size / max(1, self.target.addresses)))
+        self._cores: list[_Core] = []
+        self._ring: HashRing | None = None
+        self._dns = dns_name(self.target) if self.routing == "prefix" else None
+        self._lookup: asyncio.Task[None] | None = None
+        self._closing_channels: set[asyncio.Task[None]] = set()
+        if self.routing == "prefix":
+            listed = listed_addresses(self.target)
+            if listed is None and self._dns is None:
+                raise ValueError(
+                    f"--routing prefix needs the cores' addresses: a list, an ipv4:/ipv6: target or a dns: name, "
+                    f"not {self.target.uri!r}"
+                )
+            if listed is not None:
+                self.set_cores(listed)
+
+    def set_cores(self, addresses: list[str]) -> None:
+        """The cores of `--routing prefix` (their ring), keeping the channels and streams of
+        the cores still listed; the streams of a core no longer listed are retired and its
+        channel closes once their requests ended."""
+        addresses = sorted(set(addresses))
+        if not addresses or [c.address for c in self._cores] == addresses:
+            return
+        old = {c.address: c for c in self._cores}
+        cores = []
+        for address in addresses:
+            core = old.pop(address, None)
+            if core is None:
+                channel = self._make_channel(
+                    [*self._options, ("grpc.service_config", balanced_service_config())], address_target(address)
+                )
+                core = _Core(address, channel, self._per_core)
+            cores.append(core)
+        for core in old.values():
+            for s in core.pool:
+                if s is not None:
+                    s.retire()
+            # The retired streams end once their requests have; close() refuses new calls and
+            # cancels what still runs after the grace.
+            task = asyncio.get_running_loop().create_task(core.channel.close(grace=CLOSE_GRACE))
+            self._closing_channels.add(task)
+            task.add_done_callback(self._closing_channels.discard)
+        self._cores = cores
+        self._ring = HashRing(addresses)
+        log.info("prefix routing over %d cores: %s", len(cores), ", ".join(addresses))
+
+    async def _look_up(self) -> None:
+        """Resolve the dns: name of `--routing prefix` now and every stream max age (30 s when
+        streams never expire); a failed lookup keeps the cores known."""
+        assert self._dns is not None
+        host, port = self._dns
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            try:
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                addresses = []
+                for family, _, _, _, sockaddr in infos:
+                    ip = str(sockaddr[0])
+                    addresses.append(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+                self.set_cores(addresses)
+            except OSError as e:
+                log.warning("looking up %s for prefix routing failed: %s", host, e)
+            await asyncio.sleep(self.stream_max_age or 30.0)
 
     def after_news(self, fn: Callable[[], None]) -> None:
         """Call `fn()` once, after the news being handed out now: right after a stream's reader
@@ -170,17 +301,22 @@ class CoreClient:
             except Exception:
                 log.exception("a callback after the core's news failed")
 
-    def _make_channel(self, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
-        """A channel to the target, over TLS when the client has credentials."""
+    def _make_channel(self, options: list[tuple[str, Any]], uri: str | None = None) -> grpc.aio.Channel:
+        """A channel to the target (or `uri`), over TLS when the client has credentials."""
+        uri = uri or self.target.uri
         if self._credentials is None:
-            return grpc.aio.insecure_channel(self.target.uri, options=options)
-        return grpc.aio.secure_channel(self.target.uri, self._credentials, options=options)
+            return grpc.aio.insecure_channel(uri, options=options)
+        return grpc.aio.secure_channel(uri, self._credentials, options=options)
 
     def connect(self) -> None:
         """Start connecting to every core now (the channels are idle until then)."""
         self._channel.get_state(try_to_connect=True)
         if self._session_channel is not None:
             self._session_channel.get_state(try_to_connect=True)
+        for core in self._cores:
+            core.channel.get_state(try_to_connect=True)
+        if self._dns is not None and self._lookup is None:
+            self._lookup = asyncio.get_running_loop().create_task(self._look_up())
 
     async def close(self) -> None:
         """Close the channels (open requests end with UNAVAILABLE)."""
@@ -188,7 +324,11 @@ class CoreClient:
         await self._channel.close()
         if self._session_channel is not None:
             await self._session_channel.close()
-        for task in list(self._unary):
+        if self._lookup is not None:
+            self._lookup.cancel()
+        for core in self._cores:
+            await core.channel.close()
+        for task in [*self._unary, *self._closing_channels]:
             task.cancel()
 
     def generate(self, request: spb.GenerateRequest, *, hash_key: str | None = None, steps: bool = False) -> CoreCall:
@@ -212,7 +352,7 @@ class CoreClient:
             request = sent
         call = CoreCall(request, steps=steps and self._multiplex, hash_key=hash_key)
         if self._multiplex:
-            self._stream_for(hash_key).start(call)
+            self._stream_for(hash_key, request=request).start(call)
         else:
             self._relay_unary(call)
         if self.timeout:
@@ -221,10 +361,16 @@ class CoreClient:
             call._set_queue_deadline(self.queue_timeout)
         return call
 
-    def _stream_for(self, hash_key: str | None, avoid: MultiplexedStream | None = None) -> MultiplexedStream:
+    def _stream_for(
+        self,
+        hash_key: str | None,
+        avoid: MultiplexedStream | None = None,
+        request: spb.GenerateRequest | None = None,
+    ) -> MultiplexedStream:
         """The stream a request goes on: its session bucket's (with a hash key and several
-        cores), else the pool's stream with the fewest open requests, other than `avoid`;
-        an expired stream is retired and a broken one replaced on the way."""
+        cores); with `--routing prefix` and the cores known, a stream of the core `request`'s
+        prefix key picks (not `avoid`'s core while another is usable); else the pool's
+        stream with the fewest open requests, other than `avoid`."""
         now = time.monotonic()
         if hash_key is not None and self._session_channel is not None:
             bucket = zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
@@ -236,7 +382,36 @@ class CoreClient:
                     self._session_stub, self._session_channel, ((HASH_HEADER, str(bucket)),)
                 )
             return stream
-        pool = self._pool
+        if self._ring is not None and request is not None:
+            cores = self._cores
+            avoided = next((i for i, c in enumerate(cores) if avoid is not None and c.address == avoid.core), None)
+            i = pick(
+                self._ring,
+                prefix_key(request, self.prefix_chars),
+                [c.load() for c in cores],
+                [c.usable() for c in cores],
+                self.load_factor,
+                avoided,
+            )
+            core = cores[i]
+            stream = self._least_loaded(core.pool, core.stub, core.channel, avoid, now, provisional=False)
+            stream.core = core.address
+            core.streams.add(stream)
+            return stream
+        return self._least_loaded(self._pool, self.stub, self._channel, avoid, now)
+
+    def _least_loaded(
+        self,
+        pool: list[MultiplexedStream | None],
+        stub: Any,
+        channel: grpc.aio.Channel,
+        avoid: MultiplexedStream | None,
+        now: float,
+        provisional: bool = True,
+    ) -> MultiplexedStream:
+        """The stream of `pool` with the fewest open requests, other than `avoid`, opened on
+        `stub` in a free place; an expired stream is retired and a broken one replaced on the
+        way."""
         offset = next(self._turn)
         best = -1
         for k in range(len(pool)):
@@ -258,19 +433,24 @@ class CoreClient:
             pool[best] = None
         stream = pool[best]
         if stream is None:
-            stream = pool[best] = self._open(self.stub, self._channel)
+            stream = pool[best] = self._open(stub, channel, provisional=provisional)
         return stream
 
     def _open(
-        self, stub: Any, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...] = ()
+        self,
+        stub: Any,
+        channel: grpc.aio.Channel,
+        metadata: tuple[tuple[str, str], ...] = (),
+        provisional: bool = True,
     ) -> MultiplexedStream:
         """A new stream, with its expiry: --core-stream-max-age, or at most PROVISIONAL_AGE when
-        the channel is not READY yet. A stream opened while the channel connects goes to the
-        first core that answers (the balancer's picker holds only the cores connected when it
-        is picked), so with several cores it is replaced soon, once all of them had time."""
+        the channel is not READY yet and `provisional` (a channel over several cores). A stream
+        opened while the channel connects goes to the first core that answers (the balancer's
+        picker holds only the cores connected when it is picked), so with several cores it is
+        replaced soon, once all of them had time."""
         stream = MultiplexedStream(self, stub, metadata)
         age = self.stream_max_age or float("inf")
-        if self.target.several and channel.get_state() is not grpc.ChannelConnectivity.READY:
+        if provisional and self.target.several and channel.get_state() is not grpc.ChannelConnectivity.READY:
             age = min(age, PROVISIONAL_AGE)
         stream.expires = time.monotonic() + age
         return stream
@@ -293,7 +473,7 @@ class CoreClient:
         if failed.broken and failed in self._sessions.values():
             self._stream_for(call.hash_key).start(call)
         else:
-            self._stream_for(None, avoid=failed).start(call)
+            self._stream_for(None, avoid=failed, request=call.request).start(call)
         return True
 
     def _closed(self, stream: MultiplexedStream) -> None:
@@ -303,6 +483,11 @@ class CoreClient:
         for bucket, s in list(self._sessions.items()):
             if s is stream:
                 del self._sessions[bucket]
+        for core in self._cores:
+            core.streams.discard(stream)
+            for i, s in enumerate(core.pool):
+                if s is stream:
+                    core.pool[i] = None
 
     def _fallback(self, call: CoreCall) -> None:
         """Serve a request refused by a core without MultiplexGenerate with a Generate call
@@ -397,6 +582,9 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         retries=config.core_retries,
         reconnect_backoff_ms=config.core_reconnect_backoff_ms,
         max_reconnect_backoff_ms=config.core_max_reconnect_backoff_ms,
+        routing=config.routing,
+        prefix_chars=config.routing_prefix_chars,
+        load_factor=config.routing_load_factor,
     )
     client.connect()
     app[CORE_CLIENT_KEY] = client

@@ -47,6 +47,7 @@ class MultiplexedStream:
         self.broken = False
         self.retired = False  # takes no new request; half-closed once `open` is empty
         self.expires = float("inf")  # monotonic time after which it takes no new request
+        self.core: str | None = None  # the core's address when the client chose it (--routing prefix)
         self._ids = itertools.count(1)
         self._starts: list[spb.MultiplexStart] = []
         self._cancels: list[int] = []

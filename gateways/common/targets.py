@@ -111,6 +111,51 @@ def parse_core_target(value: str) -> CoreTarget:
     )
 
 
+def listed_addresses(target: CoreTarget) -> list[str] | None:
+    """The `host:port` of every core a target lists, for routing that addresses each core
+    (`--routing prefix`): one address, or an `ipv4:`/`ipv6:` list (grpc/doc/naming.md); None
+    for a target only a resolver expands (`dns:`, `unix:` ...), whose addresses come from
+    `dns_name` and a lookup.
+    """
+    uri = target.uri
+    scheme, _, rest = uri.partition(":")
+    if scheme in ("ipv4", "ipv6") and not rest.startswith("//"):
+        return [part.strip() for part in rest.split(",") if part.strip()]
+    return None if target.resolved else [uri]
+
+
+def dns_name(target: CoreTarget) -> tuple[str, int] | None:
+    """(host, port) of a `dns:///host:port` or `dns://authority/host:port` target (the
+    authority, a DNS server, is left to the system resolver); None for any other target.
+
+    Raises:
+        ValueError: a dns: target without a numeric port (grpc's dns resolver would default to
+            443, which is never a core's).
+    """
+    uri = target.uri
+    if not uri.startswith("dns:"):
+        return None
+    name = uri[4:]
+    if name.startswith("//"):
+        name = name[2:].split("/", 1)[1] if "/" in name[2:] else ""
+    host, sep, port = name.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"--core {uri!r}: a dns: target for --routing prefix needs host:port")
+    return host.strip("[]"), int(port)
+
+
+def address_target(address: str) -> str:
+    """The gRPC target of one core's `host:port` (IPv6 hosts bracketed, as grpc expects)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"ipv6:[{host}]:{port}"
+        return f"ipv4:{host}:{port}"
+    except ValueError:
+        return address
+
+
 def balanced_service_config(*, health_check: bool = True, retries: int = 2) -> str:
     """The service config (JSON) of the balanced channel: round_robin, health checking of
     HEALTH_SERVICE, and gRPC retries of UNAVAILABLE (gRFC A6: only a call refused before its

@@ -10,7 +10,7 @@ by hand, as it is. A section missing from the summary leaves its rows out. `make
     python scripts/bench/report.py [--summary bench-results/summary.json] [--doc docs/performance.md]
 
 The summary's shape is run_all.py's (sections "core", "static", "gateways", "baseline",
-"websocket", "guided", "overhead", "core_peak_rss_mb", ...) and overhead.py's for "overhead".
+"websocket", "guided", "overhead", "prefix", "core_peak_rss_mb", ...) and overhead.py's for "overhead".
 Only the standard library is used, so the unit tests import this module without the bench
 dependencies.
 """
@@ -217,6 +217,53 @@ def overhead_rows(s: Summary) -> list[Row]:
     return rows
 
 
+def prefix_rows(s: Summary) -> list[Row]:
+    """The prefix cache against `--no-prefix-cache` (shared prefix, multi-turn), the fleet's
+    token hit rate by routing, and the memory soak (scripts/bench/prefix.py's shape)."""
+    p = s.get("prefix")
+    if not p:
+        return []
+    rows: list[Row] = []
+    if "shared" in p:
+        sh = p["shared"]
+        rows.append(
+            (
+                "prefix cache vs none: 768 shared + 32 own prompt tokens, 32 new, 8 streams",
+                f"TTFT p50 {num(sh['cache']['ttft_p50_ms'], 1)} vs {num(sh['no_cache']['ttft_p50_ms'], 1)} ms "
+                f"({num(sh['ttft_p50_ratio'], 2)}x); tokens/s {num(sh['tokens_per_s_ratio'], 2)}x",
+            )
+        )
+    if "multiturn" in p:
+        mt = p["multiturn"]
+        on, off = mt["cache"]["ttft_p50_ms_per_turn"], mt["no_cache"]["ttft_p50_ms_per_turn"]
+        rows.append(
+            (
+                f"prefix cache vs none: {len(on)}-turn chats (+24 user tokens a turn), 8 conversations",
+                f"turn-{len(on)} TTFT p50 {num(on[-1], 1)} vs {num(off[-1], 1)} ms "
+                f"({num(mt['last_turn_ttft_ratio'], 2)}x); tokens/s {num(mt['tokens_per_s_ratio'], 2)}x",
+            )
+        )
+    if "fleet" in p:
+        f = p["fleet"]
+        rows.append(
+            (
+                "token hit rate, 12 chats over 3 cores: prefix routing / round robin / one core",
+                f"{num(100 * f['prefix']['hit_rate'], 1)} / {num(100 * f['round_robin']['hit_rate'], 1)} / "
+                f"{num(100 * f['one_core']['hit_rate'], 1)} %",
+            )
+        )
+    if "memory" in p:
+        m = p["memory"]
+        rows.append(
+            (
+                f"memory over {num(m['prompts'])} distinct prompts, prefix cache on",
+                f"RSS {signed(100 * m['rss_growth_after_first_1000'], 1)} % after the first 1,000; cache at most "
+                f"{num(max(m['cache_blocks_per_1000']))} of {num(m['cache_block_bound'])} blocks",
+            )
+        )
+    return rows
+
+
 SECTIONS: tuple[Callable[[Summary], list[Row]], ...] = (
     core_rows,
     static_rows,
@@ -225,6 +272,7 @@ SECTIONS: tuple[Callable[[Summary], list[Row]], ...] = (
     websocket_rows,
     guided_rows,
     overhead_rows,
+    prefix_rows,
 )
 
 

@@ -22,6 +22,10 @@ Figures:
               ratio (the goal: at least 0.9), with the machine's load average
   overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
+  prefix      the HF engine's prefix cache and prefix routing (scripts/bench/prefix.py): a shared
+              768-token prefix and 6-turn chats, cache on vs off (TTFT p50, tokens/s); the token
+              hit rate of 12 chats over 3 cores with prefix routing, round robin and one core; RSS
+              and cache blocks over 10,000 distinct prompts
 
 Sections are merged into bench-results/summary.json: a run of some sections keeps the others.
 At the end, scripts/bench/report.py writes the summary's figures into docs/performance.md.
@@ -56,10 +60,11 @@ from overhead import _f as num
 from overhead import measure as measure_window
 from overhead import merge_summary, print_overhead, run_overhead
 from procs import ROOT, Proc, free_port
+from report import prefix_rows
 from report import update as update_report
 
 HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline", "guided"}
-SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead")
+SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead", "prefix")
 # Names that select several sections.
 GROUPS = {"hf": {"static", "baseline"}}
 
@@ -181,6 +186,12 @@ def main() -> int:
         "--skip", default="", help="comma-separated sections to leave out: " + ",".join([*SECTIONS, *GROUPS])
     )
     p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    p.add_argument(
+        "--baseline",
+        choices=["none", "vllm"],
+        default="none",
+        help="prefix section: also compare with vLLM's CPU build in /tmp/vllm-venv (skipped when absent)",
+    )
     args = p.parse_args()
 
     def sections(arg: str) -> set[str]:
@@ -208,6 +219,8 @@ def main() -> int:
             summary["overhead"] = run_overhead(
                 args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens
             )
+        if "prefix" in selected:
+            summary["prefix"] = prefix_section(args, out)
     finally:
         path = merge_summary(out, summary)  # what was measured before a failure is kept
     print_summary(json.loads(path.read_text()))
@@ -219,6 +232,17 @@ def main() -> int:
     else:
         print(f"wrote the figures into {doc}")
     return 0
+
+
+def prefix_section(args, out: Path) -> dict:
+    """scripts/bench/prefix.py's four parts, in a process of their own (it starts its own
+    cores and gateways; its progress lines pass through)."""
+    path = out / "prefix.json"
+    cmd = [sys.executable, str(ROOT / "scripts/bench/prefix.py"), "--model", args.model, "--json", str(path)]
+    subprocess.run([*cmd, "--rounds", str(args.rounds), "--baseline", args.baseline], check=True, cwd=ROOT)
+    figures = json.loads(path.read_text())
+    figures.pop("setup", None)
+    return dict(figures)
 
 
 def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
@@ -610,6 +634,8 @@ def print_summary(s: dict) -> None:
         )
     if "overhead" in s:
         print_overhead(s["overhead"])
+    for what, figure in prefix_rows(s):
+        print(f"{what}: {figure}")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,27 @@ def summary() -> dict:
                 "ws": {"64": {"itl_above_step_ms": {"p50": 0.02}}, "256": ws_256},
             },
         },
+        "prefix": {
+            "shared": {
+                "cache": {"ttft_p50_ms": 12.5},
+                "no_cache": {"ttft_p50_ms": 50.0},
+                "ttft_p50_ratio": 0.25,
+                "tokens_per_s_ratio": 2.1,
+            },
+            "multiturn": {
+                "cache": {"ttft_p50_ms_per_turn": [9.0, 8.0, 7.5]},
+                "no_cache": {"ttft_p50_ms_per_turn": [9.0, 12.0, 25.0]},
+                "last_turn_ttft_ratio": 0.3,
+                "tokens_per_s_ratio": 1.6,
+            },
+            "fleet": {"prefix": {"hit_rate": 0.8}, "round_robin": {"hit_rate": 0.35}, "one_core": {"hit_rate": 0.85}},
+            "memory": {
+                "prompts": 10000,
+                "rss_growth_after_first_1000": 0.012,
+                "cache_blocks_per_1000": [256, 256],
+                "cache_block_bound": 256,
+            },
+        },
     }
 
 
@@ -140,6 +161,15 @@ def test_every_section_renders_its_row():
         ),
         "ITL above the step at 64 streams, p50, through each gateway": "\u22120.05 to 0.08 ms",
         "mock engine alone with a bare consumer (the floor)": "2.43 µs per token",
+        "prefix cache vs none: 768 shared + 32 own prompt tokens, 32 new, 8 streams": (
+            "TTFT p50 12.5 vs 50.0 ms (0.25x); tokens/s 2.10x"
+        ),
+        "prefix cache vs none: 3-turn chats (+24 user tokens a turn), 8 conversations": (
+            "turn-3 TTFT p50 7.5 vs 25.0 ms (0.30x); tokens/s 1.60x"
+        ),
+        "token hit rate, 12 chats over 3 cores: prefix routing / round robin / one core": "80.0 / 35.0 / 85.0 %",
+        "memory over 10,000 distinct prompts, prefix cache on": "RSS +1.2 % after the first 1,000; cache at most "
+        "256 of 256 blocks",
     }
 
 
@@ -189,7 +219,7 @@ def test_update_writes_the_document(tmp_path):
     text = doc.read_text()
     assert text.startswith("Intro.\n<!-- figures:begin -->\nMeasured 2026-11-25")
     assert text.endswith(
-        "| mock engine alone with a bare consumer (the floor) | 2.43 µs per token |\n<!-- figures:end -->\nOutro.\n"
+        "| RSS +1.2 % after the first 1,000; cache at most 256 of 256 blocks |\n<!-- figures:end -->\nOutro.\n"
     )
 
 

@@ -1,0 +1,192 @@
+"""Prefix-aware routing over several cores (`--routing prefix`): which core a request goes to
+so that requests sharing a leading part meet the core whose prefix cache holds it (pure
+functions; `core_client` keeps the cores and their loads).
+
+- The **key** of a request is its leading part, taken from the `GenerateRequest` every schema
+  translates to (OpenAI chat, completions, Responses, Anthropic Messages, LMI, TGI, Triton and
+  WebSocket prompts alike), so no schema renders anything twice: for a chat, the messages up to
+  and including the first user message, with the tools (a system prompt, the tool list and the
+  opening question, which every later turn of the conversation resends unchanged); for text,
+  its first `chars` characters; for token ids, the first `chars // 4` ids (about as many tokens
+  as `chars` characters make). Every turn of a conversation so has one key, while the messages
+  before the *last* user turn would change at every turn and move the conversation to another
+  core each time.
+- The **ring** (`HashRing`) places each core at `VNODES` points of a 64-bit circle (consistent
+  hashing, Karger et al. 1997, with virtual nodes as in ketama), so a core joining or leaving
+  moves only the keys next to its points, and every gateway with the same cores sends a key to
+  the same core without talking to the others.
+- **Bounded loads** (`pick`, Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with
+  Bounded Loads", SODA 2018): a core takes a request only while its requests in flight are
+  below `ceil(c * (in flight + 1) / cores)`; otherwise the walk goes on clockwise. One hot
+  prefix so fills its core up to `c` times the average and spills to the next cores on the
+  ring, the same ones for every gateway, which then cache it too.
+
+The anchors compared: llm-d's approximate prefix-cache scorer (gateway-api-inference-extension,
+`pkg/epp/scheduling/framework/plugins/multi/prefix`: block hashes of the prompt's leading
+characters, an LRU index of which pod served which blocks, pods scored by the longest match,
+mixed with load scorers) and SMG's `cache_aware` policy (sgl-model-gateway
+`src/policies/cache_aware.rs`: an approximate radix tree per worker, the best match above a
+threshold, shortest queue when the load is unbalanced). Both keep an index of what each
+gateway sent where; the ring needs none and agrees across gateways, at the price of matching
+only the key, not the longest prefix.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Iterator, Sequence
+
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+#: Points of each core on the ring (ketama's 160: the keys split within a few percent).
+VNODES = 160
+
+#: `--routing-prefix-chars`' default: the characters of a prompt that make its key (a system
+#: prompt or a few-shot header is longer; a 256-character opening tells conversations apart).
+DEFAULT_PREFIX_CHARS = 256
+
+#: `--routing-load-factor`' default: the `c` of bounded loads (the paper's 1.25 keeps the
+#: busiest core within a quarter of the average while most keys stay on their first core).
+DEFAULT_LOAD_FACTOR = 1.25
+
+#: Bytes that separate the parts of a key (no part's encoding is confused with another's).
+_SEP = b"\x1e"
+
+
+def _hash(data: bytes) -> int:
+    """A 64-bit position on the ring (BLAKE2b: stable across processes and Python versions,
+    unlike `hash()`)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def prefix_key(request: spb.GenerateRequest, chars: int = DEFAULT_PREFIX_CHARS) -> bytes:
+    """The routing key of a request: its leading part (see the module's description).
+
+    Args:
+        request: the request as the gateway sends it.
+        chars: characters of a text prompt that make its key (`chars // 4` token ids, at least 1).
+
+    Returns:
+        Bytes, equal for two requests exactly when their leading parts are equal; empty for a
+        request without input.
+
+    Raises:
+        ValueError: `chars` below 1.
+    """
+    if chars < 1:
+        raise ValueError(f"prefix key length must be at least 1 character, got {chars}")
+    kind = request.WhichOneof("input")
+    if kind == "text":
+        return b"t" + request.text[:chars].encode("utf-8", "surrogatepass")
+    if kind == "token_ids":
+        ids = request.token_ids.ids[: max(1, chars // 4)]
+        return b"i" + b"".join(i.to_bytes(4, "big", signed=True) for i in ids)
+    if kind == "messages":
+        parts = [b"m"]
+        parts.extend(t.SerializeToString(deterministic=True) for t in request.messages.tools)
+        parts.append(_SEP)
+        for message in request.messages.messages:
+            parts.append(message.SerializeToString(deterministic=True))
+            if message.role == "user":
+                break
+        return _SEP.join(parts)
+    return b""
+
+
+class HashRing:
+    """A consistent-hash ring of named members, `VNODES` points each.
+
+    Args:
+        members: the members' names (core addresses), in the order `order` reports indices.
+
+    Raises:
+        ValueError: no member, or a name given twice.
+    """
+
+    def __init__(self, members: Sequence[str], vnodes: int = VNODES):
+        if not members:
+            raise ValueError("a hash ring needs at least one member")
+        if len(set(members)) != len(members):
+            raise ValueError(f"hash ring members must be distinct: {list(members)}")
+        self.members = tuple(members)
+        points = sorted((_hash(f"{name}#{v}".encode()), i) for i, name in enumerate(members) for v in range(vnodes))
+        self._positions = [p for p, _ in points]
+        self._owners = [i for _, i in points]
+
+    def order(self, key: bytes) -> Iterator[int]:
+        """Every member's index once, clockwise from `key`'s position on the ring."""
+        n = len(self.members)
+        seen: set[int] = set()
+        owners = self._owners
+        start = bisect.bisect(self._positions, _hash(key))
+        for k in range(len(owners)):
+            i = owners[(start + k) % len(owners)]
+            if i not in seen:
+                seen.add(i)
+                yield i
+                if len(seen) == n:
+                    return
+
+
+def load_bound(loads: Sequence[int], usable: Sequence[bool], factor: float) -> int:
+    """The most requests in flight a usable core may hold before it takes one more:
+    `ceil(factor * (in flight on usable cores + 1) / usable cores)` (Mirrokni et al. 2018, with
+    the new request counted, so that an idle fleet's bound is at least 1).
+
+    Raises:
+        ValueError: no usable core, or `factor` below 1.
+    """
+    if factor < 1:
+        raise ValueError(f"the load factor must be at least 1, got {factor}")
+    count = sum(usable)
+    if count == 0:
+        raise ValueError("no usable core")
+    total = sum(load for load, ok in zip(loads, usable, strict=True) if ok)
+    return math.ceil(factor * (total + 1) / count)
+
+
+def pick(
+    ring: HashRing,
+    key: bytes,
+    loads: Sequence[int],
+    usable: Sequence[bool],
+    factor: float = DEFAULT_LOAD_FACTOR,
+    avoid: int | None = None,
+) -> int:
+    """The member a request with `key` goes to: the first usable one clockwise from the key
+    whose load is below `load_bound`, skipping `avoid` (a core that just refused the request)
+    while another is usable. When no member is usable, the key's own member (the request
+    then fails there, or is retried).
+
+    Args:
+        ring: the members.
+        key: the request's `prefix_key`.
+        loads: requests in flight per member (this gateway's view), in `ring.members` order.
+        usable: per member, whether it takes requests (connected, serving).
+        factor: `c` of bounded loads, at least 1.
+        avoid: a member index to pass over when another is usable.
+
+    Raises:
+        ValueError: `loads` or `usable` not one per member, or `factor` below 1.
+    """
+    n = len(ring.members)
+    if len(loads) != n or len(usable) != n:
+        raise ValueError(f"{len(loads)} loads and {len(usable)} usable flags for {n} ring members")
+    allowed = [ok and i != avoid for i, ok in enumerate(usable)]
+    if not any(allowed):
+        allowed = list(usable)
+    order = ring.order(key)
+    if not any(allowed):
+        return next(order)
+    bound = load_bound(loads, allowed, factor)
+    first = -1
+    for i in order:
+        if not allowed[i]:
+            continue
+        if loads[i] < bound:
+            return i
+        if first < 0:
+            first = i
+    return first  # unreachable by the bound's arithmetic (some usable load is at most the average)

@@ -1,0 +1,237 @@
+"""Prefix-aware routing (`--routing prefix`): the prefix key of each input kind, the ring, and
+bounded loads (gateways.common.prefix_route); the routing flags."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+
+import pytest
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
+
+from gateways.common.config import load
+from gateways.common.core_client import CoreClient
+from gateways.common.prefix_route import HashRing, load_bound, pick, prefix_key
+from gateways.common.targets import address_target, dns_name, listed_addresses, parse_core_target
+
+CORES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
+
+
+def chat(*turns: tuple[str, str], tools: tuple[str, ...] = ()) -> spb.GenerateRequest:
+    """A chat request of (role, text) messages."""
+    req = spb.GenerateRequest()
+    for role, text in turns:
+        req.messages.messages.add(role=role, content=[pb.ContentPart(text=text)])
+    for name in tools:
+        req.messages.tools.add(name=name)
+    return req
+
+
+def test_every_turn_of_a_conversation_has_the_key_of_its_opening():
+    opening = (("system", "You are terse."), ("user", "Tell me about ships."))
+    turn1 = chat(*opening)
+    turn3 = chat(
+        *opening, ("assistant", "Ships float."), ("user", "Why?"), ("assistant", "Buoyancy."), ("user", "And?")
+    )
+    assert prefix_key(turn1) == prefix_key(turn3)
+    assert prefix_key(chat(("system", "You are terse."), ("user", "Tell me about trains."))) != prefix_key(turn1)
+    assert prefix_key(chat(*opening, tools=("search",))) != prefix_key(turn1)  # tools are rendered first
+    assert prefix_key(chat(("system", "only a system prompt"))) == prefix_key(chat(("system", "only a system prompt")))
+
+
+def test_a_prompt_key_is_its_first_characters_and_token_ids_their_first_quarter():
+    header = "x" * 300
+    assert prefix_key(spb.GenerateRequest(text=header + "one")) == prefix_key(spb.GenerateRequest(text=header + "two"))
+    assert prefix_key(spb.GenerateRequest(text="a" + header), chars=1) != prefix_key(spb.GenerateRequest(text="b"))
+    ids = list(range(100))
+    a = spb.GenerateRequest(token_ids=pb.TokenIds(ids=ids))
+    b = spb.GenerateRequest(token_ids=pb.TokenIds(ids=[*ids[:64], 7]))
+    assert prefix_key(a) == prefix_key(b)  # 256 characters: 64 ids
+    assert prefix_key(a, chars=400) != prefix_key(b, chars=400)
+    assert prefix_key(spb.GenerateRequest(text="abc")) != prefix_key(
+        spb.GenerateRequest(token_ids=pb.TokenIds(ids=[1]))
+    )
+    assert prefix_key(spb.GenerateRequest()) == b""
+    with pytest.raises(ValueError, match="at least 1 character"):
+        prefix_key(a, chars=0)
+
+
+def test_the_ring_spreads_keys_and_moves_only_a_leaving_core_s_keys():
+    ring = HashRing(CORES)
+    keys = [f"conversation {i}".encode() for i in range(3000)]
+    first = {k: next(ring.order(k)) for k in keys}
+    shares = collections.Counter(first.values())
+    assert all(800 < shares[i] < 1200 for i in range(3)), shares
+    assert all(sorted(ring.order(k)) == [0, 1, 2] for k in keys[:50])
+    smaller = HashRing(CORES[:2])
+    for k in keys:  # a key of a remaining core stays there
+        if first[k] != 2:
+            assert smaller.members[next(smaller.order(k))] == CORES[first[k]]
+
+
+def test_bad_rings_are_refused():
+    with pytest.raises(ValueError, match="at least one member"):
+        HashRing([])
+    with pytest.raises(ValueError, match="distinct"):
+        HashRing(["a:1", "a:1"])
+
+
+def test_bounded_loads_keep_a_key_home_until_its_core_is_full_then_spill_along_the_ring():
+    ring = HashRing(CORES)
+    key = b"a hot few-shot header"
+    home, second, _third = ring.order(key)
+    loads = [0, 0, 0]
+    usable = [True, True, True]
+    assert pick(ring, key, loads, usable) == home
+    loads[home] = 1  # bound ceil(1.25 * 2 / 3) = 1: full
+    assert pick(ring, key, loads, usable) == second
+    loads[second] = 1  # bound ceil(1.25 * 3 / 3) = 2: home has room again
+    assert pick(ring, key, loads, usable) == home
+    placed = [0, 0, 0]  # one hot key, 60 requests in flight: no core above ceil(1.25 * 60 / 3)
+    for _ in range(60):
+        placed[pick(ring, key, placed, usable)] += 1
+    assert max(placed) <= 25 and min(placed) >= 10, placed
+    assert placed[home] == max(placed)
+
+
+def test_many_keys_stay_home_under_an_even_load():
+    ring = HashRing(CORES)
+    rng = random.Random(0)
+    keys = [f"k{i}".encode() for i in range(300)]
+    loads = [5, 5, 5]
+    stayed = sum(pick(ring, k, loads, [True] * 3) == next(ring.order(k)) for k in rng.sample(keys, 100))
+    assert stayed == 100  # bound ceil(1.25 * 16 / 3) = 7 > 5
+
+
+def test_down_and_avoided_cores_are_passed_over():
+    ring = HashRing(CORES)
+    key = b"k"
+    home, second, _third = ring.order(key)
+    usable = [True] * 3
+    usable[home] = False
+    assert pick(ring, key, [0, 0, 0], usable) == second
+    assert pick(ring, key, [0, 0, 0], [True] * 3, avoid=home) == second
+    only = [False] * 3
+    only[home] = True
+    assert pick(ring, key, [0, 0, 0], only, avoid=home) == home  # nothing else to take it
+    assert pick(ring, key, [0, 0, 0], [False] * 3) == home  # nothing usable: the key's own core
+
+
+def test_bad_pick_arguments_are_refused():
+    ring = HashRing(CORES)
+    with pytest.raises(ValueError, match="ring members"):
+        pick(ring, b"k", [0, 0], [True, True])
+    with pytest.raises(ValueError, match="at least 1"):
+        pick(ring, b"k", [0, 0, 0], [True] * 3, factor=0.9)
+    with pytest.raises(ValueError, match="no usable core"):
+        load_bound([0, 0, 0], [False] * 3, 1.25)
+
+
+def test_routing_flags_parse():
+    config = load("openai", 8000, lambda p: None, ["--core", "127.0.0.1:1,127.0.0.1:2", "--routing", "prefix"], {})
+    assert (config.routing, config.routing_prefix_chars, config.routing_load_factor) == ("prefix", 256, 1.25)
+    environ = {"TRELLIS_GATEWAY_ROUTING": "prefix", "TRELLIS_GATEWAY_ROUTING_LOAD_FACTOR": "2"}
+    config = load("lmi", 8080, lambda p: None, ["--core", "dns:///cores:50051"], environ)
+    assert config.routing == "prefix" and config.routing_load_factor == 2.0
+    assert load("lmi", 8080, lambda p: None, [], {}).routing == "round_robin"
+
+
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["--routing", "random"], "invalid choice"),
+        (["--routing-prefix-chars", "0"], "--routing-prefix-chars must be >= 1"),
+        (["--routing-load-factor", "0.5"], "--routing-load-factor must be >= 1"),
+        (["--routing-load-factor", "nan"], "--routing-load-factor must be >= 1"),
+        (["--routing", "prefix", "--core", "unix:///run/core.sock"], "needs the cores' addresses"),
+        (["--routing", "prefix", "--core", "dns:///cores"], "needs host:port"),
+    ],
+)
+def test_bad_routing_flags_are_usage_errors(argv, phrase, capsys):
+    with pytest.raises(SystemExit):
+        load("lmi", 8080, lambda p: None, argv, {})
+    assert phrase in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "value, listed, dns",
+    [
+        ("127.0.0.1:1", ["127.0.0.1:1"], None),
+        ("127.0.0.1:1,127.0.0.2:1", ["127.0.0.1:1", "127.0.0.2:1"], None),
+        ("ipv6:[::1]:1,[::1]:2", ["[::1]:1", "[::1]:2"], None),
+        ("dns:///cores.svc:50051", None, ("cores.svc", 50051)),
+        ("dns://8.8.8.8/cores.svc:50051", None, ("cores.svc", 50051)),
+        ("unix:///run/core.sock", None, None),
+    ],
+)
+def test_the_cores_a_target_names(value, listed, dns):
+    target = parse_core_target(value)
+    assert listed_addresses(target) == listed and dns_name(target) == dns
+
+
+def test_one_core_s_channel_target():
+    assert address_target("127.0.0.1:5") == "ipv4:127.0.0.1:5"
+    assert address_target("[::1]:5") == "ipv6:[::1]:5"
+    assert address_target("core:5") == "core:5"
+
+
+@pytest.mark.parametrize(
+    "kwargs, phrase",
+    [
+        ({"routing": "random"}, "routing must be one of"),
+        ({"routing": "prefix", "load_factor": 0.5}, "load factor must be at least 1"),
+        ({"routing": "prefix", "prefix_chars": 0}, "at least 1 character"),
+    ],
+)
+async def test_bad_core_client_routing_is_refused(kwargs, phrase):
+    with pytest.raises(ValueError, match=phrase):
+        CoreClient("127.0.0.1:1,127.0.0.1:2", **kwargs)
+
+
+async def test_a_core_client_routes_by_prefix_only_over_cores_it_can_name():
+    with pytest.raises(ValueError, match="needs the cores' addresses"):
+        CoreClient("unix:///run/a.sock,/run/b.sock", routing="prefix")
+    client = CoreClient("127.0.0.1:1", routing="prefix")  # one core: nothing to route
+    assert client.routing == "round_robin"
+    await client.close()
+    client = CoreClient("127.0.0.1:1,127.0.0.1:2", routing="prefix")
+    assert client.routing == "prefix" and [c.address for c in client._cores] == ["127.0.0.1:1", "127.0.0.1:2"]
+    await client.close()
+
+
+async def test_a_dns_name_s_addresses_become_the_ring(caplog):
+    client = CoreClient("dns:///localhost:1", routing="prefix", stream_max_age=0.2)
+    client.connect()
+    for _ in range(100):
+        if client._cores:
+            break
+        await asyncio.sleep(0.05)
+    assert "127.0.0.1:1" in [c.address for c in client._cores]
+    client.set_cores(["127.0.0.2:1"])  # the name now points elsewhere: the old core's channel closes
+    assert [c.address for c in client._cores] == ["127.0.0.2:1"]
+    await client.close()
+    failing = CoreClient("dns:///no-such-core.invalid:1", routing="prefix")
+    with caplog.at_level(logging.WARNING):
+        failing.connect()
+        for _ in range(200):
+            if "looking up no-such-core.invalid" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+    assert "looking up no-such-core.invalid for prefix routing failed" in caplog.text
+    assert failing._cores == []  # nothing known: requests use the balanced pool
+    await failing.close()
+
+
+async def test_sessions_keep_their_ring_hash_stream_and_other_requests_go_by_prefix():
+    client = CoreClient("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", routing="prefix")
+    request = chat(("system", "s"), ("user", "about ships"))
+    session = client._stream_for("session-7", request=request)
+    assert session.core is None and session in client._sessions.values()
+    routed = client._stream_for(None, request=request)
+    home = client._cores[next(client._ring.order(prefix_key(request)))]
+    assert routed.core == home.address and routed in home.streams
+    assert client._stream_for(None, request=request).core == home.address  # idle: home again
+    await client.close()
