@@ -102,6 +102,8 @@ class CoreConfig:
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
     max_message_bytes: int = 16 * 1024 * 1024
+    max_queued_messages_per_stream: int = 65536
+    slow_reader_timeout: float = 30.0
     max_connection_age_seconds: float = 300.0
     max_connection_age_grace_seconds: float = 3600.0
     log_level: str = "INFO"
@@ -268,6 +270,20 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="idle time after which a session expires",
     )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument(
+        "--max-queued-messages-per-stream",
+        type=_count(1),
+        default=d.max_queued_messages_per_stream,
+        help="responses (and MultiplexGenerate step entries) a stream may hold for a client that reads slower "
+        "than they come; one more cancels the stream's requests with RESOURCE_EXHAUSTED (SLOW_READER)",
+    )
+    p.add_argument(
+        "--slow-reader-timeout",
+        type=_non_negative,
+        default=d.slow_reader_timeout,
+        help="seconds a stream's write may wait for a client that takes nothing while news waits; then its "
+        "requests are cancelled the same way (0: no limit)",
+    )
     p.add_argument(
         "--max-connection-age-seconds",
         type=float,

@@ -102,6 +102,8 @@ class RequestMetrics:
         requests: ended requests by finish reason (FINISH_LABELS; the first returned
             sequence's reason for n > 1).
         rejected: requests refused at admission (RESOURCE_EXHAUSTED: the queue is full).
+        slow_reader_cancels: requests cancelled because their client read too slowly
+            (SLOW_READER, core.multiplex.StreamBounds).
         ttft, itl, queue_time, e2e: histograms, in seconds.
         step_outputs, delta_outputs: engine outputs by the path they took to the consumer:
             a plain decode step as values (`Job._is_plain_step`), or ResponseDeltas.
@@ -116,6 +118,7 @@ class RequestMetrics:
         "queue_time",
         "rejected",
         "requests",
+        "slow_reader_cancels",
         "step_outputs",
         "ttft",
     )
@@ -125,6 +128,7 @@ class RequestMetrics:
         self.generation_tokens = 0
         self.requests = dict.fromkeys(FINISH_LABELS, 0)
         self.rejected = 0
+        self.slow_reader_cancels = 0
         self.step_outputs = 0
         self.delta_outputs = 0
         self.ttft = Buckets(TTFT_BUCKETS)
@@ -202,6 +206,12 @@ class CoreCollector(Collector):
         yield requests
         yield _counter(
             "trellis_core_admission_rejections", "Requests refused because the queue was full.", labels, c.rejected
+        )
+        yield _counter(
+            "trellis_core_slow_reader_cancels",
+            "Requests cancelled because their client read its stream too slowly (SLOW_READER).",
+            labels,
+            c.slow_reader_cancels,
         )
         paths = CounterMetricFamily(
             "trellis_core_stream_outputs",

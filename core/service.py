@@ -22,7 +22,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from core import convert
 from core.config import CoreConfig
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
-from core.multiplex import CallOutput, MultiplexSession
+from core.multiplex import CallOutput, MultiplexSession, StreamBounds
 from core.pipeline import RequestPipeline, merge_deltas
 from core.types import GUIDE_KINDS, EngineInfo, SamplingOptions
 from core.validation import validate_request
@@ -41,6 +41,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         self.pipeline = pipeline
         self.config = config
         self.draining = False
+        self.bounds = StreamBounds(config.max_queued_messages_per_stream, config.slow_reader_timeout)
         self._sessions: set[MultiplexSession] = set()
         self._generate_calls = 0
         self._idle = asyncio.Event()
@@ -55,10 +56,11 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         status (before the first message for validation and admission errors).
 
         One message per engine step while the client keeps up; what waits while a write is
-        in flight (flow control: the client reads slower) goes out merged (merge_deltas)."""
+        in flight (flow control: the client reads slower) goes out merged (merge_deltas), within
+        `self.bounds` (beyond: RESOURCE_EXHAUSTED, reason SLOW_READER; core.multiplex)."""
         request_id = (None if isinstance(request, Malformed) else request.request_id) or uuid.uuid4().hex
         error: CoreError | None = None
-        out = CallOutput()
+        out = CallOutput(self.bounds)
         job = None
         self._generate_calls += 1
         self._idle.clear()
@@ -95,7 +97,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
     ) -> None:
         """Many requests on one stream, for gateways (see core.multiplex)."""
-        session = MultiplexSession(self.pipeline, context, draining=self.draining)
+        session = MultiplexSession(self.pipeline, context, draining=self.draining, bounds=self.bounds)
         self._sessions.add(session)
         self._idle.clear()
         try:
