@@ -297,6 +297,20 @@ class MultiplexSession:
             self._closed = True
             self._wake()
 
+    def _refuse_duplicate(self, rid: int, request_id: str) -> None:
+        """Refuse a start whose id is open: an event of its own (never one holding the open
+        request's news) with INVALID_ARGUMENT, reason DUPLICATE_ID; the open request runs on
+        untouched, and its own events and terminal status follow (generate_service.proto)."""
+        error = InvalidArgument(
+            f"Request id {rid} is already open on this stream; this start was refused and the open request "
+            "goes on. Use an id that is not open.",
+            field="id",
+            reason="DUPLICATE_ID",
+        )
+        self._last = None  # not the open request's event
+        self._status(rid, request_id, error)
+        self._last = None  # nor the one its next news joins
+
     def _cancel(self, rid: int) -> None:
         """Cancel a request (the gateway gave it up); its job goes with this frame, not when
         the stream's next message comes."""
@@ -310,7 +324,8 @@ class MultiplexSession:
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
             if rid in self.jobs:
-                raise InvalidArgument(f"Request id {rid} is already open on this stream.", field="id")
+                self._refuse_duplicate(rid, request_id)
+                return
             if self._slow is not None:
                 raise self._slow
             req = convert.to_generation_request(request, request_id)

@@ -14,6 +14,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core.server import CoreServer
+from gateways.common.status import GatewayError
 from tests.integration.core_helpers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -121,3 +122,39 @@ async def _read_until_error(call):
             yield msg
     except grpc.aio.AioRpcError:
         return
+
+
+async def test_a_duplicate_multiplex_id_is_refused_without_touching_the_open_request(mock_core):
+    """The refusal is an event of its own (no responses in it), reason DUPLICATE_ID; the open
+    request streams to its final message and one OK, as if the duplicate never came."""
+    first = spb.GenerateRequest(
+        request_id="open",
+        text="hello",
+        sampling=pb.SamplingParams(do_sample=False),
+        stopping=pb.StoppingParams(max_new_tokens=40),
+    )
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        call = spb_grpc.GenerateServiceStub(channel).MultiplexGenerate()
+        await call.write(spb.MultiplexGenerateRequest(starts=[spb.MultiplexStart(id=7, request=first)]))
+        await call.read()  # its QUEUED: the request is open
+        await call.write(
+            spb.MultiplexGenerateRequest(
+                starts=[spb.MultiplexStart(id=7, request=spb.GenerateRequest(request_id="dup", text="other"))]
+            )
+        )
+        await call.done_writing()
+        events = []
+        while (msg := await call.read()) is not grpc.aio.EOF:
+            events += msg.events
+    refusals = [e for e in events if e.status.code]
+    assert len(refusals) == 1
+    (refusal,) = refusals
+    assert not refusal.responses
+    err = GatewayError.from_status(refusal.status.code, refusal.status.message, refusal.status.details)
+    assert (err.reason, err.param) == ("DUPLICATE_ID", "id")
+    responses = [r for e in events for r in e.responses]
+    assert {r.request_id for r in responses} == {"open"}
+    assert responses[-1].usage.completion_tokens == 40
+    oks = [e for e in events if e.HasField("status") and not e.status.code]
+    assert len(oks) == 1
+    assert events.index(oks[0]) == len(events) - 1
