@@ -102,6 +102,7 @@ class CoreConfig:
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
     max_message_bytes: int = 16 * 1024 * 1024
+    allow_special_tokens_in_content: bool = False
     max_queued_messages_per_stream: int = 65536
     slow_reader_timeout: float = 30.0
     max_connection_age_seconds: float = 300.0
@@ -270,6 +271,13 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="idle time after which a session expires",
     )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument(
+        "--allow-special-tokens-in-content",
+        action=argparse.BooleanOptionalAction,
+        default=d.allow_special_tokens_in_content,
+        help="tokenize the text of special tokens (<|end|>, EOS, ...) in prompts and chat messages as those tokens, "
+        "as vLLM and TGI do (default: as ordinary text; a chat template's own markers stay special)",
+    )
     p.add_argument(
         "--max-queued-messages-per-stream",
         type=_count(1),

@@ -180,7 +180,8 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools)
         except CoreError as e:
             await context.abort_with_status(e.to_status())
-        spans = self.pipeline.tokenizer.spans(req.text or "", ids) if which == "text" else []
+        p = self.pipeline
+        spans = p.tokenizer.spans(req.text or "", ids, split_special=p.split_special) if which == "text" else []
         return spb.TokenizeResponse(
             token_ids=ids,
             rendered_prompt=rendered,
