@@ -101,6 +101,7 @@ class CoreConfig:
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
+    session_max_bytes: int = 256 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
     allow_special_tokens_in_content: bool = False
     max_queued_messages_per_stream: int = 65536
@@ -263,6 +264,13 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         type=int,
         default=d.session_max_tokens,
         help="tokens held by all continue-generation sessions together (LRU eviction)",
+    )
+    p.add_argument(
+        "--session-max-bytes",
+        type=_count(1),
+        default=d.session_max_bytes,
+        help="bytes held by all continue-generation sessions together: their keys, 4 per token and 200 per "
+        "session (LRU eviction)",
     )
     p.add_argument(
         "--session-ttl-seconds",

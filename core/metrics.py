@@ -180,6 +180,7 @@ class CoreCollector(Collector):
             ("trellis_core_slot_usage_perc", "Running requests over --max-batch-size, from 0 to 1.", usage),
             ("trellis_core_sessions", "Continue-generation sessions held.", len(self.sessions)),
             ("trellis_core_session_tokens", "Tokens held by continue-generation sessions.", self.sessions.total_tokens),
+            ("trellis_core_session_bytes", "Bytes held by continue-generation sessions.", self.sessions.total_bytes),
             ("vllm:num_requests_running", "Requests in the running batch (vLLM's name).", stats.active),
             ("vllm:num_requests_waiting", "Requests waiting for a batch slot (vLLM's name).", stats.queued),
             ("vllm:kv_cache_usage_perc", "Batch slot usage from 0 to 1 (vLLM's name; see docs/metrics.md).", usage),

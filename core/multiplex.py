@@ -204,6 +204,7 @@ class MultiplexSession:
             client ends it, or when the server stops).
         bounds: how far the reader may fall behind: beyond, every open request is cancelled
             with SLOW_READER, and so is every start until the reader catches up.
+        caller: the identity of the stream's API key ("" without keys; it scopes sessions).
 
     Attributes:
         queued: GenerateResponses and Steps entries produced and not yet handed to gRPC.
@@ -216,8 +217,10 @@ class MultiplexSession:
         *,
         draining: bool = False,
         bounds: StreamBounds | None = None,
+        caller: str = "",
     ):
         self.pipeline = pipeline
+        self.caller = caller
         self.context = context
         self.draining = draining
         self.bounds = bounds or StreamBounds()
@@ -328,7 +331,7 @@ class MultiplexSession:
                 return
             if self._slow is not None:
                 raise self._slow
-            req = convert.to_generation_request(request, request_id)
+            req = convert.to_generation_request(request, request_id, self.caller)
             if self.pipeline.tokenizes_off_loop(req):
                 task = self._start_off_loop(rid, request_id, req, steps)
                 self.jobs[rid] = _Preparing(asyncio.create_task(task), request_id)
@@ -401,7 +404,7 @@ class MultiplexSession:
         if out is not None:
             out.queued += n
         self.queued += n
-        if self._slow is None:
+        if self._slow is None and (self.queued > self.bounds.max_queued or self._writing_since is not None):
             error = self.bounds.exceeded(self.queued, self._writing_since, self._loop.time)
             if error is not None:
                 self._slow = error

@@ -31,7 +31,7 @@ from core.engine.base import Engine, OutputStream
 from core.errors import CoreError, EngineFailure, InvalidArgument, Overloaded, SessionBusy
 from core.guided import check_compiles
 from core.metrics import RequestMetrics
-from core.sessions import SessionStore
+from core.sessions import SessionStore, session_key
 from core.stops import StopMatcher
 from core.tokenizer import Tokenizer
 from core.types import (
@@ -176,9 +176,10 @@ class RequestPipeline:
         """
         validate_request(req, self.limits)
         previous = None
-        if req.session_id:
+        key = session_key(req.session_id, req.session_scope) if req.session_id else None
+        if key is not None:
             try:
-                previous = self.sessions.acquire(req.session_id)
+                previous = self.sessions.acquire(key)
             except KeyError:
                 raise SessionBusy(
                     f"Session '{clip(req.session_id)}' is in use by another running request.", field="session_id"
@@ -186,10 +187,10 @@ class RequestPipeline:
         try:
             prepared = self._prepare(req, previous, prompt_ids)
         except BaseException:
-            if req.session_id:
-                self.sessions.release(req.session_id, previous)
+            if key is not None:
+                self.sessions.release(key, previous)
             raise
-        prepared.session_key = req.session_id or None
+        prepared.session_key = key
         prepared.session_previous = previous
         return prepared
 

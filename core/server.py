@@ -130,7 +130,7 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
         max_stop_chars=config.max_stop_sequence_chars,
         max_logit_bias=config.max_logit_bias,
     )
-    sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
+    sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds, max_bytes=config.session_max_bytes)
     pipeline = RequestPipeline(
         engine,
         tokenizer,

@@ -20,6 +20,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core import convert
+from core.auth import caller_identity
 from core.config import CoreConfig
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
 from core.multiplex import CallOutput, MultiplexSession, StreamBounds
@@ -69,7 +70,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
                 raise request.error("Generate")
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
-            req = convert.to_generation_request(request, request_id)
+            req = convert.to_generation_request(request, request_id, self._caller(context))
             job = self.pipeline.start(await self.pipeline.prepare_off_loop(req), out)
             while True:
                 for delta in merge_deltas(await out.take()):
@@ -97,7 +98,9 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
     ) -> None:
         """Many requests on one stream, for gateways (see core.multiplex)."""
-        session = MultiplexSession(self.pipeline, context, draining=self.draining, bounds=self.bounds)
+        session = MultiplexSession(
+            self.pipeline, context, draining=self.draining, bounds=self.bounds, caller=self._caller(context)
+        )
         self._sessions.add(session)
         self._idle.clear()
         try:
@@ -105,6 +108,10 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         finally:
             self._sessions.discard(session)
             self._check_idle()
+
+    def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The identity of the call's API key when the core has keys (it scopes sessions), else ""."""
+        return caller_identity(context.invocation_metadata()) if self.config.api_key else ""
 
     def drain(self) -> None:
         """Refuse new requests (UNAVAILABLE); open ones run on, and multiplexed streams end as
