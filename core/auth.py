@@ -10,7 +10,7 @@ checked by envflags.apikeys (SHA-256 digests compared in constant time).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -53,7 +53,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         return _refusal(handler, code, MESSAGES[why])
 
 
-def caller_identity(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
+def caller_identity(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     """The identity of the API key a call carries (envflags.apikeys.ApiKeys.identity of its one
     `authorization` entry; "" without one), for a core with keys: the interceptor let only calls
     with one accepted key through."""

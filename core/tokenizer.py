@@ -97,7 +97,9 @@ class Tokenizer:
 
             self._rust_splitter = RustTokenizer.from_str(self._rust_encoder.to_str())
             self._rust_splitter.encode_special_tokens = True
-        texts = sorted({t for t in (hf_tokenizer.convert_ids_to_tokens(i) for i in self.special_ids) if t}, key=len)
+        # One id gives one token string (transformers types convert_ids_to_tokens for lists too).
+        pieces = (cast("str | None", hf_tokenizer.convert_ids_to_tokens(i)) for i in self.special_ids)
+        texts = sorted({t for t in pieces if t}, key=len)
         #: Matches the text of any special token (longest first).
         self._special_text = re.compile("|".join(re.escape(t) for t in reversed(texts))) if texts else None
         self._bytes_cache: dict[int, bytes] = {}

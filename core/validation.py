@@ -33,8 +33,6 @@ MAX_MESSAGES = 4096
 MAX_SESSION_ID_CHARS = 256
 #: GenerateRequest.tenant, a gateway's identity of its client's key (a digest).
 MAX_TENANT_CHARS = 128
-#: The scope of a session (core.convert: the caller's key identity, "/", the tenant).
-MAX_SESSION_SCOPE_CHARS = 64 + 1 + MAX_TENANT_CHARS
 #: A tool's name (OpenAI's rule for function names).
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
@@ -75,7 +73,7 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
     _check_stopping(req, limits)
     _check_output(req)
     _check_guided(req)
-    if len(req.session_scope) > MAX_SESSION_SCOPE_CHARS:
+    if len(req.session_scope.partition("/")[2]) > MAX_TENANT_CHARS:  # core.convert: "<caller>/<tenant>"
         raise InvalidArgument(f"tenant is longer than {MAX_TENANT_CHARS} characters.", field="tenant")
     if req.session_id is not None:
         if not req.session_id:

@@ -14,7 +14,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
 from core.sessions import ENTRY_OVERHEAD, SessionStore
-from core.validation import MAX_SESSION_ID_CHARS
+from core.validation import MAX_SESSION_ID_CHARS, MAX_TENANT_CHARS
 from gateways.common.status import GatewayError
 from tests.integration.test_gateway_ws import batch, greedy, run, ws_url
 
@@ -100,6 +100,17 @@ async def test_a_session_id_too_long_is_invalid_argument(mock_core):
     assert GatewayError.from_rpc_error(e.value).param == "session_id"
 
 
+async def test_a_tenant_too_long_is_invalid_argument(mock_core):
+    request = _session_request("s", "hi")
+    request.tenant = "t" * (MAX_TENANT_CHARS + 1)
+    async with grpc.aio.insecure_channel(mock_core.address) as channel:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            _ = [m async for m in stub.Generate(request)]
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert GatewayError.from_rpc_error(e.value).param == "tenant"
+
+
 def test_the_store_counts_the_bytes_of_its_keys():
     """Sessions of few tokens under long ids fill the byte budget, not the token budget."""
     store = SessionStore(max_tokens=1_000_000, ttl_seconds=3600, max_bytes=10 * (ENTRY_OVERHEAD + 256 + 12))
@@ -110,3 +121,8 @@ def test_the_store_counts_the_bytes_of_its_keys():
     assert store.total_bytes <= store.max_bytes
     assert len(store) == 10
     assert store.total_tokens == 30
+    huge = "k" * store.max_bytes  # larger than the whole budget: not stored, nothing evicted
+    store.acquire(huge)
+    store.release(huge, [1])
+    assert store.get(huge) is None
+    assert len(store) == 10
