@@ -27,7 +27,7 @@ from aiohttp.typedefs import Handler, Middleware
 from envflags.apikeys import REPEATED, ApiKeys
 
 #: Where an accepted request keeps its key's identity (see `tenant`).
-_TENANT = "trellis.tenant"
+_TENANT = web.RequestKey("trellis_tenant", str)
 
 #: Routes that never need a key: every gateway's health checks.
 HEALTH_PATHS = frozenset({"/health", "/ping", "/v2/health/live", "/v2/health/ready"})
@@ -42,7 +42,7 @@ MESSAGES = {
 def tenant(request: web.Request) -> str:
     """The identity of the API key `request` was accepted with (envflags.apikeys.ApiKeys.identity),
     or "" on a gateway without keys."""
-    return str(request.get(_TENANT, ""))
+    return request[_TENANT] if _TENANT in request else ""
 
 
 def auth_middleware(
