@@ -80,7 +80,7 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
             raise InvalidArgument("session_id must not be empty when set.", field="session_id")
         if len(req.session_id) > MAX_SESSION_ID_CHARS:
             raise InvalidArgument(
-                f"session_id is {len(req.session_id)} characters long; at most {MAX_SESSION_ID_CHARS} are allowed.",
+                f"The session id '{clip(req.session_id, 32)}' is longer than {MAX_SESSION_ID_CHARS} characters.",
                 field="session_id",
             )
         n = req.sampling.n or 1

@@ -42,7 +42,8 @@ MESSAGES = {
 def tenant(request: web.Request) -> str:
     """The identity of the API key `request` was accepted with (envflags.apikeys.ApiKeys.identity),
     or "" on a gateway without keys."""
-    return request[_TENANT] if _TENANT in request else ""
+    value = request.get(_TENANT)
+    return value if isinstance(value, str) else ""
 
 
 def auth_middleware(
