@@ -10,7 +10,7 @@ checked by envflags.apikeys (SHA-256 digests compared in constant time).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import grpc
@@ -51,6 +51,14 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             return handler
         code = grpc.StatusCode.INVALID_ARGUMENT if why == "repeated" else grpc.StatusCode.UNAUTHENTICATED
         return _refusal(handler, code, MESSAGES[why])
+
+
+def caller_identity(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The identity of the API key a call carries (envflags.apikeys.ApiKeys.identity of its one
+    `authorization` entry; "" without one), for a core with keys: the interceptor let only calls
+    with one accepted key through."""
+    values = [v for k, v in metadata or () if k == "authorization" and isinstance(v, str)]
+    return ApiKeys.identity(values[0]) if len(values) == 1 else ""
 
 
 def _refusal(

@@ -101,7 +101,11 @@ class CoreConfig:
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
     session_ttl_seconds: float = 3600.0
+    session_max_bytes: int = 256 * 1024 * 1024
     max_message_bytes: int = 16 * 1024 * 1024
+    allow_special_tokens_in_content: bool = False
+    max_queued_messages_per_stream: int = 65536
+    slow_reader_timeout: float = 30.0
     max_connection_age_seconds: float = 300.0
     max_connection_age_grace_seconds: float = 3600.0
     log_level: str = "INFO"
@@ -263,12 +267,40 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="tokens held by all continue-generation sessions together (LRU eviction)",
     )
     p.add_argument(
+        "--session-max-bytes",
+        type=_count(1),
+        default=d.session_max_bytes,
+        help="bytes held by all continue-generation sessions together: their keys, 4 per token and 200 per "
+        "session (LRU eviction)",
+    )
+    p.add_argument(
         "--session-ttl-seconds",
         type=float,
         default=d.session_ttl_seconds,
         help="idle time after which a session expires",
     )
     p.add_argument("--max-message-bytes", type=int, default=d.max_message_bytes, help="gRPC message size limit")
+    p.add_argument(
+        "--allow-special-tokens-in-content",
+        action=argparse.BooleanOptionalAction,
+        default=d.allow_special_tokens_in_content,
+        help="tokenize the text of special tokens (<|end|>, EOS, ...) in prompts and chat messages as those tokens, "
+        "as vLLM and TGI do (default: as ordinary text; a chat template's own markers stay special)",
+    )
+    p.add_argument(
+        "--max-queued-messages-per-stream",
+        type=_count(1),
+        default=d.max_queued_messages_per_stream,
+        help="responses (and MultiplexGenerate step entries) a stream may hold for a client that reads slower "
+        "than they come; one more cancels the stream's requests with RESOURCE_EXHAUSTED (SLOW_READER)",
+    )
+    p.add_argument(
+        "--slow-reader-timeout",
+        type=_non_negative,
+        default=d.slow_reader_timeout,
+        help="seconds a stream's write may wait for a client that takes nothing while news waits; then its "
+        "requests are cancelled the same way (0: no limit)",
+    )
     p.add_argument(
         "--max-connection-age-seconds",
         type=float,

@@ -52,9 +52,10 @@ def _opt(msg: Message, name: str) -> Any:
     return getattr(msg, name) if msg.HasField(name) else None
 
 
-def to_generation_request(req: spb.GenerateRequest, request_id: str) -> GenerationRequest:
+def to_generation_request(req: spb.GenerateRequest, request_id: str, caller: str = "") -> GenerationRequest:
     """A GenerateRequest as core types, under `request_id` (the service passes the client's
-    request_id, or the one it generated when that is empty)."""
+    request_id, or the one it generated when that is empty); `caller` is the identity of the
+    call's API key ("" without keys), which with the request's tenant scopes its session."""
     s, st, o = req.sampling, req.stopping, req.output
     which = req.WhichOneof("input")
     messages = None
@@ -104,6 +105,7 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
             tokens=_opt(o, "tokens"),
         ),
         session_id=_opt(req, "session_id"),
+        session_scope=f"{caller}/{req.tenant}" if caller or req.tenant else "",
         tools=tuple(Tool(t.name, t.description, t.parameters) for t in req.messages.tools)
         if which == "messages"
         else (),

@@ -92,6 +92,13 @@ class Overloaded(CoreError):
     reason = "QUEUE_FULL"
 
 
+class SlowReader(Overloaded):
+    """The client read its stream too slowly: the request was cancelled rather than its
+    output kept without bound (RESOURCE_EXHAUSTED; core.multiplex.StreamBounds)."""
+
+    reason = "SLOW_READER"
+
+
 class NotReady(CoreError):
     """The core is starting or draining (UNAVAILABLE)."""
 

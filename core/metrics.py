@@ -102,6 +102,8 @@ class RequestMetrics:
         requests: ended requests by finish reason (FINISH_LABELS; the first returned
             sequence's reason for n > 1).
         rejected: requests refused at admission (RESOURCE_EXHAUSTED: the queue is full).
+        slow_reader_cancels: requests cancelled because their client read too slowly
+            (SLOW_READER, core.multiplex.StreamBounds).
         ttft, itl, queue_time, e2e: histograms, in seconds.
         step_outputs, delta_outputs: engine outputs by the path they took to the consumer:
             a plain decode step as values (`Job._is_plain_step`), or ResponseDeltas.
@@ -116,6 +118,7 @@ class RequestMetrics:
         "queue_time",
         "rejected",
         "requests",
+        "slow_reader_cancels",
         "step_outputs",
         "ttft",
     )
@@ -125,6 +128,7 @@ class RequestMetrics:
         self.generation_tokens = 0
         self.requests = dict.fromkeys(FINISH_LABELS, 0)
         self.rejected = 0
+        self.slow_reader_cancels = 0
         self.step_outputs = 0
         self.delta_outputs = 0
         self.ttft = Buckets(TTFT_BUCKETS)
@@ -176,6 +180,7 @@ class CoreCollector(Collector):
             ("trellis_core_slot_usage_perc", "Running requests over --max-batch-size, from 0 to 1.", usage),
             ("trellis_core_sessions", "Continue-generation sessions held.", len(self.sessions)),
             ("trellis_core_session_tokens", "Tokens held by continue-generation sessions.", self.sessions.total_tokens),
+            ("trellis_core_session_bytes", "Bytes held by continue-generation sessions.", self.sessions.total_bytes),
             ("vllm:num_requests_running", "Requests in the running batch (vLLM's name).", stats.active),
             ("vllm:num_requests_waiting", "Requests waiting for a batch slot (vLLM's name).", stats.queued),
             ("vllm:kv_cache_usage_perc", "Batch slot usage from 0 to 1 (vLLM's name; see docs/metrics.md).", usage),
@@ -202,6 +207,12 @@ class CoreCollector(Collector):
         yield requests
         yield _counter(
             "trellis_core_admission_rejections", "Requests refused because the queue was full.", labels, c.rejected
+        )
+        yield _counter(
+            "trellis_core_slow_reader_cancels",
+            "Requests cancelled because their client read its stream too slowly (SLOW_READER).",
+            labels,
+            c.slow_reader_cancels,
         )
         paths = CounterMetricFamily(
             "trellis_core_stream_outputs",

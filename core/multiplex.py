@@ -9,6 +9,14 @@ requests started with `steps` in columns (Steps), and a Generate call one messag
 While a write is in flight (HTTP/2 flow control: the reader is slower than the engine), what
 arrives meanwhile waits and goes out together: in the next MultiplexGenerateResponse, or merged
 into as few GenerateResponses as keep their meaning (`core.pipeline.merge_deltas`). Nothing is dropped or reordered.
+
+What waits is bounded (`StreamBounds`): a stream whose reader falls more than
+`max_queued` messages behind, or takes nothing for `timeout` seconds while news waits, has its
+requests cancelled (the engine aborts them within a step) with RESOURCE_EXHAUSTED, reason
+SLOW_READER: in-band, as each request's terminal status, on a MultiplexGenerate stream; as the
+call's status on a Generate call, whose unsent messages are dropped. The requests are cancelled,
+not paused: no engine can hold a running sequence without its batch slot, and a client that
+stopped reading keeps it from everyone else.
 """
 
 from __future__ import annotations
@@ -17,12 +25,13 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import grpc
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core import convert
-from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady, Overloaded
+from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady, Overloaded, SlowReader
 from core.pipeline import Job, RequestPipeline
 from core.types import GenerationRequest, ResponseDelta
 from core.wire import Malformed
@@ -40,16 +49,49 @@ _NAN = float("nan")
 MAX_STARTS_PER_MESSAGE = 256
 
 
+@dataclass(frozen=True, slots=True)
+class StreamBounds:
+    """How far a stream's reader may fall behind before its requests are cancelled with
+    SLOW_READER (see the module docstring).
+
+    Attributes:
+        max_queued: messages waiting to be written, per stream: GenerateResponses (and, on a
+            MultiplexGenerate stream, Steps entries) produced and not yet handed to gRPC
+            (--max-queued-messages-per-stream). One more cancels the stream's requests.
+        timeout: seconds one write may stay in flight (the client's HTTP/2 window full) while
+            the engine has news for the stream (--slow-reader-timeout); 0: no limit.
+    """
+
+    max_queued: int = 65536
+    timeout: float = 30.0
+
+    def exceeded(self, queued: int, writing_since: float | None, now: Callable[[], float]) -> SlowReader | None:
+        """The error that cancels a stream with `queued` messages waiting and a write in flight
+        since `writing_since` (loop time; None: none), or None while it is within bounds."""
+        if queued > self.max_queued:
+            return SlowReader(
+                f"The client read too slowly: {queued} messages waited to be sent "
+                f"(--max-queued-messages-per-stream {self.max_queued}); the request was cancelled."
+            )
+        if writing_since is not None and self.timeout > 0 and now() - writing_since > self.timeout:
+            return SlowReader(
+                f"The client took no message for {self.timeout:g} s while news waited "
+                "(--slow-reader-timeout); the request was cancelled."
+            )
+        return None
+
+
 class _Outgoing:
     """A MultiplexGenerateResponse being filled: its events in protobuf, its Steps as lists
     until it is sent (one `extend` per column costs less than an append each)."""
 
-    __slots__ = ("add_event", "evented", "ids", "logprobs", "msg", "size", "texts", "token_ids")
+    __slots__ = ("add_event", "evented", "ids", "logprobs", "msg", "queued", "size", "texts", "token_ids")
 
     def __init__(self) -> None:
         self.msg = spb.MultiplexGenerateResponse()
         self.add_event: Callable[[], spb.MultiplexEvent] = self.msg.events.add
         self.size = 0  # events and Steps entries (MAX_EVENTS_PER_MESSAGE)
+        self.queued = 0  # GenerateResponses and Steps entries (StreamBounds.max_queued)
         self.evented: set[int] = set()  # requests with an event here: their steps go in the next message
         self.ids: list[int] = []
         self.texts: list[str] = []
@@ -70,17 +112,39 @@ class _Outgoing:
 class CallOutput:
     """The consumer of one Generate call's Job: deltas wait here until the call's coroutine
     `take()`s them (one wake-up per engine step while it keeps up). Its jobs are started
-    without `steps`, so every output arrives as deltas."""
+    without `steps`, so every output arrives as deltas.
 
-    def __init__(self) -> None:
+    Between one `take()` and the next the call writes what it took; deltas that wait beyond
+    `bounds` cancel the job with SLOW_READER, and the waiting deltas are dropped (the call
+    ends with that status after the message in flight)."""
+
+    def __init__(self, bounds: StreamBounds | None = None) -> None:
         self.pending: list[ResponseDelta] = []
         self.ended = False
         self.error: CoreError | None = None
+        self.bounds = bounds or StreamBounds()
         self._waiter: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._writing_since: float | None = None  # the loop time of the last take(), until the next
 
     def deliver(self, job: Job, deltas: list[ResponseDelta]) -> None:
-        """Queue the job's next deltas (Consumer protocol)."""
+        """Queue the job's next deltas (Consumer protocol); past the bounds, cancel the job
+        (after this step's delivery: the job is still delivering)."""
         self.pending += deltas
+        self._wake()
+        if self.error is None:
+            error = self.bounds.exceeded(len(self.pending), self._writing_since, self._loop.time)
+            if error is not None:
+                self.error = error
+                self._loop.call_soon(self._give_up, job, error)
+
+    def _give_up(self, job: Job, error: SlowReader) -> None:
+        if job.done:  # it ended meanwhile (finish() set its own end)
+            return
+        job.cancel()
+        job.p.metrics.slow_reader_cancels += 1
+        self.pending = []
+        self.ended = True
         self._wake()
 
     def deliver_step(self, job: Job, text: str, token_id: int, logprob: float | None) -> None:
@@ -94,14 +158,17 @@ class CallOutput:
         self._wake()
 
     async def take(self) -> list[ResponseDelta]:
-        """Every delta waiting, once there is one or the job ended ([] then)."""
+        """Every delta waiting, once there is one or the job ended ([] then). The caller
+        writes them before it takes again (that time counts against `bounds.timeout`)."""
+        self._writing_since = None
         while not self.pending and not self.ended:
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
         batch, self.pending = self.pending, []
+        self._writing_since = self._loop.time()
         return batch
 
     def _wake(self) -> None:
@@ -112,10 +179,11 @@ class CallOutput:
 class _Preparing:
     """Stands in `MultiplexSession.jobs` for a request whose prompt is being tokenized."""
 
-    __slots__ = ("task",)
+    __slots__ = ("request_id", "task")
 
-    def __init__(self, task: asyncio.Task[None]):
+    def __init__(self, task: asyncio.Task[None], request_id: str):
         self.task = task
+        self.request_id = request_id
 
     def cancel(self) -> None:
         self.task.cancel()
@@ -134,6 +202,12 @@ class MultiplexSession:
         context: the call's servicer context (for writes).
         draining: the server drains already: every start is refused (the stream ends when the
             client ends it, or when the server stops).
+        bounds: how far the reader may fall behind: beyond, every open request is cancelled
+            with SLOW_READER, and so is every start until the reader catches up.
+        caller: the identity of the stream's API key ("" without keys; it scopes sessions).
+
+    Attributes:
+        queued: GenerateResponses and Steps entries produced and not yet handed to gRPC.
     """
 
     def __init__(
@@ -142,10 +216,18 @@ class MultiplexSession:
         context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
         *,
         draining: bool = False,
+        bounds: StreamBounds | None = None,
+        caller: str = "",
     ):
         self.pipeline = pipeline
+        self.caller = caller
         self.context = context
         self.draining = draining
+        self.bounds = bounds or StreamBounds()
+        self.queued = 0
+        self._loop = asyncio.get_running_loop()
+        self._writing_since: float | None = None  # loop time the write in flight started
+        self._slow: SlowReader | None = None  # the bounds were exceeded; cleared once within them
         self.jobs: dict[int, Job | _Preparing] = {}
         self._pending: list[_Outgoing] = []
         self._filling: _Outgoing | None = None  # the last of `_pending`, while news joins it
@@ -170,7 +252,12 @@ class MultiplexSession:
                     out = self._pending.pop(0)
                     if out is self._filling:
                         self._filling, self._last = None, None
+                    self.queued -= out.queued
+                    self._writing_since = self._loop.time()
                     await self.context.write(out.message())
+                    self._writing_since = None
+                    if self._slow is not None and self.queued <= self.bounds.max_queued:
+                        self._slow = None
                 elif (self._closed or self._end_when_idle) and not self.jobs:
                     return
                 else:
@@ -213,6 +300,20 @@ class MultiplexSession:
             self._closed = True
             self._wake()
 
+    def _refuse_duplicate(self, rid: int, request_id: str) -> None:
+        """Refuse a start whose id is open: an event of its own (never one holding the open
+        request's news) with INVALID_ARGUMENT, reason DUPLICATE_ID; the open request runs on
+        untouched, and its own events and terminal status follow (generate_service.proto)."""
+        error = InvalidArgument(
+            f"Request id {rid} is already open on this stream; this start was refused and the open request "
+            "goes on. Use an id that is not open.",
+            field="id",
+            reason="DUPLICATE_ID",
+        )
+        self._last = None  # not the open request's event
+        self._status(rid, request_id, error)
+        self._last = None  # nor the one its next news joins
+
     def _cancel(self, rid: int) -> None:
         """Cancel a request (the gateway gave it up); its job goes with this frame, not when
         the stream's next message comes."""
@@ -226,11 +327,14 @@ class MultiplexSession:
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
             if rid in self.jobs:
-                raise InvalidArgument(f"Request id {rid} is already open on this stream.", field="id")
-            req = convert.to_generation_request(request, request_id)
+                self._refuse_duplicate(rid, request_id)
+                return
+            if self._slow is not None:
+                raise self._slow
+            req = convert.to_generation_request(request, request_id, self.caller)
             if self.pipeline.tokenizes_off_loop(req):
                 task = self._start_off_loop(rid, request_id, req, steps)
-                self.jobs[rid] = _Preparing(asyncio.create_task(task))
+                self.jobs[rid] = _Preparing(asyncio.create_task(task), request_id)
                 return
             job = self.pipeline.start(self.pipeline.prepare(req), self, rid, steps)
         except CoreError as e:
@@ -276,6 +380,7 @@ class MultiplexSession:
         request_id = job.request_id
         for delta in deltas:
             convert.fill_response(responses.add(), delta, request_id)
+        self._count(len(deltas))
 
     def deliver_step(self, job: Job, text: str, token_id: int, logprob: float | None) -> None:
         """Add a plain decode step of the job to the Steps of the message being filled, or of
@@ -290,6 +395,28 @@ class MultiplexSession:
         out.texts.append(text)
         out.token_ids.append(token_id)
         out.logprobs.append(_NAN if logprob is None else logprob)
+        self._count(1)
+
+    def _count(self, n: int) -> None:
+        """Count `n` more messages waiting in the message being filled; past the bounds, cancel
+        the stream's requests once this engine step's delivery is over (a job is delivering)."""
+        out = self._filling
+        if out is not None:
+            out.queued += n
+        self.queued += n
+        if self._slow is None and (self.queued > self.bounds.max_queued or self._writing_since is not None):
+            error = self.bounds.exceeded(self.queued, self._writing_since, self._loop.time)
+            if error is not None:
+                self._slow = error
+                self._loop.call_soon(self._cancel_all, error)
+
+    def _cancel_all(self, error: SlowReader) -> None:
+        """Cancel every open request with `error` as its terminal status."""
+        jobs, self.jobs = self.jobs, {}
+        for rid, job in jobs.items():
+            job.cancel()
+            self.pipeline.metrics.slow_reader_cancels += 1
+            self._status(rid, job.request_id, error)
 
     def finish(self, job: Job, error: CoreError | None) -> None:
         """Add the job's terminal status (OK, or its error)."""

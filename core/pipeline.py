@@ -31,7 +31,7 @@ from core.engine.base import Engine, OutputStream
 from core.errors import CoreError, EngineFailure, InvalidArgument, Overloaded, SessionBusy
 from core.guided import check_compiles
 from core.metrics import RequestMetrics
-from core.sessions import SessionStore
+from core.sessions import SessionStore, session_key
 from core.stops import StopMatcher
 from core.tokenizer import Tokenizer
 from core.types import (
@@ -124,6 +124,9 @@ class RequestPipeline:
         sessions: the continue-generation store.
         limits: configured and engine limits.
         default_max_new_tokens: used when a request leaves max_new_tokens unset.
+        allow_special_tokens_in_content: tokenize special-token text in prompts and in the
+            client's strings of a chat as those special tokens (--allow-special-tokens-in-content);
+            by default it is ordinary text (core.tokenizer's module docstring).
 
     Attributes:
         metrics: what the Jobs count for Prometheus (core.metrics).
@@ -136,12 +139,15 @@ class RequestPipeline:
         sessions: SessionStore,
         limits: Limits,
         default_max_new_tokens: int,
+        *,
+        allow_special_tokens_in_content: bool = False,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.sessions = sessions
         self.limits = limits
         self.default_max_new_tokens = default_max_new_tokens
+        self.split_special = not allow_special_tokens_in_content
         self.metrics = RequestMetrics()
         self._token_texts: dict[int, str] = {}  # shared by the ByteDetokenizers
 
@@ -150,11 +156,12 @@ class RequestPipeline:
     def tokenize(
         self, text: str | None, messages: Sequence[ChatMessage] | None, tools: Sequence[Tool] = ()
     ) -> tuple[list[int], str]:
-        """Token ids of a text prompt or a chat with its tools (and the rendered chat text)."""
+        """Token ids of a text prompt or a chat with its tools (and the rendered chat text);
+        special-token text from the client is ordinary text unless `split_special` is off."""
         if messages is not None:
-            rendered, ids = self.tokenizer.render_chat(messages, tools)
+            rendered, ids = self.tokenizer.render_chat(messages, tools, split_special=self.split_special)
             return ids, rendered
-        return self.tokenizer.encode(text or ""), ""
+        return self.tokenizer.encode(text or "", split_special=self.split_special), ""
 
     def prepare(self, req: GenerationRequest, prompt_ids: list[int] | None = None) -> PreparedRequest:
         """Validate and tokenize; the caller must then `run()` the result (which releases the
@@ -169,9 +176,10 @@ class RequestPipeline:
         """
         validate_request(req, self.limits)
         previous = None
-        if req.session_id:
+        key = session_key(req.session_id, req.session_scope) if req.session_id else None
+        if key is not None:
             try:
-                previous = self.sessions.acquire(req.session_id)
+                previous = self.sessions.acquire(key)
             except KeyError:
                 raise SessionBusy(
                     f"Session '{clip(req.session_id)}' is in use by another running request.", field="session_id"
@@ -179,10 +187,10 @@ class RequestPipeline:
         try:
             prepared = self._prepare(req, previous, prompt_ids)
         except BaseException:
-            if req.session_id:
-                self.sessions.release(req.session_id, previous)
+            if key is not None:
+                self.sessions.release(key, previous)
             raise
-        prepared.session_key = req.session_id or None
+        prepared.session_key = key
         prepared.session_previous = previous
         return prepared
 

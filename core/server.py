@@ -130,8 +130,15 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
         max_stop_chars=config.max_stop_sequence_chars,
         max_logit_bias=config.max_logit_bias,
     )
-    sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
-    pipeline = RequestPipeline(engine, tokenizer, sessions, limits, config.default_max_new_tokens)
+    sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds, max_bytes=config.session_max_bytes)
+    pipeline = RequestPipeline(
+        engine,
+        tokenizer,
+        sessions,
+        limits,
+        config.default_max_new_tokens,
+        allow_special_tokens_in_content=config.allow_special_tokens_in_content,
+    )
     servicer = GenerateServicer(pipeline, config)
     if config.metrics_require_key and not config.api_key:
         raise ValueError("--metrics-require-key needs --api-key")

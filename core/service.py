@@ -20,9 +20,10 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core import convert
+from core.auth import caller_identity
 from core.config import CoreConfig
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
-from core.multiplex import CallOutput, MultiplexSession
+from core.multiplex import CallOutput, MultiplexSession, StreamBounds
 from core.pipeline import RequestPipeline, merge_deltas
 from core.types import GUIDE_KINDS, EngineInfo, SamplingOptions
 from core.validation import validate_request
@@ -41,6 +42,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         self.pipeline = pipeline
         self.config = config
         self.draining = False
+        self.bounds = StreamBounds(config.max_queued_messages_per_stream, config.slow_reader_timeout)
         self._sessions: set[MultiplexSession] = set()
         self._generate_calls = 0
         self._idle = asyncio.Event()
@@ -55,10 +57,11 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         status (before the first message for validation and admission errors).
 
         One message per engine step while the client keeps up; what waits while a write is
-        in flight (flow control: the client reads slower) goes out merged (merge_deltas)."""
+        in flight (flow control: the client reads slower) goes out merged (merge_deltas), within
+        `self.bounds` (beyond: RESOURCE_EXHAUSTED, reason SLOW_READER; core.multiplex)."""
         request_id = (None if isinstance(request, Malformed) else request.request_id) or uuid.uuid4().hex
         error: CoreError | None = None
-        out = CallOutput()
+        out = CallOutput(self.bounds)
         job = None
         self._generate_calls += 1
         self._idle.clear()
@@ -67,7 +70,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
                 raise request.error("Generate")
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
-            req = convert.to_generation_request(request, request_id)
+            req = convert.to_generation_request(request, request_id, self._caller(context))
             job = self.pipeline.start(await self.pipeline.prepare_off_loop(req), out)
             while True:
                 for delta in merge_deltas(await out.take()):
@@ -95,7 +98,9 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
     ) -> None:
         """Many requests on one stream, for gateways (see core.multiplex)."""
-        session = MultiplexSession(self.pipeline, context, draining=self.draining)
+        session = MultiplexSession(
+            self.pipeline, context, draining=self.draining, bounds=self.bounds, caller=self._caller(context)
+        )
         self._sessions.add(session)
         self._idle.clear()
         try:
@@ -103,6 +108,10 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         finally:
             self._sessions.discard(session)
             self._check_idle()
+
+    def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The identity of the call's API key when the core has keys (it scopes sessions), else ""."""
+        return caller_identity(context.invocation_metadata()) if self.config.api_key else ""
 
     def drain(self) -> None:
         """Refuse new requests (UNAVAILABLE); open ones run on, and multiplexed streams end as
@@ -178,7 +187,8 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools)
         except CoreError as e:
             await context.abort_with_status(e.to_status())
-        spans = self.pipeline.tokenizer.spans(req.text or "", ids) if which == "text" else []
+        p = self.pipeline
+        spans = p.tokenizer.spans(req.text or "", ids, split_special=p.split_special) if which == "text" else []
         return spb.TokenizeResponse(
             token_ids=ids,
             rendered_prompt=rendered,

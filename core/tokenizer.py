@@ -3,6 +3,19 @@
 Wraps a transformers tokenizer (any backend) and adds what serving needs on top: chat
 rendering with the model's own template, per-token text and raw bytes (cached), special-token
 detection, the model's EOS set, and decoding with `spaces_between_special_tokens`.
+
+Special tokens in a client's text. Tokenizers turn the text of a special token (`<|end|>`,
+`<|system|>`, EOS) into that token wherever it appears, so a user who writes it in a message
+or a prompt can end a turn and forge another role's. vLLM and TGI tokenize a rendered chat
+that way (vLLM's fix, PR #31735, closed unmerged; transformers issue #29279 is open). With
+`split_special=True`, `encode` tokenizes such text as ordinary text (transformers'
+`split_special_tokens`, the Rust tokenizer's `encode_special_tokens`), and `render_chat`
+keeps the template's own markers special while every special-token text that came from the
+client (message contents, names, tool calls and tool definitions) is tokenized as ordinary
+text: before rendering, each such occurrence is replaced by a sentinel that no client can
+guess (a random nonce per render, in private-use characters); the rendered text is tokenized
+piece by piece between the sentinels, each sentinel as its original text in split mode, and the
+rendered text handed back has the original text again.
 """
 
 from __future__ import annotations
@@ -11,7 +24,8 @@ import functools
 import itertools
 import json
 import re
-from collections.abc import Iterable, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -74,6 +88,20 @@ class Tokenizer:
         # state already, calling its encode directly gives the same ids for half the time.
         # Classes that change that path encode through transformers.
         self._rust_encoder = backend if backend is not None and _plain_fast_encode(hf_tokenizer) else None
+        # The same Rust tokenizer with special-token text split as ordinary text (encode with
+        # split_special): a copy, since the flag is the tokenizer's state and encode runs on two
+        # threads (core.pipeline's tokenizer thread and the event loop).
+        self._rust_splitter = None
+        if self._rust_encoder is not None:
+            from tokenizers import Tokenizer as RustTokenizer
+
+            self._rust_splitter = RustTokenizer.from_str(self._rust_encoder.to_str())
+            self._rust_splitter.encode_special_tokens = True
+        # One id gives one token string (transformers types convert_ids_to_tokens for lists too).
+        pieces = (cast("str | None", hf_tokenizer.convert_ids_to_tokens(i)) for i in self.special_ids)
+        texts = sorted({t for t in pieces if t}, key=len)
+        #: Matches the text of any special token (longest first).
+        self._special_text = re.compile("|".join(re.escape(t) for t in reversed(texts))) if texts else None
         self._bytes_cache: dict[int, bytes] = {}
         self._text_cache: dict[int, str] = {}
         self.byte_exact = self._rust is not None and _decoder_kinds(hf_tokenizer) == ["ByteLevel"]
@@ -108,8 +136,10 @@ class Tokenizer:
         """Whether the model ships a chat template."""
         return bool(getattr(self.hf, "chat_template", None))
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; special tokens (such as BOS) are added unless told otherwise."""
+    def encode(self, text: str, add_special_tokens: bool = True, *, split_special: bool = False) -> list[int]:
+        """Token ids of `text`; special tokens (such as BOS) are added unless told otherwise.
+        `split_special`: the text of a special token in `text` is tokenized as ordinary text
+        (see the module docstring), not as that token."""
         backend = self._rust_encoder
         if (
             backend is not None
@@ -117,17 +147,21 @@ class Tokenizer:
             and backend.padding is None
             and backend.encode_special_tokens == self.hf.split_special_tokens
         ):
+            if split_special and self._rust_splitter is not None:
+                backend = self._rust_splitter
             return cast("list[int]", backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        if split_special:
+            return list(self.hf(text, add_special_tokens=add_special_tokens, split_special_tokens=True)["input_ids"])
         return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def spans(self, text: str, ids: Sequence[int]) -> list[tuple[int, int]]:
-        """Where each token of `ids` (what `encode(text)` gave) came from in `text`, as UTF-8
-        byte offsets (start, stop), a special token the tokenizer added having an empty span;
-        [] when the tokenizer has no offset mapping (a slow tokenizer) or maps a different
-        number of tokens."""
+    def spans(self, text: str, ids: Sequence[int], *, split_special: bool = False) -> list[tuple[int, int]]:
+        """Where each token of `ids` (what `encode(text, split_special=split_special)` gave)
+        came from in `text`, as UTF-8 byte offsets (start, stop), a special token the tokenizer
+        added having an empty span; [] when the tokenizer has no offset mapping (a slow
+        tokenizer) or maps a different number of tokens."""
         if not getattr(self.hf, "is_fast", False):
             return []
-        offsets = self.hf(text, return_offsets_mapping=True)["offset_mapping"]
+        offsets = self.hf(text, return_offsets_mapping=True, split_special_tokens=split_special)["offset_mapping"]
         if len(offsets) != len(ids):
             return []
         # Character offsets (the Python bindings') -> byte offsets (TGI's, the Rust crate's).
@@ -136,7 +170,9 @@ class Tokenizer:
             byte_at.append(byte_at[-1] + len(ch.encode("utf-8", "surrogatepass")))
         return [(byte_at[start], byte_at[stop]) for start, stop in offsets]
 
-    def render_chat(self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = ()) -> tuple[str, list[int]]:
+    def render_chat(
+        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = (), *, split_special: bool = False
+    ) -> tuple[str, list[int]]:
         """Render a chat with the model's template and a generation prompt.
 
         Messages are passed in the shape Hugging Face chat templates take (transformers' chat
@@ -148,7 +184,9 @@ class Tokenizer:
         function tools; templates that do not use them ignore them.
 
         Returns the rendered text and its token ids (the template supplies any special
-        tokens, so none are added).
+        tokens, so none are added). `split_special`: special-token text in the client's strings
+        is tokenized as ordinary text, the template's own markers stay special (see the module
+        docstring).
 
         Raises:
             InvalidArgument: the model has no chat template, or the template rejects the
@@ -159,9 +197,11 @@ class Tokenizer:
                 "This model has no chat template, so chat messages cannot be used; send a text prompt instead.",
                 field="messages",
             )
+        masker = _Masker(self._special_text) if split_special and self._special_text is not None else None
+        mask = masker.mask if masker is not None else _unchanged
         # Messages and tools are JSON-like dicts, wider than transformers' annotations say.
-        convo: Any = [_template_message(m) for m in messages]
-        template_tools: Any = [_template_tool(t) for t in tools] or None
+        convo: Any = [_template_message(m, mask) for m in messages]
+        template_tools: Any = [_template_tool(t, mask) for t in tools] or None
         try:
             text = cast(
                 str,
@@ -169,7 +209,29 @@ class Tokenizer:
             )
         except Exception as e:  # jinja raises TemplateError (or anything raise_exception() throws)
             raise InvalidArgument(f"The model's chat template rejected the messages: {e}", field="messages") from e
-        return text, self.encode(text, add_special_tokens=False)
+        if masker is None or not masker.originals:
+            return text, self.encode(text, add_special_tokens=False)
+        return self._encode_masked(text, masker)
+
+    def _encode_masked(self, text: str, masker: _Masker) -> tuple[str, list[int]]:
+        """The rendered text with the client's special-token text back in place, and its ids:
+        the template's text with its markers special, the client's special-token text as
+        ordinary text."""
+        ids: list[int] = []
+        parts: list[str] = []
+        at = 0
+        for m in masker.sentinel.finditer(text):
+            if m.start() > at:
+                parts.append(text[at : m.start()])
+                ids += self.encode(parts[-1], add_special_tokens=False)
+            original = masker.originals[int(m.group(1))]
+            parts.append(original)
+            ids += self.encode(original, add_special_tokens=False, split_special=True)
+            at = m.end()
+        if at < len(text):
+            parts.append(text[at:])
+            ids += self.encode(parts[-1], add_special_tokens=False)
+        return "".join(parts), ids
 
     def decode(
         self, ids: Sequence[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
@@ -246,25 +308,53 @@ def _plain_fast_encode(hf_tokenizer: PreTrainedTokenizerBase) -> bool:
     )
 
 
-def _template_message(m: ChatMessage) -> dict[str, object]:
-    entry: dict[str, object] = {"role": m.role, "content": "\n".join(p.text or "" for p in m.content)}
+class _Masker:
+    """Replaces special-token text in a client's strings by sentinels for one render (see the
+    module docstring): `\\ue000<nonce>:<n>\\ue001`, n indexing `originals`."""
+
+    def __init__(self, special_text: re.Pattern[str]):
+        self._special_text = special_text
+        nonce = secrets.token_hex(8)
+        self._format = "\ue000" + nonce + ":{}\ue001"
+        self.sentinel = re.compile("\ue000" + nonce + ":([0-9]+)\ue001")
+        self.originals: list[str] = []
+
+    def mask(self, text: str) -> str:
+        """`text` with each special-token text replaced by a sentinel."""
+        return self._special_text.sub(self._replace, text)
+
+    def _replace(self, m: re.Match[str]) -> str:
+        self.originals.append(m.group(0))
+        return self._format.format(len(self.originals) - 1)
+
+
+def _unchanged(text: str) -> str:
+    return text
+
+
+def _template_message(m: ChatMessage, mask: Callable[[str], str] = _unchanged) -> dict[str, object]:
+    entry: dict[str, object] = {"role": m.role, "content": mask("\n".join(p.text or "" for p in m.content))}
     if m.name is not None:
-        entry["name"] = m.name
+        entry["name"] = mask(m.name)
     if m.tool_calls:
         entry["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _json_object(c.arguments)}}
+            {
+                "id": mask(c.id),
+                "type": "function",
+                "function": {"name": mask(c.name), "arguments": _json_object(mask(c.arguments))},
+            }
             for c in m.tool_calls
         ]
     if m.tool_call_id is not None:
-        entry["tool_call_id"] = m.tool_call_id
+        entry["tool_call_id"] = mask(m.tool_call_id)
     return entry
 
 
-def _template_tool(t: Tool) -> dict[str, object]:
-    params = _json_object(t.parameters) if t.parameters else {"type": "object", "properties": {}}
-    function: dict[str, object] = {"name": t.name, "parameters": params}
+def _template_tool(t: Tool, mask: Callable[[str], str] = _unchanged) -> dict[str, object]:
+    params = _json_object(mask(t.parameters)) if t.parameters else {"type": "object", "properties": {}}
+    function: dict[str, object] = {"name": mask(t.name), "parameters": params}
     if t.description:
-        function["description"] = t.description
+        function["description"] = mask(t.description)
     return {"type": "function", "function": function}
 
 

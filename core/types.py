@@ -339,6 +339,9 @@ class GenerationRequest:
     session_id: str | None = None
     tools: tuple[Tool, ...] = ()
     guide: Guide | None = None
+    # Who the session belongs to (core.sessions.session_key): the caller's key identity and
+    # the gateway's tenant; "" for a core without keys and no tenant.
+    session_scope: str = ""
 
 
 # ---------------------------------------------------------------------------------------

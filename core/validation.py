@@ -28,6 +28,11 @@ MAX_TOOLS = 128
 #: Messages of one chat request: a bound on the template's work per request, far above real
 #: conversations (an empty message costs nothing on the length bound but a render each).
 MAX_MESSAGES = 4096
+#: A session id (GenerateRequest.session_id): an opaque key, kept in the session store with its
+#: sequence, so its length is bounded (and counted in the store's bytes, core.sessions).
+MAX_SESSION_ID_CHARS = 256
+#: GenerateRequest.tenant, a gateway's identity of its client's key (a digest).
+MAX_TENANT_CHARS = 128
 #: A tool's name (OpenAI's rule for function names).
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
@@ -68,9 +73,16 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
     _check_stopping(req, limits)
     _check_output(req)
     _check_guided(req)
+    if len(req.session_scope.partition("/")[2]) > MAX_TENANT_CHARS:  # core.convert: "<caller>/<tenant>"
+        raise InvalidArgument(f"tenant is longer than {MAX_TENANT_CHARS} characters.", field="tenant")
     if req.session_id is not None:
         if not req.session_id:
             raise InvalidArgument("session_id must not be empty when set.", field="session_id")
+        if len(req.session_id) > MAX_SESSION_ID_CHARS:
+            raise InvalidArgument(
+                f"The session id '{clip(req.session_id, 32)}' is longer than {MAX_SESSION_ID_CHARS} characters.",
+                field="session_id",
+            )
         n = req.sampling.n or 1
         if n > 1 or (req.sampling.best_of or 1) > 1:
             raise InvalidArgument(

@@ -44,6 +44,16 @@ class ApiKeys:
             return "repeated"
         return self.check(values[0] if values else None)
 
+    @staticmethod
+    def identity(authorization: str | None) -> str:
+        """An opaque, stable identity of the key in `authorization` ("Bearer <key>"): the first
+        32 hex digits of its SHA-256 digest ("" without a key). It keys what belongs to the
+        key's holder (continue-generation sessions) without revealing the key."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return ""
+        return hashlib.sha256(token.strip().encode()).hexdigest()[:32]
+
     def check(self, authorization: str | None) -> Refusal | None:
         """None when `authorization` ("Bearer <key>", the scheme in any case, RFC 6750) carries
         an accepted key; else "missing" or "wrong"."""

@@ -30,6 +30,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client
+from gateways.common.auth import tenant
 from gateways.common.core_call import CoreCall
 from gateways.common.core_client import CONFIG_KEY, CoreClient
 from gateways.common.framing import Template, dump_bytes
@@ -72,6 +73,7 @@ class Connection:
         self.client = client
         self.settings = settings
         self.max_json_depth = request.app[CONFIG_KEY].max_json_depth
+        self.tenant = tenant(request)
         self.prompts: dict[str, CoreCall] = {}
         self._writer = ResponseWriter(request, frames=True)
         self._out: list[Outgoing] = []
@@ -137,7 +139,7 @@ class Connection:
             )
             return
         for item in body.prompts:
-            request = translate.to_generate_request(body, item, s.defaults)
+            request = translate.to_generate_request(body, item, s.defaults, self.tenant)
             state = translate.PromptState.start(body, item)
             progress = Template(lambda text, state=state: dump_bytes(translate.progress_event(state, text)))
             call = self.client.generate(request, hash_key=item.request_id, steps=True)

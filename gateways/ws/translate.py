@@ -72,17 +72,20 @@ def effective_config(given: GenerationConfig | None, defaults: GenerationConfig)
     return {name: fallback[name] if value is None else value for name, value in vars(given).items()}
 
 
-def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationConfig) -> spb.GenerateRequest:
+def to_generate_request(
+    body: WsRequest, item: PromptItem, defaults: GenerationConfig, tenant: str = ""
+) -> spb.GenerateRequest:
     """The Generate call for one prompt of a batch.
 
     `request_id` and `session_id` are both the prompt's request_id (the seed: "also used for
-    internal caching"). An empty prompt leaves the input unset: it can only continue a session,
-    and the core says so when there is none. only_new_tokens false asks the core to echo the
-    input sequence (`prompt_text`), which is the prompt, or for a continued session everything
-    generated so far.
+    internal caching"), the session scoped to `tenant`, the identity of the client's API key
+    (gateways.common.auth.tenant; "" without keys). An empty prompt leaves the input unset: it
+    can only continue a session, and the core says so when there is none. only_new_tokens
+    false asks the core to echo the input sequence (`prompt_text`), which is the prompt, or
+    for a continued session everything generated so far.
     """
     cfg = effective_config(body.generation_config, defaults)
-    req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id)
+    req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id, tenant=tenant)
     if item.prompt:
         req.text = item.prompt
     FIELDS.apply(cfg, req)

@@ -90,9 +90,9 @@ async def test_long_prompts_are_tokenized_off_the_event_loop(mock_core, monkeypa
     threads: list[str] = []
     encode = pipeline.tokenizer.encode
 
-    def spy(text, add_special_tokens=True):
+    def spy(text, add_special_tokens=True, **options):
         threads.append(threading.current_thread().name)
-        return encode(text, add_special_tokens)
+        return encode(text, add_special_tokens, **options)
 
     monkeypatch.setattr(pipeline.tokenizer, "encode", spy)
     text = "word " * (OFF_LOOP_CHARS // 4)

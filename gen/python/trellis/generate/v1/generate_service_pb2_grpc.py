@@ -83,7 +83,9 @@ class GenerateServiceServicer:
         cancelled request gets nothing more. While the server drains, new starts end at once with
         UNAVAILABLE and open requests run on until the drain deadline; the server ends a stream
         with OK once it drains and has no open request. When the stream itself fails, every open
-        request on it has failed with the stream's status.
+        request on it has failed with the stream's status. A client that reads too slowly (the
+        core's --max-queued-messages-per-stream, --slow-reader-timeout) has its open requests
+        ended with RESOURCE_EXHAUSTED, ErrorInfo reason SLOW_READER.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
