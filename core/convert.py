@@ -52,9 +52,10 @@ def _opt(msg: Message, name: str) -> Any:
     return getattr(msg, name) if msg.HasField(name) else None
 
 
-def to_generation_request(req: spb.GenerateRequest, request_id: str) -> GenerationRequest:
+def to_generation_request(req: spb.GenerateRequest, request_id: str, tenant: str | None = None) -> GenerationRequest:
     """A GenerateRequest as core types, under `request_id` (the service passes the client's
-    request_id, or the one it generated when that is empty)."""
+    request_id, or the one it generated when that is empty), served for `tenant` (the caller's
+    API key's name) or, when that is None, for the request's own `tenant` field."""
     s, st, o = req.sampling, req.stopping, req.output
     which = req.WhichOneof("input")
     messages = None
@@ -108,6 +109,8 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
         if which == "messages"
         else (),
         guide=to_guide(req.guided_decoding) if req.HasField("guided_decoding") else None,
+        priority=req.priority,
+        tenant=req.tenant if tenant is None else tenant,
     )
 
 

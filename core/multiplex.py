@@ -134,6 +134,8 @@ class MultiplexSession:
         context: the call's servicer context (for writes).
         draining: the server drains already: every start is refused (the stream ends when the
             client ends it, or when the server stops).
+        tenant: the tenant every request of the stream is served for (the name of the call's
+            API key), or None: each request's own `tenant` field.
     """
 
     def __init__(
@@ -142,8 +144,10 @@ class MultiplexSession:
         context: grpc.aio.ServicerContext[spb.MultiplexGenerateRequest, spb.MultiplexGenerateResponse],
         *,
         draining: bool = False,
+        tenant: str | None = None,
     ):
         self.pipeline = pipeline
+        self.tenant = tenant
         self.context = context
         self.draining = draining
         self.jobs: dict[int, Job | _Preparing] = {}
@@ -227,7 +231,7 @@ class MultiplexSession:
                 raise NotReady("The server is shutting down; retry on another replica.")
             if rid in self.jobs:
                 raise InvalidArgument(f"Request id {rid} is already open on this stream.", field="id")
-            req = convert.to_generation_request(request, request_id)
+            req = convert.to_generation_request(request, request_id, self.tenant)
             if self.pipeline.tokenizes_off_loop(req):
                 task = self._start_off_loop(rid, request_id, req, steps)
                 self.jobs[rid] = _Preparing(asyncio.create_task(task))

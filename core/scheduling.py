@@ -31,13 +31,22 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, get_args
+
+if TYPE_CHECKING:
+    from core.types import EngineRequest
 
 T = TypeVar("T")
 
 #: `--scheduling-policy` values.
 Policy = Literal["fcfs", "priority"]
 POLICIES: tuple[str, ...] = get_args(Policy)
+
+
+def admission_cost(req: EngineRequest) -> int:
+    """The tokens a request is charged when admitted: its prompt and the most its sequences
+    may generate (WaitingQueue.settle corrects it to what they did)."""
+    return len(req.prompt_ids) + req.max_new_tokens * req.num_sequences
 
 
 @dataclass(order=True, slots=True)

@@ -123,6 +123,8 @@ class EngineRequest:
         prompt_logprobs: None, or the number of alternatives per prompt token.
         arrival_time: monotonic time the core received the request.
         guide: the structured-output constraint (a kind in EngineInfo.guided_decoding), or None.
+        priority: scheduling priority, lower first (core.scheduling; 0 under fcfs).
+        tenant: who the request is served for (core.scheduling fair shares); "" the default.
     """
 
     request_id: str
@@ -141,6 +143,8 @@ class EngineRequest:
     prompt_logprobs: int | None = None
     arrival_time: float = 0.0
     guide: Guide | None = None
+    priority: int = 0
+    tenant: str = ""
 
 
 @dataclass(slots=True)
@@ -339,6 +343,8 @@ class GenerationRequest:
     session_id: str | None = None
     tools: tuple[Tool, ...] = ()
     guide: Guide | None = None
+    priority: int = 0
+    tenant: str = ""
 
 
 # ---------------------------------------------------------------------------------------

@@ -50,6 +50,10 @@ class Limits:
     max_logit_bias: int = 1024
 
 
+#: Longest tenant name (GenerateRequest.tenant).
+MAX_TENANT_CHARS = 128
+
+
 def validate_request(req: GenerationRequest, limits: Limits) -> None:
     """Check everything that does not need the tokenized prompt.
 
@@ -68,6 +72,8 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
     _check_stopping(req, limits)
     _check_output(req)
     _check_guided(req)
+    if len(req.tenant) > MAX_TENANT_CHARS:
+        raise InvalidArgument(f"tenant must be at most {MAX_TENANT_CHARS} characters.", field="tenant")
     if req.session_id is not None:
         if not req.session_id:
             raise InvalidArgument("session_id must not be empty when set.", field="session_id")
