@@ -126,6 +126,8 @@ class RequestPipeline:
         limits: configured and engine limits.
         default_max_new_tokens: used when a request leaves max_new_tokens unset.
         tenants: per-tenant limits and counts (core.tenants); None: no limits.
+        by_priority: requests keep their priority (`--scheduling-policy priority`); else the
+            engine sees every request at priority 0.
 
     Attributes:
         metrics: what the Jobs count for Prometheus (core.metrics).
@@ -140,8 +142,10 @@ class RequestPipeline:
         limits: Limits,
         default_max_new_tokens: int,
         tenants: Tenants | None = None,
+        by_priority: bool = False,
     ):
         self.engine = engine
+        self.by_priority = by_priority
         self.tenants = tenants or Tenants()
         self.tokenizer = tokenizer
         self.sessions = sessions
@@ -284,7 +288,7 @@ class RequestPipeline:
             prompt_logprobs=out.prompt_logprobs,
             arrival_time=time.monotonic(),
             guide=req.guide,
-            priority=req.priority,
+            priority=req.priority if self.by_priority else 0,
             tenant=req.tenant,
         )
         return PreparedRequest(

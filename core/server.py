@@ -133,7 +133,15 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     )
     sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds)
     tenants = Tenants(config.tenant_max_running, config.tenant_tokens_per_minute)
-    pipeline = RequestPipeline(engine, tokenizer, sessions, limits, config.default_max_new_tokens, tenants)
+    pipeline = RequestPipeline(
+        engine,
+        tokenizer,
+        sessions,
+        limits,
+        config.default_max_new_tokens,
+        tenants,
+        by_priority=config.scheduling_policy == "priority",
+    )
     if config.metrics_require_key and not config.api_key:
         raise ValueError("--metrics-require-key needs --api-key")
     keys = ApiKeys(config.api_key) if config.api_key else None

@@ -57,6 +57,7 @@ FIELDS = FieldTable(
         *same_names("generation_config.", "stopping", ("max_new_tokens",)),
         *by_rule("prompt", "text"),
         *by_rule("request_id", "session_id", "request_id"),
+        *by_rule("priority", "priority"),
     )
 )
 
@@ -86,6 +87,8 @@ def to_generate_request(body: WsRequest, item: PromptItem, defaults: GenerationC
     if item.prompt:
         req.text = item.prompt
     FIELDS.apply(cfg, req)
+    if body.priority is not None:
+        req.priority = body.priority
     if not body.new_tokens_only:
         req.output.echo = True
     return req

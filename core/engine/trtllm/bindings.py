@@ -92,6 +92,10 @@ class BindingApi:
             guided decoding, before 0.16).
         normalize_log_probs: ExecutorConfig takes normalize_log_probs (every release with the
             executor; `executorConfig.cpp`, default True until PR #12366, March 2026).
+        priority: Request takes `priority` (a float in [0, 1], default 0.5, higher first:
+            `executor.h` `Request::kDefaultPriority`, and `insertRequestInOrder` in
+            `cpp/tensorrt_llm/executor/requestUtils.cpp` keeps the executor's queue in
+            descending priority, arrival order among equals; 0.14 on, not 0.11).
     """
 
     max_tokens: str = "max_tokens"
@@ -103,6 +107,7 @@ class BindingApi:
     executor_config_fields: frozenset[str] = frozenset(EXECUTOR_CONFIG_FIELDS)
     guide_types: frozenset[str] = frozenset()
     normalize_log_probs: bool = True
+    priority: bool = True
 
 
 def _accepts(ctor: Callable[..., object], *args: object, **kwargs: object) -> bool:
@@ -119,8 +124,9 @@ def detect_api(tl: Bindings) -> BindingApi:
     fields = frozenset(
         name for name in EXECUTOR_CONFIG_FIELDS if _accepts(tl.ExecutorConfig, max_beam_width=1, **{name: 1})
     )
+    max_tokens = "max_tokens" if _accepts(tl.Request, input_token_ids=[0], max_tokens=1) else "max_new_tokens"
     return BindingApi(
-        max_tokens="max_tokens" if _accepts(tl.Request, input_token_ids=[0], max_tokens=1) else "max_new_tokens",
+        max_tokens=max_tokens,
         seed="seed" if _accepts(sc, beam_width=1, seed=1) else "random_seed",
         min_tokens="min_tokens" if _accepts(sc, beam_width=1, min_tokens=1) else "min_length",
         num_return_sequences=_accepts(sc, beam_width=1, num_return_sequences=1),
@@ -129,6 +135,7 @@ def detect_api(tl: Bindings) -> BindingApi:
         executor_config_fields=fields,
         guide_types=_guide_types(tl),
         normalize_log_probs=_accepts(tl.ExecutorConfig, max_beam_width=1, normalize_log_probs=False),
+        priority=_accepts(tl.Request, input_token_ids=[0], **{max_tokens: 1}, priority=0.5),
     )
 
 
