@@ -22,6 +22,9 @@ Figures:
               ratio (the goal: at least 0.9), with the machine's load average
   overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
+  fairness    on the mock engine (scripts/bench/fairness.py): a noisy tenant at 10x another's rate
+              and 2x capacity (the quiet tenant's p99 TTFT against it alone, Jain's index of the
+              tokens by weight), and high-priority requests' p99 TTFT under 2x overload
 
 Sections are merged into bench-results/summary.json: a run of some sections keeps the others.
 At the end, scripts/bench/report.py writes the summary's figures into docs/performance.md.
@@ -50,6 +53,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fairness import run_fairness
 from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
 from overhead import TARGETS as OVERHEAD_TARGETS
 from overhead import _f as num
@@ -59,7 +63,7 @@ from procs import ROOT, Proc, free_port
 from report import update as update_report
 
 HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline", "guided"}
-SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead")
+SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead", "fairness")
 # Names that select several sections.
 GROUPS = {"hf": {"static", "baseline"}}
 
@@ -208,6 +212,8 @@ def main() -> int:
             summary["overhead"] = run_overhead(
                 args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens
             )
+        if "fairness" in selected:
+            summary["fairness"] = run_fairness(args.model)
     finally:
         path = merge_summary(out, summary)  # what was measured before a failure is kept
     print_summary(json.loads(path.read_text()))
