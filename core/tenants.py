@@ -139,9 +139,13 @@ class Tenants:
             c.waiting -= 1
         c.prompt_tokens += prompt_tokens
         c.generation_tokens += generation_tokens
-        if self._rate:
-            self._buckets[tenant] = (self._level(tenant, now) - prompt_tokens - generation_tokens, now)
         self._leave(tenant)
+        if self._rate:
+            level = self._level(tenant, now) - prompt_tokens - generation_tokens
+            if level < self.tokens_per_minute:
+                self._buckets[tenant] = (level, now)
+            else:  # full again, or never drawn: nothing to remember
+                self._buckets.pop(tenant, None)
 
     def _leave(self, tenant: str) -> None:
         live = self._live.get(tenant, 0) - 1
