@@ -8,7 +8,8 @@ is then batch / mean tokens = 4 requests per step (80 requests/s, 640 tokens/s).
 
 Scenarios (each on a fresh core, `--duration` seconds of arrivals, figures over the arrivals
 after `--warmup` seconds; a request still waiting for its first token when arrivals end is
-cancelled and counts with the time it waited, a lower bound of its TTFT):
+cancelled and counts with the time it waited, a lower bound of its TTFT, in the client's
+figures; the core's figures (Timing) leave it out):
   b_alone       tenant B alone at its rate (2x capacity / 11): B's TTFT reference.
   noisy         tenant A at 10x B's rate, together 2x capacity: B's TTFT against b_alone
                 (goal: p99 <= 1.5x), and the tokens each tenant got, as Jain's fairness index
@@ -21,6 +22,9 @@ cancelled and counts with the time it waited, a lower bound of its TTFT):
                 core's TTFT.
   priority      the same high-priority requests plus priority-0 load at 2x capacity,
                 `--scheduling-policy priority` (goal: high-priority p99 TTFT <= 2x idle).
+  noisy_replay  the noisy arrivals replayed step by step through core.scheduling.WaitingQueue
+                alone: each tenant's wait for admission in steps, the scheduler's part of TTFT
+                without the host's.
 
 Jain's index J(x) = (sum x)^2 / (n sum x^2) (Jain, Chiu and Hawe, DEC-TR-301, 1984), with x_i a
 tenant's token throughput over its weighted max-min fair share of the measured capacity (a
@@ -71,6 +75,7 @@ class Outcome:
     # part, without the client's and the host's delays
     core_ttft: list[float] = field(default_factory=list)
     tokens: int = 0  # tokens received inside the window
+    unfinished: int = 0  # requests of the window cancelled before their first token (no core figure)
     refused: int = 0
 
 
@@ -136,7 +141,7 @@ async def drive(address: str, streams: list[Stream], duration: float, warmup: fl
                 # still waiting when the run ends: its TTFT is at least this long
                 if first is None and window[0] <= sent < window[1]:
                     out.ttft.append(time.monotonic() - sent)
-                    out.core_ttft.append(time.monotonic() - sent)
+                    out.unfinished += 1
                 raise
 
         async def arrivals(s: Stream) -> None:
@@ -206,12 +211,46 @@ def summarize(outcomes: dict[str, Outcome], streams: list[Stream], window_s: flo
             "core_ttft_p99_ms": round(pct(o.core_ttft, 99), 1),
             "tokens_per_s": round(o.tokens / window_s, 1),
             "refused": o.refused,
+            "unfinished": o.unfinished,
         }
     served = sum(outcomes[s.name].tokens for s in streams) / window_s
     demands = {s.name: s.rate * MEAN_TOKENS for s in streams}
     shares = fair_shares(served, demands, {s.name: weights.get(s.name, 1.0) for s in streams})
     ratios = [outcomes[s.name].tokens / window_s / shares[s.name] for s in streams]
     return {"streams": per, "tokens_per_s": round(served, 1), "jain": round(jain(ratios), 3)}
+
+
+def replay_noisy(steps: int = 4000, seed: int = 3) -> dict[str, Any]:
+    """The noisy scenario at step level through core.scheduling.WaitingQueue alone (no host, no
+    gRPC): Poisson arrivals per step, the batch refilled at every boundary. Returns each
+    tenant's wait from arrival to admission in steps (p50, p99), after 500 steps of warm-up."""
+    sys.path.insert(0, str(ROOT))
+    from core.scheduling import WaitingQueue
+
+    q: WaitingQueue[tuple[str, int, int]] = WaitingQueue()
+    rng = random.Random(seed)
+    per_step = 2 * BATCH / MEAN_TOKENS
+    rates = {"A": per_step * 10 / 11, "B": per_step / 11}
+    running: list[int] = []  # tokens left per running request
+    waits: dict[str, list[int]] = {"A": [], "B": []}
+    for step in range(steps):
+        for name, rate in rates.items():
+            t = rng.expovariate(rate)
+            while t < 1.0:
+                n = rng.randint(*TOKENS)
+                q.push((name, step, n), cost=n, tenant=name)
+                t += rng.expovariate(rate)
+        running = [left - 1 for left in running if left > 1]
+        while len(running) < BATCH and q:
+            name, at, n = q.pop()
+            running.append(n)
+            if step >= 500:
+                waits[name].append(step - at)
+    out: dict[str, Any] = {}
+    for name, v in waits.items():
+        v.sort()
+        out[name] = {"wait_p50_steps": v[len(v) // 2], "wait_p99_steps": v[int(len(v) * 0.99)]}
+    return out
 
 
 def scenario(model: str, name: str, streams: list[Stream], args, core_flags: tuple[str, ...] = (), weights=None):
@@ -252,6 +291,7 @@ def run_fairness(model: str, duration: float = 30.0, warmup: float = 5.0) -> dic
         args,
         ("--scheduling-policy", "priority"),
     )
+    runs["noisy_replay"] = replay_noisy()
     b_alone, noisy = runs["b_alone"]["streams"]["B"], runs["noisy"]["streams"]["B"]
     idle, loaded = runs["priority_idle"]["streams"]["high"], runs["priority"]["streams"]["high"]
     goals = {
