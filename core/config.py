@@ -16,6 +16,7 @@ from pathlib import Path
 
 from core.engine.hf_config import parse_cpus
 from core.engine.registry import ENGINES
+from core.scheduling import POLICIES
 from envflags import EnvArgumentParser, ListAction, comma_list
 from envflags.tls import add_server_tls_arguments
 
@@ -68,6 +69,21 @@ def _float(raw: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {raw!r}") from None
 
 
+def _tenant_weight(raw: str) -> list[tuple[str, float]]:
+    """argparse type of --tenant-weight: `name=weight` items, comma-separated; weight > 0."""
+    out = []
+    for item in comma_list(raw):
+        name, sep, value = item.rpartition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = float("nan")
+        if not sep or not name or not 0.0 < weight < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected NAME=WEIGHT with a weight > 0, got {item!r}")
+        out.append((name, weight))
+    return out
+
+
 @dataclass(frozen=True)
 class CoreConfig:
     """Effective configuration of one core process (see `build_parser` for each field's meaning)."""
@@ -114,6 +130,11 @@ class CoreConfig:
     metrics_require_key: bool = False
     # API keys (core.auth): none accepts every call.
     api_key: tuple[str, ...] = ()
+    # Scheduling (core.scheduling) and per-tenant limits (core.tenants): 0 is no limit.
+    scheduling_policy: str = "fcfs"
+    tenant_weight: tuple[tuple[str, float], ...] = ()
+    tenant_max_running: int = 0
+    tenant_tokens_per_minute: int = 0
     # TLS (core.tls; flags and their rules: envflags.tls): no certificate serves plaintext.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
@@ -337,6 +358,36 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="accept only calls with the metadata 'authorization: Bearer KEY' (repeatable, or comma-separated; "
         "grpc.health.v1 stays open)",
     )
+    p.add_argument(
+        "--scheduling-policy",
+        default=d.scheduling_policy,
+        choices=POLICIES,
+        help="order of waiting requests: fcfs (arrival) or priority (the request's priority, lower first, then "
+        "arrival); both share the engine between tenants by weight (HF and mock engines; docs/fleet.md)",
+    )
+    p.add_argument(
+        "--tenant-weight",
+        action=ListAction,
+        type=_tenant_weight,
+        default=[],
+        metavar="NAME=WEIGHT",
+        help="a tenant's share of the engine's tokens relative to others (repeatable or comma-separated; "
+        "tenants not named weigh 1)",
+    )
+    p.add_argument(
+        "--tenant-max-running",
+        type=_count(0),
+        default=d.tenant_max_running,
+        help="requests one tenant may have queued or running at once; more are refused with RESOURCE_EXHAUSTED "
+        "(0: no limit)",
+    )
+    p.add_argument(
+        "--tenant-tokens-per-minute",
+        type=_count(0),
+        default=d.tenant_tokens_per_minute,
+        help="tokens (prompt and generated) one tenant may use per minute; a tenant over it is refused with "
+        "RESOURCE_EXHAUSTED and a retry delay until it is under again (0: no limit)",
+    )
     add_server_tls_arguments(p, serves="gRPC over TLS", label="TLS")
     p.add_argument(
         "--guide-cache-size",
@@ -460,4 +511,5 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     ns = vars(build_parser(environ).parse_args(argv))
     ns["api_key"] = tuple(ns["api_key"])
+    ns["tenant_weight"] = tuple(ns["tenant_weight"])
     return CoreConfig(**ns)

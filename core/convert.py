@@ -52,10 +52,14 @@ def _opt(msg: Message, name: str) -> Any:
     return getattr(msg, name) if msg.HasField(name) else None
 
 
-def to_generation_request(req: spb.GenerateRequest, request_id: str, caller: str = "") -> GenerationRequest:
+def to_generation_request(
+    req: spb.GenerateRequest, request_id: str, caller: str = "", key_tenant: str | None = None
+) -> GenerationRequest:
     """A GenerateRequest as core types, under `request_id` (the service passes the client's
-    request_id, or the one it generated when that is empty); `caller` is the identity of the
-    call's API key ("" without keys), which with the request's tenant scopes its session."""
+    request_id, or the one it generated when that is empty). `caller` is the identity of the
+    call's API key ("" without keys): with the request's `tenant` it scopes the session.
+    `key_tenant` is the name of the call's API key when it has one: the request is then served
+    for that tenant (fair shares, limits), whatever its `tenant` field says."""
     s, st, o = req.sampling, req.stopping, req.output
     which = req.WhichOneof("input")
     messages = None
@@ -110,6 +114,8 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str, caller: str
         if which == "messages"
         else (),
         guide=to_guide(req.guided_decoding) if req.HasField("guided_decoding") else None,
+        priority=req.priority,
+        tenant=req.tenant if key_tenant is None else key_tenant,
     )
 
 

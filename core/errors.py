@@ -3,14 +3,15 @@
 Every failure the core reports to a client is a CoreError subclass. `to_status()` turns it
 into a gRPC status with machine-readable details: `google.rpc.ErrorInfo` (reason, domain
 "trellis", metadata "param") and, for field errors, `google.rpc.BadRequest` naming the field by
-its GenerateRequest path (e.g. "sampling.top_p"). Gateways decode these details once
+its GenerateRequest path (e.g. "sampling.top_p"); a refusal that knows when to come back adds
+`google.rpc.RetryInfo` (a per-tenant limit: core.tenants). Gateways decode these details once
 (GatewayError) and name the client's own field through their schema's field table.
 """
 
 from __future__ import annotations
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
@@ -25,15 +26,19 @@ class CoreError(Exception):
         code: gRPC status code.
         reason: UPPER_SNAKE machine-readable reason (ErrorInfo.reason).
         field: GenerateRequest field path the error is about, or None.
+        retry_delay: seconds after which a retry may succeed (google.rpc.RetryInfo), or None.
     """
 
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
 
-    def __init__(self, message: str, *, field: str | None = None, reason: str | None = None):
+    def __init__(
+        self, message: str, *, field: str | None = None, reason: str | None = None, retry_delay: float | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.field = field
+        self.retry_delay = retry_delay
         if reason is not None:
             self.reason = reason
 
@@ -55,6 +60,10 @@ class CoreError(Exception):
                 ]
             )
             details.append(_pack(bad))
+        if self.retry_delay is not None:
+            delay = duration_pb2.Duration()
+            delay.FromNanoseconds(round(self.retry_delay * 1e9))
+            details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
         return status_pb2.Status(code=_CODE_NUMBERS[self.code], message=self.message, details=details)
 
 
@@ -86,7 +95,8 @@ class SessionBusy(CoreError):
 
 
 class Overloaded(CoreError):
-    """The engine's queue is full (RESOURCE_EXHAUSTED); retry later or elsewhere."""
+    """The engine's queue is full, or a tenant is over its limits (reason TENANT_LIMIT, with a
+    retry delay: core.tenants) (RESOURCE_EXHAUSTED); retry later or elsewhere."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
     reason = "QUEUE_FULL"

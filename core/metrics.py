@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from core.engine.base import Engine
 from core.sessions import SessionStore
+from core.tenants import Tenants
 from core.types import FinishReason
 from envflags.apikeys import ApiKeys
 
@@ -157,12 +158,20 @@ class CoreCollector(Collector):
         sessions: the continue-generation store.
         max_batch_size: requests the running batch holds (slot usage = running / this).
         model_name: the `model_name` label of every sample, as vLLM labels its metrics.
+        tenants: the per-tenant counts (core.tenants), exported with a `tenant` label.
     """
 
     def __init__(
-        self, counts: RequestMetrics, engine: Engine, sessions: SessionStore, max_batch_size: int, model_name: str
+        self,
+        counts: RequestMetrics,
+        engine: Engine,
+        sessions: SessionStore,
+        max_batch_size: int,
+        model_name: str,
+        tenants: Tenants | None = None,
     ):
         self.counts = counts
+        self.tenants = tenants
         self.engine = engine
         self.sessions = sessions
         self.max_batch_size = max(1, max_batch_size)
@@ -226,6 +235,43 @@ class CoreCollector(Collector):
         yield c.itl.family("trellis_core_inter_token_latency_seconds", "Time between engine steps' tokens.", labels)
         yield c.queue_time.family("trellis_core_request_queue_time_seconds", "Time waiting to be scheduled.", labels)
         yield c.e2e.family("trellis_core_e2e_request_latency_seconds", "Arrival to end of a request.", labels)
+        if self.tenants is not None:
+            yield from _tenant_families(self.tenants, labels)
+
+
+#: Per-tenant metric families: (name, help, kind, TenantCounts attribute).
+TENANT_METRICS = (
+    ("trellis_core_tenant_requests_waiting", "Requests of the tenant waiting for the batch.", "gauge", "waiting"),
+    ("trellis_core_tenant_requests_running", "Requests of the tenant in the running batch.", "gauge", "running"),
+    ("trellis_core_tenant_prompt_tokens", "Prompt tokens of the tenant's ended requests.", "counter", "prompt_tokens"),
+    (
+        "trellis_core_tenant_generation_tokens",
+        "Generated tokens of the tenant's ended requests.",
+        "counter",
+        "generation_tokens",
+    ),
+    (
+        "trellis_core_tenant_refusals",
+        "Requests of the tenant refused (its limits or a full queue).",
+        "counter",
+        "refusals",
+    ),
+)
+
+
+def _tenant_families(tenants: Tenants, labels: dict[str, str]) -> Iterator[Metric]:
+    """The per-tenant families; the `tenant` label is bounded (core.tenants.MAX_TENANT_LABELS)."""
+    counts = list(tenants.counts.items())
+    names = [*labels, "tenant"]
+    for name, doc, kind, attr in TENANT_METRICS:
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            GaugeMetricFamily(name, doc, labels=names)
+            if kind == "gauge"
+            else CounterMetricFamily(name, doc, labels=names)
+        )
+        for label, c in counts:
+            family.add_metric([*labels.values(), label], getattr(c, attr))
+        yield family
 
 
 def _gauge(name: str, doc: str, labels: dict[str, str], value: float) -> GaugeMetricFamily:

@@ -205,6 +205,8 @@ class MultiplexSession:
         bounds: how far the reader may fall behind: beyond, every open request is cancelled
             with SLOW_READER, and so is every start until the reader catches up.
         caller: the identity of the stream's API key ("" without keys; it scopes sessions).
+        tenant: the tenant every request of the stream is served for (the name of the call's
+            API key), or None: each request's own `tenant` field.
 
     Attributes:
         queued: GenerateResponses and Steps entries produced and not yet handed to gRPC.
@@ -218,9 +220,11 @@ class MultiplexSession:
         draining: bool = False,
         bounds: StreamBounds | None = None,
         caller: str = "",
+        tenant: str | None = None,
     ):
         self.pipeline = pipeline
         self.caller = caller
+        self.tenant = tenant
         self.context = context
         self.draining = draining
         self.bounds = bounds or StreamBounds()
@@ -331,7 +335,7 @@ class MultiplexSession:
                 return
             if self._slow is not None:
                 raise self._slow
-            req = convert.to_generation_request(request, request_id, self.caller)
+            req = convert.to_generation_request(request, request_id, self.caller, self.tenant)
             if self.pipeline.tokenizes_off_loop(req):
                 task = self._start_off_loop(rid, request_id, req, steps)
                 self.jobs[rid] = _Preparing(asyncio.create_task(task), request_id)

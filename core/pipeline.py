@@ -33,6 +33,7 @@ from core.guided import check_compiles
 from core.metrics import RequestMetrics
 from core.sessions import SessionStore, session_key
 from core.stops import StopMatcher
+from core.tenants import Tenants
 from core.tokenizer import Tokenizer
 from core.types import (
     ChatMessage,
@@ -127,9 +128,13 @@ class RequestPipeline:
         allow_special_tokens_in_content: tokenize special-token text in prompts and in the
             client's strings of a chat as those special tokens (--allow-special-tokens-in-content);
             by default it is ordinary text (core.tokenizer's module docstring).
+        tenants: per-tenant limits and counts (core.tenants); None: no limits.
+        by_priority: requests keep their priority (`--scheduling-policy priority`); else the
+            engine sees every request at priority 0.
 
     Attributes:
         metrics: what the Jobs count for Prometheus (core.metrics).
+        tenants: per-tenant limits and counts.
     """
 
     def __init__(
@@ -141,8 +146,12 @@ class RequestPipeline:
         default_max_new_tokens: int,
         *,
         allow_special_tokens_in_content: bool = False,
+        tenants: Tenants | None = None,
+        by_priority: bool = False,
     ):
         self.engine = engine
+        self.by_priority = by_priority
+        self.tenants = tenants or Tenants()
         self.tokenizer = tokenizer
         self.sessions = sessions
         self.limits = limits
@@ -287,6 +296,8 @@ class RequestPipeline:
             prompt_logprobs=out.prompt_logprobs,
             arrival_time=time.monotonic(),
             guide=req.guide,
+            priority=req.priority if self.by_priority else 0,
+            tenant=req.tenant,
         )
         return PreparedRequest(
             request=req,
@@ -427,13 +438,22 @@ class Job:
     def start(self) -> None:
         """Submit to the engine (see RequestPipeline.start)."""
         prep = self.prep
+        tenant = prep.engine_request.tenant
+        try:
+            self.p.tenants.admit(tenant, time.monotonic())
+        except BaseException:
+            self.done = True
+            self.p.discard(prep)
+            raise
         try:
             self._stream = self.p.engine.generate(prep.engine_request)
         except BaseException as e:
             self.done = True
             self.p.discard(prep)
+            self.p.tenants.withdraw(tenant)
             if isinstance(e, Overloaded):
                 self.p.metrics.rejected += 1
+                self.p.tenants.refused(tenant)
             raise
         if prep.deadline is not None:
             loop = asyncio.get_running_loop()
@@ -491,12 +511,21 @@ class Job:
         """Count the ended request for Prometheus (core.metrics), once."""
         req = self.prep.engine_request
         scheduled = self.times.get(RequestState.SCHEDULED)
+        generated = sum(s.generated for s in self.seqs)
+        now = time.monotonic()
         self.p.metrics.ended(
             reason,
             len(req.prompt_ids),
-            sum(s.generated for s in self.seqs),
+            generated,
             None if scheduled is None else scheduled - req.arrival_time,
-            time.monotonic() - req.arrival_time,
+            now - req.arrival_time,
+        )
+        self.p.tenants.ended(
+            req.tenant,
+            scheduled=scheduled is not None,
+            prompt_tokens=len(req.prompt_ids) if scheduled is not None else 0,
+            generation_tokens=generated,
+            now=now,
         )
 
     def _stop(self, *, failed: bool) -> None:
@@ -531,6 +560,8 @@ class Job:
             s = _STATE_ORDER[self.sent_states]
             self.sent_states += 1
             self.times.setdefault(s, now)
+            if s is RequestState.SCHEDULED:
+                self.p.tenants.scheduled(self.prep.engine_request.tenant)
             d = ResponseDelta(state=s)
             if s is RequestState.QUEUED:
                 d.session_continued = self.prep.session_continued

@@ -27,6 +27,7 @@ from core.metrics import CoreCollector, MetricsServer, core_registry, serve_metr
 from core.pipeline import RequestPipeline
 from core.service import GenerateServicer
 from core.sessions import SessionStore
+from core.tenants import Tenants
 from core.tls import server_credentials
 from core.tokenizer import Tokenizer
 from core.validation import Limits, prompt_chars_bound
@@ -131,6 +132,7 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
         max_logit_bias=config.max_logit_bias,
     )
     sessions = SessionStore(config.session_max_tokens, config.session_ttl_seconds, max_bytes=config.session_max_bytes)
+    tenants = Tenants(config.tenant_max_running, config.tenant_tokens_per_minute)
     pipeline = RequestPipeline(
         engine,
         tokenizer,
@@ -138,11 +140,14 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
         limits,
         config.default_max_new_tokens,
         allow_special_tokens_in_content=config.allow_special_tokens_in_content,
+        tenants=tenants,
+        by_priority=config.scheduling_policy == "priority",
     )
-    servicer = GenerateServicer(pipeline, config)
     if config.metrics_require_key and not config.api_key:
         raise ValueError("--metrics-require-key needs --api-key")
-    interceptors = [ApiKeyInterceptor(ApiKeys(config.api_key))] if config.api_key else []
+    keys = ApiKeys(config.api_key) if config.api_key else None
+    servicer = GenerateServicer(pipeline, config, keys)
+    interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
     server = grpc.aio.server(
         interceptors=interceptors,
         options=server_options(config),
@@ -175,7 +180,9 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     engine.set_on_dead(on_dead)
     metrics = None
     if config.metrics_port is not None:
-        collector = CoreCollector(pipeline.metrics, engine, sessions, config.max_batch_size, config.served_model_name)
+        collector = CoreCollector(
+            pipeline.metrics, engine, sessions, config.max_batch_size, config.served_model_name, pipeline.tenants
+        )
         try:
             keys = ApiKeys(config.api_key) if config.metrics_require_key else None
             metrics = serve_metrics(core_registry(collector), config.host, config.metrics_port, keys)

@@ -28,6 +28,7 @@ from core.pipeline import RequestPipeline, merge_deltas
 from core.types import GUIDE_KINDS, EngineInfo, SamplingOptions
 from core.validation import validate_request
 from core.wire import Malformed
+from envflags.apikeys import ApiKeys
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,14 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
     """Serves Generate, GetModelInfo and Tokenize for one pipeline.
 
     `drain()` is called on graceful shutdown: new requests then fail with UNAVAILABLE.
+    With `keys` that have names (`--api-key name:key`), a call's requests are served for the
+    tenant its key names, whatever their `tenant` field says (core.tenants).
     """
 
-    def __init__(self, pipeline: RequestPipeline, config: CoreConfig):
+    def __init__(self, pipeline: RequestPipeline, config: CoreConfig, keys: ApiKeys | None = None):
         self.pipeline = pipeline
         self.config = config
+        self._keys = keys if keys is not None and keys.named else None
         self.draining = False
         self.bounds = StreamBounds(config.max_queued_messages_per_stream, config.slow_reader_timeout)
         self._sessions: set[MultiplexSession] = set()
@@ -70,7 +74,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
                 raise request.error("Generate")
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
-            req = convert.to_generation_request(request, request_id, self._caller(context))
+            req = convert.to_generation_request(request, request_id, self._caller(context), self.key_tenant(context))
             job = self.pipeline.start(await self.pipeline.prepare_off_loop(req), out)
             while True:
                 for delta in merge_deltas(await out.take()):
@@ -99,7 +103,12 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
     ) -> None:
         """Many requests on one stream, for gateways (see core.multiplex)."""
         session = MultiplexSession(
-            self.pipeline, context, draining=self.draining, bounds=self.bounds, caller=self._caller(context)
+            self.pipeline,
+            context,
+            draining=self.draining,
+            bounds=self.bounds,
+            caller=self._caller(context),
+            tenant=self.key_tenant(context),
         )
         self._sessions.add(session)
         self._idle.clear()
@@ -112,6 +121,15 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
     def _caller(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
         """The identity of the call's API key when the core has keys (it scopes sessions), else ""."""
         return caller_identity(context.invocation_metadata()) if self.config.api_key else ""
+
+    def key_tenant(self, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+        """The name of the call's API key, when keys have names and this one has; else None
+        (the requests' own `tenant` fields apply). The interceptor (core.auth) has already
+        accepted the key."""
+        if self._keys is None:
+            return None
+        values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        return self._keys.name_of(values[0]) if len(values) == 1 and isinstance(values[0], str) else None
 
     def drain(self) -> None:
         """Refuse new requests (UNAVAILABLE); open ones run on, and multiplexed streams end as

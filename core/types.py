@@ -123,6 +123,8 @@ class EngineRequest:
         prompt_logprobs: None, or the number of alternatives per prompt token.
         arrival_time: monotonic time the core received the request.
         guide: the structured-output constraint (a kind in EngineInfo.guided_decoding), or None.
+        priority: scheduling priority, lower first (core.scheduling; 0 under fcfs).
+        tenant: who the request is served for (core.scheduling fair shares); "" the default.
     """
 
     request_id: str
@@ -141,6 +143,8 @@ class EngineRequest:
     prompt_logprobs: int | None = None
     arrival_time: float = 0.0
     guide: Guide | None = None
+    priority: int = 0
+    tenant: str = ""
 
 
 @dataclass(slots=True)
@@ -342,6 +346,8 @@ class GenerationRequest:
     # Who the session belongs to (core.sessions.session_key): the caller's key identity and
     # the gateway's tenant; "" for a core without keys and no tenant.
     session_scope: str = ""
+    priority: int = 0
+    tenant: str = ""
 
 
 # ---------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ MAX_MESSAGES = 4096
 #: A session id (GenerateRequest.session_id): an opaque key, kept in the session store with its
 #: sequence, so its length is bounded (and counted in the store's bytes, core.sessions).
 MAX_SESSION_ID_CHARS = 256
-#: GenerateRequest.tenant, a gateway's identity of its client's key (a digest).
+#: GenerateRequest.tenant: whom a gateway serves the request for (a key's name or digest, or
+#: the fairness header); it names a label value and a session scope, so it is bounded.
 MAX_TENANT_CHARS = 128
 #: A tool's name (OpenAI's rule for function names).
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -73,8 +74,8 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
     _check_stopping(req, limits)
     _check_output(req)
     _check_guided(req)
-    if len(req.session_scope.partition("/")[2]) > MAX_TENANT_CHARS:  # core.convert: "<caller>/<tenant>"
-        raise InvalidArgument(f"tenant is longer than {MAX_TENANT_CHARS} characters.", field="tenant")
+    if len(req.tenant) > MAX_TENANT_CHARS:
+        raise InvalidArgument(f"tenant must be at most {MAX_TENANT_CHARS} characters.", field="tenant")
     if req.session_id is not None:
         if not req.session_id:
             raise InvalidArgument("session_id must not be empty when set.", field="session_id")

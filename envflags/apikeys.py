@@ -23,15 +23,56 @@ Refusal = Literal["missing", "wrong", "repeated"]
 REPEATED = "Send one API key: the request carries more than one authorization value."
 
 
+def split_named(entry: str) -> tuple[str | None, str]:
+    """`"name:key"` -> `("name", "key")`; an entry without a colon is an unnamed key.
+
+    A key's name says who holds it: the core and the gateways serve its requests as that tenant
+    (docs/fleet.md). Only the first colon separates, so a named key may contain colons; an
+    unnamed key must not (give it a name). An empty name or key is refused.
+
+    Raises:
+        ValueError: an empty name or key.
+    """
+    name, sep, key = entry.partition(":")
+    if not sep:
+        return None, entry
+    if not name or not key:
+        raise ValueError("an API key must be KEY or NAME:KEY with both non-empty")
+    return name, key
+
+
 class ApiKeys:
-    """The accepted keys, kept as SHA-256 digests.
+    """The accepted keys, kept as SHA-256 digests, with the names of named ones.
 
     Args:
-        keys: the accepted keys.
+        keys: the accepted keys, each KEY or NAME:KEY (split_named).
+
+    Raises:
+        ValueError: an entry with an empty name or key.
     """
 
     def __init__(self, keys: Iterable[str]):
-        self._digests = [hashlib.sha256(k.encode()).digest() for k in keys]
+        entries = [split_named(k) for k in keys]
+        self._digests = [hashlib.sha256(k.encode()).digest() for _, k in entries]
+        self._names = [name for name, _ in entries]
+
+    @property
+    def named(self) -> bool:
+        """Whether any key has a name."""
+        return any(n is not None for n in self._names)
+
+    def name_of(self, authorization: str | None) -> str | None:
+        """The name of the accepted key that `authorization` ("Bearer <key>") carries; None
+        for an unnamed, unknown or missing key. Every digest is compared, as in `check`."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        found: str | None = None
+        for known, name in zip(self._digests, self._names, strict=True):
+            if hmac.compare_digest(known, digest) and found is None:
+                found = name
+        return found
 
     def check_all(self, values: Sequence[str]) -> Refusal | None:
         """`check` of a request's every credential value (repeated headers or metadata entries).

@@ -25,7 +25,6 @@ GPT-2, ...).
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import itertools
 import logging
@@ -45,6 +44,7 @@ from core.engine.hf_prefix import BLOCK_SIZE, PrefixStore
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
 from core.errors import EngineDead, EngineFailure, NotReady
 from core.sampling import NEUTRAL, resolve_generic
+from core.scheduling import WaitingQueue, admission_cost
 from core.types import (
     EngineOutput,
     EngineRequest,
@@ -93,6 +93,8 @@ def engine_kwargs(config: CoreConfig, tokenizer: Tokenizer) -> dict[str, Any]:
         guides=hf_guided.GuideMatchers(tokenizer.hf, tokenizer.eos_token_ids, config.guide_cache_size),
         prefix_cache_bytes=config.prefix_cache_mib * 2**20 if config.prefix_cache else 0,
         prefix_block_size=config.prefix_cache_block_size,
+        scheduling_policy=config.scheduling_policy,
+        tenant_weights=dict(config.tenant_weight),
     )
 
 
@@ -153,6 +155,8 @@ class HfEngine(EngineLifecycle):
         prefix_cache_bytes: bound of the prefix cache (core.engine.hf_prefix) in bytes of keys
             and values; 0: no prefix cache (`--prefix-cache-mib`, `--no-prefix-cache`).
         prefix_block_size: tokens per prefix cache block (`--prefix-cache-block-size`).
+        scheduling_policy: order of waiting requests, "fcfs" or "priority" (core.scheduling).
+        tenant_weights: tenant -> share weight (`--tenant-weight`; others weigh 1).
     """
 
     kind = KIND
@@ -176,6 +180,8 @@ class HfEngine(EngineLifecycle):
         step_trace: str = "",
         prefix_cache_bytes: int = 0,
         prefix_block_size: int = BLOCK_SIZE,
+        scheduling_policy: str = "fcfs",
+        tenant_weights: dict[str, float] | None = None,
     ):
         super().__init__()
         self._path = str(model_path)
@@ -209,7 +215,7 @@ class HfEngine(EngineLifecycle):
         # Shared between the event loop and the worker (guarded by _cv's lock, as are _alive
         # and _stopping: admission and the worker's death must not interleave).
         self._cv = threading.Condition()
-        self._pending: collections.deque[_Req] = collections.deque()
+        self._pending: WaitingQueue[_Req] = WaitingQueue(scheduling_policy, tenant_weights)
         self._aborts: set[str] = set()
         self._requests: dict[str, _Req] = {}
         self._running_requests = 0
@@ -346,7 +352,7 @@ class HfEngine(EngineLifecycle):
                 raise duplicate_id(request.request_id)
             if len(self._pending) >= self._max_queue:
                 raise queue_full(self._max_queue)
-            self._pending.append(r)
+            self._pending.push(r, cost=admission_cost(request), priority=request.priority, tenant=request.tenant)
             self._requests[request.request_id] = r
             self._cv.notify()
 
@@ -408,6 +414,8 @@ class HfEngine(EngineLifecycle):
                         r.admitted = False
                         self._running_requests -= 1
                         self._reserved -= r.reserved_tokens
+                        served = len(r.req.prompt_ids) + sum(len(row.generated) for row in r.rows)
+                        self._pending.settle(r.req.tenant, admission_cost(r.req), served)
         now = time.perf_counter()
         if self._traced is not None:
             self._write_trace(now - self._step_started)
@@ -448,28 +456,23 @@ class HfEngine(EngineLifecycle):
         """Under the lock: drop aborted requests that are still waiting."""
         if not self._aborts:
             return
-        keep: collections.deque[_Req] = collections.deque()
-        for r in self._pending:
-            if r.req.request_id in self._aborts:
-                self._aborts.discard(r.req.request_id)
-                emits.append((r, _cancelled(r)))
-            else:
-                keep.append(r)
-        self._pending = keep
+        for r in self._pending.remove_if(lambda r: r.req.request_id in self._aborts):
+            self._aborts.discard(r.req.request_id)
+            emits.append((r, _cancelled(r)))
 
     def _take_admissible(self) -> list[_Req]:
-        """Under the lock: FIFO-admit waiting requests that fit the batch and token budgets."""
+        """Under the lock: admit waiting requests, in the queue's order (core.scheduling), while
+        they fit the batch and token budgets; the first that does not fit waits at the head."""
         admitted: list[_Req] = []
         rows = len(self._live_slots)
         prefill = 0
-        while self._pending:
-            r = self._pending[0]
+        while (r := self._pending.peek()) is not None:
             plen = len(r.req.prompt_ids)
             if rows + r.req.num_sequences > self._max_batch or self._reserved + r.reserved_tokens > self._max_total:
                 break
             if admitted and prefill + plen > self._max_prefill:
                 break
-            self._pending.popleft()
+            self._pending.pop()
             r.admitted = True
             admitted.append(r)
             rows += r.req.num_sequences

@@ -8,7 +8,8 @@ and admission at step boundaries. It needs only a tokenizer.
 Scheduling: one timer on the event loop drives the batch, with no task or thread per request.
 At each step boundary it applies aborts, emits the step's token of every running sequence
 (with PREFILLED and the first token for requests admitted at the previous boundary), and admits
-waiting requests FIFO while their sequences fit `max_batch_size` (SCHEDULED). A step lasts
+waiting requests in the queue's order (core.scheduling: arrival, or priority, and tenant fair
+shares) while their sequences fit `max_batch_size` (SCHEDULED). A step lasts
 `step_ms`, plus `prefill_ms_per_token` for every prompt token admitted at its start. Boundaries
 keep a fixed cadence while the event loop keeps up; once the loop falls a whole step behind,
 the cadence restarts from the late boundary, so an overloaded host shows up as longer steps
@@ -48,7 +49,6 @@ request (INVALID_ARGUMENT) rather than return draws that ignore the guide.
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import json
 import logging
@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 from core.engine.base import EngineLifecycle, OutputStream
 from core.errors import EngineFailure, InvalidArgument, NotReady, Overloaded
 from core.sampling import resolve_generic
+from core.scheduling import WaitingQueue, admission_cost
 from core.types import (
     EngineInfo,
     EngineOutput,
@@ -109,6 +110,8 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> MockEngine:
         max_queue_size=config.max_queue_size,
         max_n=config.max_n,
         script=load_script(config.mock_script) if config.mock_script else (),
+        scheduling_policy=config.scheduling_policy,
+        tenant_weights=dict(config.tenant_weight),
     )
 
 
@@ -194,6 +197,8 @@ class MockEngine(EngineLifecycle):
         max_queue_size: waiting requests; one more raises Overloaded (RESOURCE_EXHAUSTED).
         max_n: sequences per request.
         script: scripted replies, `(when, reply)` pairs (the module docstring).
+        scheduling_policy: order of waiting requests, "fcfs" or "priority" (core.scheduling).
+        tenant_weights: tenant -> share weight (`--tenant-weight`; others weigh 1).
 
     Attributes:
         steps: engine steps completed since start (steps that had requests in the batch).
@@ -218,6 +223,8 @@ class MockEngine(EngineLifecycle):
         max_queue_size: int = 256,
         max_n: int = 16,
         script: list[tuple[str, str]] | tuple[()] = (),
+        scheduling_policy: str = "fcfs",
+        tenant_weights: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         if not (math.isfinite(step_ms) and step_ms >= 0):
@@ -259,7 +266,7 @@ class MockEngine(EngineLifecycle):
         self._timer: asyncio.Handle | None = None
         self._deadline = 0.0
         self._requests: dict[str, _Req] = {}
-        self._pending: collections.deque[_Req] = collections.deque()
+        self._pending: WaitingQueue[_Req] = WaitingQueue(scheduling_policy, tenant_weights)
         self._running: list[_Req] = []
         self._running_rows = 0
         self._aborts: set[str] = set()
@@ -341,7 +348,7 @@ class MockEngine(EngineLifecycle):
         if self._script:
             r.scripted = self._scripted(request)
         self._requests[request_id] = r
-        self._pending.append(r)
+        self._pending.push(r, cost=admission_cost(request), priority=request.priority, tenant=request.tenant)
         if self._timer is None and self._loop is not None:  # idle: the next step starts now
             self._deadline = self._loop.time()
             self._timer = self._loop.call_soon(self._boundary)
@@ -402,9 +409,12 @@ class MockEngine(EngineLifecycle):
         for r in aborted:
             r.cancelled = True
             r.outputs.put(_cancelled(r, now))
-        self._pending = collections.deque(r for r in self._pending if not r.cancelled)
+        self._pending.remove_if(lambda r: r.cancelled)
         kept = [r for r in self._running if not r.cancelled]
         if len(kept) != len(self._running):
+            for r in self._running:
+                if r.cancelled:
+                    self._settle(r)
             self._running = kept
             self._running_rows = sum(len(r.rows) for r in kept)
 
@@ -431,17 +441,24 @@ class MockEngine(EngineLifecycle):
             if out.finished:
                 done = True
                 del self._requests[r.req.request_id]
+                self._settle(r)
         if done:
             self._running = [r for r in self._running if r.unfinished]
             self._running_rows = sum(len(r.rows) for r in self._running)
 
+    def _settle(self, r: _Req) -> None:
+        """Correct the tenant's charge for a request that left the batch to what it served."""
+        served = len(r.req.prompt_ids) + sum(row.generated for row in r.rows)
+        self._pending.settle(r.req.tenant, admission_cost(r.req), served)
+
     def _admit(self, now: float) -> int:
-        """Move waiting requests into the batch while their sequences fit (FIFO, so a large
-        request is never overtaken). Returns the prompt tokens admitted."""
+        """Move waiting requests into the batch, in the queue's order, while their sequences
+        fit (the first that does not waits at the head, so a large request is never starved).
+        Returns the prompt tokens admitted."""
         tokens = 0
         pending = self._pending
-        while pending and self._running_rows + pending[0].req.num_sequences <= self._max_batch:
-            r = pending.popleft()
+        while (head := pending.peek()) is not None and self._running_rows + head.req.num_sequences <= self._max_batch:
+            r = pending.pop()
             r.rows = _rows(r.req, with_logprobs=r.req.logprobs)
             r.limit = max(1, min(r.req.max_new_tokens, self._ctx - len(r.req.prompt_ids)))
             r.unfinished = len(r.rows)

@@ -41,6 +41,7 @@ from gateways.common.framing import loads
 from gateways.common.metrics import add_metrics, metrics_middleware
 from gateways.common.openapi import OPENAPI_PATH, add_openapi
 from gateways.common.status import GatewayError
+from gateways.common.tenant import tenant_middleware
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +93,13 @@ def make_gateway_app(
     middlewares = [metrics_middleware, error_middleware(render_error)]
     if config.metrics_require_key and not config.api_key:
         raise ValueError("--metrics-require-key needs --api-key")
-    if config.api_key:
+    keys = ApiKeys(config.api_key) if config.api_key else None
+    if keys is not None:
         open_paths = HEALTH_PATHS | {OPENAPI_PATH}
         if not config.metrics_require_key:
             open_paths |= {"/metrics"}
-        middlewares.insert(1, auth_middleware(ApiKeys(config.api_key), render_error, open_paths=open_paths))
+        middlewares.insert(1, auth_middleware(keys, render_error, open_paths=open_paths))
+    middlewares.append(tenant_middleware(keys))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
     app[settings_key] = settings

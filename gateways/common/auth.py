@@ -13,8 +13,8 @@ document declares the bearer scheme), and so does `GET /metrics` unless
 
 Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time), as the core
 checks its gRPC callers (core.auth). An accepted request carries its key's identity
-(`tenant(request)`, a digest): what a gateway keeps for a client in the core, its
-continue-generation sessions, is scoped to it (GenerateRequest.tenant).
+(`key_identity(request)`, a digest), from which gateways.common.tenant names the client's
+tenant in the core (GenerateRequest.tenant): its sessions are scoped to it.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from aiohttp.typedefs import Handler, Middleware
 
 from envflags.apikeys import REPEATED, ApiKeys
 
-#: Where an accepted request keeps its key's identity (see `tenant`).
-_TENANT = web.RequestKey("trellis_tenant", str)
+#: Where an accepted request keeps its key's identity (see `key_identity`).
+_IDENTITY = web.RequestKey("trellis_key_identity", str)
 
 #: Routes that never need a key: every gateway's health checks.
 HEALTH_PATHS = frozenset({"/health", "/ping", "/v2/health/live", "/v2/health/ready"})
@@ -39,10 +39,10 @@ MESSAGES = {
 }
 
 
-def tenant(request: web.Request) -> str:
+def key_identity(request: web.Request) -> str:
     """The identity of the API key `request` was accepted with (envflags.apikeys.ApiKeys.identity),
     or "" on a gateway without keys."""
-    value = request.get(_TENANT)
+    value = request.get(_IDENTITY)
     return value if isinstance(value, str) else ""
 
 
@@ -63,7 +63,7 @@ def auth_middleware(
             values = [f"Bearer {key}" for key in request.headers.getall("x-api-key", [])]
         why = keys.check_all(values)
         if why is None:
-            request[_TENANT] = ApiKeys.identity(values[0])
+            request[_IDENTITY] = ApiKeys.identity(values[0])
             return await handler(request)
         if why == "repeated":
             return render(request, 400, MESSAGES[why])

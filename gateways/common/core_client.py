@@ -68,6 +68,7 @@ from gateways.common.targets import (
     parse_core_target,
     session_service_config,
 )
+from gateways.common.tenant import current_tenant
 from gateways.common.tls import channel_credentials
 
 log = logging.getLogger(__name__)
@@ -336,7 +337,8 @@ class CoreClient:
 
         Every schema served renders token records (ids, token text, bytes) only with logprobs,
         so a request without logprobs and without an explicit `output.tokens` is sent with
-        `output.tokens` false: text-only responses cross the wire as text.
+        `output.tokens` false: text-only responses cross the wire as text. A request without a
+        tenant is sent for the tenant of the HTTP request being served (gateways.common.tenant).
 
         Args:
             request: the request (not modified).
@@ -345,10 +347,15 @@ class CoreClient:
                 text, token id, logprob), reading nothing else of their tokens, so they arrive
                 so (MultiplexStart.steps); a per-request Generate call sends whole messages.
         """
-        if not request.output.logprobs and not request.output.HasField("tokens"):
+        tenant = current_tenant()
+        text_only = not request.output.logprobs and not request.output.HasField("tokens")
+        if text_only or (tenant and not request.tenant):
             sent = spb.GenerateRequest()
             sent.CopyFrom(request)
-            sent.output.tokens = False
+            if text_only:
+                sent.output.tokens = False
+            if tenant and not request.tenant:
+                sent.tenant = tenant
             request = sent
         call = CoreCall(request, steps=steps and self._multiplex, hash_key=hash_key)
         if self._multiplex:

@@ -10,6 +10,7 @@ core sends in-band (MultiplexGenerate).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -49,10 +50,21 @@ class GatewayError(Exception):
         param: the offending field as the core names it (e.g. "sampling.top_p"), or a schema
             field name when the gateway itself found the problem.
         reason: machine-readable reason (google.rpc.ErrorInfo.reason), if any.
+        retry_after: seconds after which a retry may succeed (google.rpc.RetryInfo: a tenant
+            over its limits), or None; `retry_headers` turns it into Retry-After.
     """
 
-    def __init__(self, code: grpc.StatusCode, message: str, *, param: str | None = None, reason: str | None = None):
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        param: str | None = None,
+        reason: str | None = None,
+        retry_after: float | None = None,
+    ):
         super().__init__(message)
+        self.retry_after = retry_after
         self.code = code
         self.message = message
         self.param = param
@@ -95,6 +107,7 @@ class GatewayError(Exception):
     def _decode(cls, code: grpc.StatusCode, message: str, details: Sequence[Any]) -> GatewayError:
         # details: google.protobuf.Any messages
         param = reason = None
+        retry_after: float | None = None
         for detail in details:
             if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                 info = error_details_pb2.ErrorInfo()
@@ -106,6 +119,10 @@ class GatewayError(Exception):
                 detail.Unpack(bad)
                 if bad.field_violations:
                     param = bad.field_violations[0].field
+            elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                retry = error_details_pb2.RetryInfo()
+                detail.Unpack(retry)
+                retry_after = retry.retry_delay.ToNanoseconds() / 1e9
         if reason is None and code in TRANSPORT_ERRORS:
             # Not the core's own error but grpc's (the connection broke, the server stopped):
             # its wording ("Stream removed", "Cancelling all calls") means nothing to a client.
@@ -113,7 +130,16 @@ class GatewayError(Exception):
         if code is grpc.StatusCode.UNAUTHENTICATED:  # the gateway's own key, not the client's
             code = grpc.StatusCode.INTERNAL
             message = "The model server refused this gateway's API key (--core-api-key)."
-        return cls(code, message or code.name, param=param, reason=reason)
+        return cls(code, message or code.name, param=param, reason=reason, retry_after=retry_after)
+
+
+def retry_headers(err: GatewayError) -> dict[str, str]:
+    """`Retry-After` (whole seconds, at least 1; RFC 9110 section 10.2.3) for an error that
+    carries the core's retry delay; {} for others (which get --retry-after-seconds on 429 and
+    503: gateways.common.app)."""
+    if err.retry_after is None:
+        return {}
+    return {"Retry-After": str(max(1, math.ceil(err.retry_after)))}
 
 
 def transport_error(code: grpc.StatusCode, message: str) -> tuple[str, str]:

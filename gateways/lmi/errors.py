@@ -8,7 +8,7 @@ Before the first byte of a rolling-batch response:
   wrong method: 404/405, all in the same `{"error", "code"}` shape;
 - a bad parameter value or a generation failure: the HTTP status of the gRPC code
   (gateways.common.status.GRPC_TO_HTTP, with RESOURCE_EXHAUSTED -> 503 as DJL answers a full job
-  queue) and the body
+  queue, but 429 with the core's Retry-After for a tenant over its limits) and the body
   `{"generated_text": "", "details": {"finish_reason": "error", "generated_tokens": null,
   "inputs": null, "tokens": null}, "error": msg}`. DJL's documentation shows
   `generated_text: ""` while its code emits null; we keep the documented form, plus
@@ -35,12 +35,14 @@ from aiohttp import web
 
 from gateways.common.chat import errors as chat_errors
 from gateways.common.framing import dumps
-from gateways.common.status import GatewayError
+from gateways.common.status import GatewayError, retry_headers
 from gateways.lmi import tgi_errors
 from gateways.lmi.config import SETTINGS_KEY
 
 #: LMI's departures from the generic gRPC -> HTTP table: a full queue is 503, as DJL answers it.
 LMI_STATUS_OVERRIDES = {grpc.StatusCode.RESOURCE_EXHAUSTED: 503}
+#: The core's reason for a tenant over its limits (core.tenants): 429, the client's own doing.
+TENANT_LIMIT = "TENANT_LIMIT"
 
 MALFORMED_PAYLOAD = "MALFORMED_PAYLOAD"
 MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
@@ -48,7 +50,7 @@ MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
 # Reasons rendered in the `{"error", "code"}` shape, with their HTTP status.
 _SHAPE_ERRORS = {MALFORMED_PAYLOAD: 424, MODEL_NOT_FOUND: 404}
 # Statuses a dynamic-batch error keeps instead of 424.
-_DYNAMIC_KEPT = {413, 404, 503}
+_DYNAMIC_KEPT = {413, 404, 429, 503}
 # HTTP errors of the router and of API-key checks: no handler ran.
 _ROUTING = {401, 404, 405}
 _ROLLING_ERROR_DETAILS = {"finish_reason": "error", "generated_tokens": None, "inputs": None, "tokens": None}
@@ -75,6 +77,8 @@ def http_status(err: GatewayError) -> int:
     """The HTTP status of an error answered before the stream started (rolling batch)."""
     if err.reason in _SHAPE_ERRORS:
         return _SHAPE_ERRORS[err.reason]
+    if err.reason == TENANT_LIMIT:
+        return 429
     return err.http_status(LMI_STATUS_OVERRIDES)
 
 
@@ -100,7 +104,9 @@ def render_before_stream(err: GatewayError, *, dynamic: bool = False) -> web.Res
         status, body = dynamic_error(err)
     else:
         status, body = http_status(err), error_body(err)
-    return _json(status, body)
+    response = _json(status, body)
+    response.headers.update(retry_headers(err))
+    return response
 
 
 def render_http_error(request: web.Request, status: int, message: str) -> web.Response:

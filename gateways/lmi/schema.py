@@ -75,6 +75,8 @@ class GenerationParameters(BaseModel):
     watermark: bool | None = None
     grammar: dict[str, Any] | None = None
     adapter_id: str | None = None
+    # vLLM's extension: the scheduling priority, lower first (the core's --scheduling-policy).
+    priority: Int32 | None = None
 
 
 class _Request(BaseModel):

@@ -27,7 +27,7 @@ import grpc
 from aiohttp import web
 
 from gateways.common.framing import dumps
-from gateways.common.status import GatewayError
+from gateways.common.status import GatewayError, retry_headers
 
 VALIDATION = "validation"
 
@@ -68,7 +68,9 @@ def error_body(message: str, error_type: str) -> dict[str, str]:
 def render_before_stream(err: GatewayError) -> web.Response:
     """The response for an error found before the first byte."""
     status, error_type = status_and_type(err)
-    return json_response(status, error_body(err.message, error_type))
+    response = json_response(status, error_body(err.message, error_type))
+    response.headers.update(retry_headers(err))
+    return response
 
 
 def render_in_stream(err: GatewayError) -> dict[str, str]:

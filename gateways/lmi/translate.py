@@ -72,6 +72,7 @@ FIELDS = FieldTable(
         *same_names("parameters.", "sampling", ("min_p", "typical_p", "repetition_penalty", "presence_penalty")),
         *same_names("parameters.", "sampling", ("frequency_penalty", "length_penalty", "early_stopping")),
         *same_names("parameters.", "sampling", ("seed", "num_beams")),
+        Field("parameters.priority", "priority"),
         *by_rule("parameters.best_of", "sampling.n"),
         *by_rule("parameters.n", "sampling.n", "sampling.best_of"),
         *by_rule("parameters.best_of", "sampling.best_of"),

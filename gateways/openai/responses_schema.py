@@ -268,6 +268,8 @@ class ResponsesRequest(Wire):
     store: bool | None = None
     previous_response_id: str | None = None
     truncation: Literal["disabled"] | None = None
+    # vLLM's extension: the scheduling priority, lower first (the core's --scheduling-policy).
+    priority: Int32 | None = None
 
     @property
     def format(self) -> FormatText | FormatJsonObject | FormatJsonSchema | None:

@@ -66,6 +66,7 @@ NAMES = FieldTable(
     (
         *by_rule("input", "messages", "text", "token_ids"),
         Field("model", "model", None),
+        *by_rule("priority", "priority"),
         *by_rule("temperature", "sampling.temperature", "sampling.do_sample"),
         *by_rule("top_p", "sampling.top_p"),
         *by_rule("max_output_tokens", "stopping.max_new_tokens"),
@@ -145,6 +146,7 @@ def to_chat_request(req: ResponsesRequest, history: Sequence[Item] = ()) -> chat
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
+        priority=req.priority,
     )
 
 

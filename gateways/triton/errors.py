@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateways.common.fields import client_error
 from gateways.common.framing import dumps, sse_event
-from gateways.common.status import GatewayError
+from gateways.common.status import GatewayError, retry_headers
 
 
 def error_response(status: int, message: str) -> web.Response:
@@ -36,7 +36,9 @@ def render_http_error(request: web.Request, status: int, message: str) -> web.Re
 def render_before_stream(err: GatewayError, names: Mapping[str, str] | None = None) -> web.Response:
     """The error as a complete response; `names` maps core field paths to the client's parameter
     names (Translation.names)."""
-    return error_response(err.http_status(), client_error(err, names or {}).message)
+    response = error_response(err.http_status(), client_error(err, names or {}).message)
+    response.headers.update(retry_headers(err))
+    return response
 
 
 def render_in_stream(err: GatewayError, names: Mapping[str, str] | None = None) -> bytes:

@@ -76,6 +76,7 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("max_tokens", "stopping.max_new_tokens", aliases=("max_new_tokens",), kind=Kind.INT32, datatype="INT32"),
     ParamSpec("temperature", "sampling.temperature", kind=Kind.FLOAT, datatype="FP32"),
     ParamSpec("top_k", "sampling.top_k", kind=Kind.INT32, datatype="INT32"),
+    ParamSpec("priority", "priority", kind=Kind.INT32, datatype="INT32"),
     ParamSpec("top_p", "sampling.top_p", _positive, kind=Kind.FLOAT, datatype="FP32"),
     ParamSpec("random_seed", "sampling.seed", aliases=("seed",), kind=Kind.INT64, datatype="INT64"),
     ParamSpec("repetition_penalty", "sampling.repetition_penalty", kind=Kind.FLOAT, datatype="FP32"),

@@ -30,11 +30,11 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.app import core_client
-from gateways.common.auth import tenant
 from gateways.common.core_call import CoreCall
 from gateways.common.core_client import CONFIG_KEY, CoreClient
 from gateways.common.framing import Template, dump_bytes
 from gateways.common.status import GatewayError
+from gateways.common.tenant import current_tenant
 from gateways.common.writer import ResponseWriter
 from gateways.ws import errors, schema, translate
 from gateways.ws.config import SETTINGS_KEY, WsSettings
@@ -73,7 +73,7 @@ class Connection:
         self.client = client
         self.settings = settings
         self.max_json_depth = request.app[CONFIG_KEY].max_json_depth
-        self.tenant = tenant(request)
+        self.tenant = current_tenant()
         self.prompts: dict[str, CoreCall] = {}
         self._writer = ResponseWriter(request, frames=True)
         self._out: list[Outgoing] = []

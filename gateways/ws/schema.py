@@ -72,6 +72,8 @@ class WsRequest(BaseModel):
         only_new_tokens: texts without (true, default) or with (false) the prompt in front.
         stream_response: send PROGRESS events (true, default).
         generation_config: per-batch generation settings (None: all defaults).
+        priority: scheduling priority of the batch's prompts, lower first (the core's
+            --scheduling-policy priority; None: 0).
     """
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -80,6 +82,7 @@ class WsRequest(BaseModel):
     only_new_tokens: bool | None = None
     stream_response: bool | None = None
     generation_config: GenerationConfig | None = None
+    priority: Int32 | None = None
 
     @property
     def new_tokens_only(self) -> bool:

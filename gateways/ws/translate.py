@@ -57,6 +57,7 @@ FIELDS = FieldTable(
         *same_names("generation_config.", "stopping", ("max_new_tokens",)),
         *by_rule("prompt", "text"),
         *by_rule("request_id", "session_id", "request_id"),
+        *by_rule("priority", "priority"),
     )
 )
 
@@ -78,8 +79,8 @@ def to_generate_request(
     """The Generate call for one prompt of a batch.
 
     `request_id` and `session_id` are both the prompt's request_id (the seed: "also used for
-    internal caching"), the session scoped to `tenant`, the identity of the client's API key
-    (gateways.common.auth.tenant; "" without keys). An empty prompt leaves the input unset: it
+    internal caching"), the session scoped to `tenant`, the client's tenant
+    (gateways.common.tenant). An empty prompt leaves the input unset: it
     can only continue a session, and the core says so when there is none. only_new_tokens
     false asks the core to echo the input sequence (`prompt_text`), which is the prompt, or
     for a continued session everything generated so far.
@@ -89,6 +90,8 @@ def to_generate_request(
     if item.prompt:
         req.text = item.prompt
     FIELDS.apply(cfg, req)
+    if body.priority is not None:
+        req.priority = body.priority
     if not body.new_tokens_only:
         req.output.echo = True
     return req

@@ -26,6 +26,9 @@ Figures:
               768-token prefix and 6-turn chats, cache on vs off (TTFT p50, tokens/s); the token
               hit rate of 12 chats over 3 cores with prefix routing, round robin and one core; RSS
               and cache blocks over 10,000 distinct prompts
+  fairness    on the mock engine (scripts/bench/fairness.py): a noisy tenant at 10x another's rate
+              and 2x capacity (the quiet tenant's p99 TTFT against it alone, Jain's index of the
+              tokens by weight), and high-priority requests' p99 TTFT under 2x overload
 
 Sections are merged into bench-results/summary.json: a run of some sections keeps the others.
 At the end, scripts/bench/report.py writes the summary's figures into docs/performance.md.
@@ -54,6 +57,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fairness import run_fairness
 from loadgen import GrpcClient, LmiClient, OpenAIClient, Result, TritonClient, run_load
 from overhead import TARGETS as OVERHEAD_TARGETS
 from overhead import _f as num
@@ -64,7 +68,7 @@ from report import prefix_rows
 from report import update as update_report
 
 HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline", "guided"}
-SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead", "prefix")
+SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead", "prefix", "fairness")
 # Names that select several sections.
 GROUPS = {"hf": {"static", "baseline"}}
 
@@ -221,6 +225,8 @@ def main() -> int:
             )
         if "prefix" in selected:
             summary["prefix"] = prefix_section(args, out)
+        if "fairness" in selected:
+            summary["fairness"] = run_fairness(args.model)
     finally:
         path = merge_summary(out, summary)  # what was measured before a failure is kept
     print_summary(json.loads(path.read_text()))

@@ -79,3 +79,19 @@ def test_help_names_the_variables(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["--help"])
     assert "[env T_FLAG, OTHER]" in capsys.readouterr().out
+
+
+def test_api_keys_may_be_named():
+    from envflags.apikeys import ApiKeys, split_named
+
+    keys = ApiKeys(["alice:k-1:with-colon", "plain"])
+    assert keys.named
+    assert keys.check("Bearer k-1:with-colon") is None and keys.check("Bearer plain") is None
+    assert keys.name_of("Bearer k-1:with-colon") == "alice"
+    assert keys.name_of("Bearer plain") is None
+    assert keys.name_of("Bearer wrong") is None and keys.name_of(None) is None
+    assert not ApiKeys(["plain"]).named
+    assert split_named("plain") == (None, "plain")
+    for bad in (":key", "name:"):
+        with pytest.raises(ValueError, match="NAME:KEY"):
+            split_named(bad)

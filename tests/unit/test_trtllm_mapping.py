@@ -12,6 +12,7 @@ from core.engine.trtllm.engine_dir import read_engine_layout
 from core.engine.trtllm.mapping import (
     classify_enqueue_error,
     classify_error,
+    executor_priority,
     llm_sampling_kwargs,
     logprob_values,
     new_logprobs,
@@ -37,6 +38,7 @@ OLD = BindingApi(
     executor_config_fields=frozenset({"max_batch_size"}),
     perf_metrics=False,
     kv_events=False,
+    priority=False,
 )
 
 
@@ -196,6 +198,14 @@ def test_enqueue_errors(message, stopping, kind):
 )
 def test_detect_api(era, expected):
     assert detect_api(trtllm_executor.make_module(era)) == expected
+
+
+def test_executor_priority_keeps_trellis_order_in_the_executors_range():
+    values = [executor_priority(p) for p in (-1000, -5, -1, 0, 1, 5, 1000)]
+    assert values[3] == 0.5  # the executor's kDefaultPriority
+    assert all(0.0 <= v <= 1.0 for v in values)
+    assert values == sorted(values, reverse=True)  # lower Trellis priority -> higher executor priority
+    assert len(set(values[1:-1])) == 5
 
 
 @pytest.mark.parametrize("era", ["0.11", "0.15", "1.0"])

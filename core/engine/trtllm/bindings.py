@@ -97,6 +97,10 @@ class BindingApi:
             reads `result.request_perf_metrics.kv_cache_metrics` from v0.16.0).
         kv_events: `KvCacheConfig(event_buffer_max_size=...)` and
             `Executor.get_kv_cache_event_manager()` exist (`executorConfig.cpp`, `executor.cpp`).
+        priority: Request takes `priority` (a float in [0, 1], default 0.5, higher first:
+            `executor.h` `Request::kDefaultPriority`, and `insertRequestInOrder` in
+            `cpp/tensorrt_llm/executor/requestUtils.cpp` keeps the executor's queue in
+            descending priority, arrival order among equals; 0.14 on, not 0.11).
     """
 
     max_tokens: str = "max_tokens"
@@ -110,6 +114,7 @@ class BindingApi:
     normalize_log_probs: bool = True
     perf_metrics: bool = True
     kv_events: bool = True
+    priority: bool = True
 
 
 def _accepts(ctor: Callable[..., object], *args: object, **kwargs: object) -> bool:
@@ -126,8 +131,9 @@ def detect_api(tl: Bindings) -> BindingApi:
     fields = frozenset(
         name for name in EXECUTOR_CONFIG_FIELDS if _accepts(tl.ExecutorConfig, max_beam_width=1, **{name: 1})
     )
+    max_tokens = "max_tokens" if _accepts(tl.Request, input_token_ids=[0], max_tokens=1) else "max_new_tokens"
     return BindingApi(
-        max_tokens="max_tokens" if _accepts(tl.Request, input_token_ids=[0], max_tokens=1) else "max_new_tokens",
+        max_tokens=max_tokens,
         seed="seed" if _accepts(sc, beam_width=1, seed=1) else "random_seed",
         min_tokens="min_tokens" if _accepts(sc, beam_width=1, min_tokens=1) else "min_length",
         num_return_sequences=_accepts(sc, beam_width=1, num_return_sequences=1),
@@ -140,6 +146,7 @@ def detect_api(tl: Bindings) -> BindingApi:
         and hasattr(tl.Result(), "request_perf_metrics"),
         kv_events=_accepts(tl.KvCacheConfig, event_buffer_max_size=1)
         and hasattr(tl.Executor, "get_kv_cache_event_manager"),
+        priority=_accepts(tl.Request, input_token_ids=[0], **{max_tokens: 1}, priority=0.5),
     )
 
 

@@ -58,6 +58,7 @@ from core.engine.trtllm.mapping import (
     classify_enqueue_error,
     classify_error,
     embedding_bias,
+    executor_priority,
     guide_text,
     guided_kinds,
     local_stop_tokens,
@@ -377,6 +378,8 @@ class TrtllmEngine(EngineLifecycle):
             "end_id": -1 if req.ignore_eos else ids.end_id,  # -1: no end token (what the LLM API sends)
             "pad_id": ids.pad_id,
         }
+        if req.priority and self.api.priority:
+            kwargs["priority"] = executor_priority(req.priority)
         if stop_words:
             kwargs["stop_words"] = stop_words
         if req.bad_words_ids:

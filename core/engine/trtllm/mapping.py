@@ -6,6 +6,7 @@ Everything here is a function of its arguments (torch is imported only to build
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -363,3 +364,11 @@ def xgrammar_tokenizer_info(tokenizer: Tokenizer, end_id: int) -> dict[str, Any]
         "tokenizer_str": backend.to_str() if backend is not None else None,
         "stop_token_ids": [end_id, *sorted(tokenizer.eos_token_ids - {end_id})],
     }
+
+
+def executor_priority(priority: int) -> float:
+    """The executor's `Request(priority=...)` for a Trellis priority (lower first, 0 ordinary):
+    a float in (0, 1), 0.5 for 0, decreasing with `priority`, so the executor's queue (higher
+    first: bindings.BindingApi.priority) keeps Trellis's order; large values
+    approach the ends."""
+    return 0.5 - 0.5 * math.tanh(priority / 16.0)

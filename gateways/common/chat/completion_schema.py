@@ -60,6 +60,8 @@ class CompletionRequest(Wire):
     max_tokens: Int32 | None = None
     n: Int32 | None = None
     seed: Int64 | None = None
+    # vLLM's extension: the scheduling priority, lower first (the core's --scheduling-policy).
+    priority: Int32 | None = None
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None

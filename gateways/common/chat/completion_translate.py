@@ -40,6 +40,7 @@ FIELDS = FieldTable(
     (
         *by_rule("prompt", "text", "token_ids"),
         Field("model", "model"),
+        Field("priority", "priority"),
         *same_names(
             "", "sampling", ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n", "best_of")
         ),

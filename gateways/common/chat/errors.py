@@ -23,7 +23,7 @@ import grpc
 from aiohttp import web
 
 from gateways.common.framing import dumps
-from gateways.common.status import GatewayError
+from gateways.common.status import GatewayError, retry_headers
 
 _TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
@@ -70,9 +70,12 @@ def render_http_error(request: web.Request, status: int, message: str) -> web.Re
 def render_before_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> web.Response:
     """The error as a complete HTTP response (status from the gRPC code, then overrides).
 
-    `err.param` must already be in OpenAI's spelling.
+    `err.param` must already be in OpenAI's spelling. A refusal with the core's retry delay (a
+    tenant over its limits) carries it as Retry-After.
     """
-    return error_response(err.http_status(overrides), err.message, param=err.param, code=_code(err))
+    response = error_response(err.http_status(overrides), err.message, param=err.param, code=_code(err))
+    response.headers.update(retry_headers(err))
+    return response
 
 
 def render_in_stream(err: GatewayError, overrides: Mapping[grpc.StatusCode, int] | None = None) -> dict[str, Any]:

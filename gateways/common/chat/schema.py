@@ -226,6 +226,8 @@ class ChatCompletionRequest(Wire):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's extension: the scheduling priority, lower first (the core's --scheduling-policy).
+    priority: Int32 | None = None
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
 

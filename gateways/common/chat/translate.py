@@ -73,6 +73,7 @@ FIELDS = FieldTable(
     (
         *by_rule("messages", "messages", "text", "token_ids"),
         Field("model", "model"),
+        Field("priority", "priority"),
         *same_names("", "sampling", ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed", "n")),
         *by_rule("temperature", "sampling.do_sample"),
         *by_rule("n", "sampling.best_of"),

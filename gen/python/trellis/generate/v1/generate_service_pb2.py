@@ -26,7 +26,7 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from trellis.generate.v1 import generate_pb2 as trellis_dot_generate_dot_v1_dot_generate__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trellis/generate/v1/generate_service.proto\x12\x13trellis.generate.v1\x1a\x19google/protobuf/any.proto\x1a\"trellis/generate/v1/generate.proto\"\xdf\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05model\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x32\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1d.trellis.generate.v1.TokenIdsH\x00\x12\x35\n\x08messages\x18\x05 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12\x35\n\x08stopping\x18\x07 \x01(\x0b\x32#.trellis.generate.v1.StoppingParams\x12\x32\n\x06output\x18\x08 \x01(\x0b\x32\".trellis.generate.v1.OutputOptions\x12\x17\n\nsession_id\x18\t \x01(\tH\x02\x88\x01\x01\x12<\n\x0fguided_decoding\x18\n \x01(\x0b\x32#.trellis.generate.v1.GuidedDecoding\x12\x0e\n\x06tenant\x18\x0b \x01(\tB\x07\n\x05inputB\x08\n\x06_modelB\r\n\x0b_session_id\"\xbc\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".trellis.generate.v1.GenerateState\x12\x34\n\x07outputs\x18\x03 \x03(\x0b\x32#.trellis.generate.v1.SequenceOutput\x12\x18\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rprompt_tokens\x18\x05 \x03(\x0b\x32\x1a.trellis.generate.v1.Token\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.trellis.generate.v1.Usage\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12?\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x08 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12+\n\x06timing\x18\t \x01(\x0b\x32\x1b.trellis.generate.v1.Timing\x12\x19\n\x11session_continued\x18\n \x01(\x08\x42\x0e\n\x0c_prompt_textB\x07\n\x05_seed\"`\n\x18MultiplexGenerateRequest\x12\x33\n\x06starts\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexStart\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x04\"b\n\x0eMultiplexStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.trellis.generate.v1.GenerateRequest\x12\r\n\x05steps\x18\x03 \x01(\x08\"{\n\x19MultiplexGenerateResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexEvent\x12)\n\x05steps\x18\x02 \x01(\x0b\x32\x1a.trellis.generate.v1.Steps\"H\n\x05Steps\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\xb1\x01\n\x0eMultiplexEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x38\n\tresponses\x18\x02 \x03(\x0b\x32%.trellis.generate.v1.GenerateResponse\x12+\n\x06status\x18\x03 \x01(\x0b\x32\x1b.trellis.generate.v1.StatusJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x05textsR\ttoken_idsR\x08logprobs\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x15\n\x13GetModelInfoRequest\"\x9e\x04\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pts_images\x18\t \x01(\x08\x12\x15\n\rmax_num_beams\x18\n \x01(\x05\x12\x18\n\x10max_top_logprobs\x18\x0b \x01(\x05\x12\x1a\n\x12max_stop_sequences\x18\x0c \x01(\x05\x12<\n\x0fgreedy_defaults\x18\r \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12>\n\x11sampling_defaults\x18\x0e \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12#\n\x1bunsupported_sampling_fields\x18\x0f \x03(\t\x12\r\n\x05max_n\x18\x10 \x01(\x05\x12\x17\n\x0fguided_decoding\x18\x11 \x03(\t\x12\x18\n\x10max_input_tokens\x18\x12 \x01(\x05\"a\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x42\x07\n\x05input\"m\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x17\n\x0frendered_prompt\x18\x02 \x01(\t\x12-\n\x05spans\x18\x03 \x03(\x0b\x32\x1e.trellis.generate.v1.TokenSpan\"(\n\tTokenSpan\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0c\n\x04stop\x18\x02 \x01(\x05\x32\xa2\x03\n\x0fGenerateService\x12Y\n\x08Generate\x12$.trellis.generate.v1.GenerateRequest\x1a%.trellis.generate.v1.GenerateResponse0\x01\x12v\n\x11MultiplexGenerate\x12-.trellis.generate.v1.MultiplexGenerateRequest\x1a..trellis.generate.v1.MultiplexGenerateResponse(\x01\x30\x01\x12\x63\n\x0cGetModelInfo\x12(.trellis.generate.v1.GetModelInfoRequest\x1a).trellis.generate.v1.GetModelInfoResponse\x12W\n\x08Tokenize\x12$.trellis.generate.v1.TokenizeRequest\x1a%.trellis.generate.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trellis/generate/v1/generate_service.proto\x12\x13trellis.generate.v1\x1a\x19google/protobuf/any.proto\x1a\"trellis/generate/v1/generate.proto\"\xf1\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05model\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x32\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1d.trellis.generate.v1.TokenIdsH\x00\x12\x35\n\x08messages\x18\x05 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12\x35\n\x08stopping\x18\x07 \x01(\x0b\x32#.trellis.generate.v1.StoppingParams\x12\x32\n\x06output\x18\x08 \x01(\x0b\x32\".trellis.generate.v1.OutputOptions\x12\x17\n\nsession_id\x18\t \x01(\tH\x02\x88\x01\x01\x12<\n\x0fguided_decoding\x18\n \x01(\x0b\x32#.trellis.generate.v1.GuidedDecoding\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\x05\x42\x07\n\x05inputB\x08\n\x06_modelB\r\n\x0b_session_id\"\xbc\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".trellis.generate.v1.GenerateState\x12\x34\n\x07outputs\x18\x03 \x03(\x0b\x32#.trellis.generate.v1.SequenceOutput\x12\x18\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rprompt_tokens\x18\x05 \x03(\x0b\x32\x1a.trellis.generate.v1.Token\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.trellis.generate.v1.Usage\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12?\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x08 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12+\n\x06timing\x18\t \x01(\x0b\x32\x1b.trellis.generate.v1.Timing\x12\x19\n\x11session_continued\x18\n \x01(\x08\x42\x0e\n\x0c_prompt_textB\x07\n\x05_seed\"`\n\x18MultiplexGenerateRequest\x12\x33\n\x06starts\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexStart\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x04\"b\n\x0eMultiplexStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.trellis.generate.v1.GenerateRequest\x12\r\n\x05steps\x18\x03 \x01(\x08\"{\n\x19MultiplexGenerateResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexEvent\x12)\n\x05steps\x18\x02 \x01(\x0b\x32\x1a.trellis.generate.v1.Steps\"H\n\x05Steps\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\xb1\x01\n\x0eMultiplexEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x38\n\tresponses\x18\x02 \x03(\x0b\x32%.trellis.generate.v1.GenerateResponse\x12+\n\x06status\x18\x03 \x01(\x0b\x32\x1b.trellis.generate.v1.StatusJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x05textsR\ttoken_idsR\x08logprobs\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x15\n\x13GetModelInfoRequest\"\x9e\x04\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pts_images\x18\t \x01(\x08\x12\x15\n\rmax_num_beams\x18\n \x01(\x05\x12\x18\n\x10max_top_logprobs\x18\x0b \x01(\x05\x12\x1a\n\x12max_stop_sequences\x18\x0c \x01(\x05\x12<\n\x0fgreedy_defaults\x18\r \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12>\n\x11sampling_defaults\x18\x0e \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12#\n\x1bunsupported_sampling_fields\x18\x0f \x03(\t\x12\r\n\x05max_n\x18\x10 \x01(\x05\x12\x17\n\x0fguided_decoding\x18\x11 \x03(\t\x12\x18\n\x10max_input_tokens\x18\x12 \x01(\x05\"a\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x42\x07\n\x05input\"m\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x17\n\x0frendered_prompt\x18\x02 \x01(\t\x12-\n\x05spans\x18\x03 \x03(\x0b\x32\x1e.trellis.generate.v1.TokenSpan\"(\n\tTokenSpan\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0c\n\x04stop\x18\x02 \x01(\x05\x32\xa2\x03\n\x0fGenerateService\x12Y\n\x08Generate\x12$.trellis.generate.v1.GenerateRequest\x1a%.trellis.generate.v1.GenerateResponse0\x01\x12v\n\x11MultiplexGenerate\x12-.trellis.generate.v1.MultiplexGenerateRequest\x1a..trellis.generate.v1.MultiplexGenerateResponse(\x01\x30\x01\x12\x63\n\x0cGetModelInfo\x12(.trellis.generate.v1.GetModelInfoRequest\x1a).trellis.generate.v1.GetModelInfoResponse\x12W\n\x08Tokenize\x12$.trellis.generate.v1.TokenizeRequest\x1a%.trellis.generate.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,31 +34,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'trellis.generate.v1.generat
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=131
-  _globals['_GENERATEREQUEST']._serialized_end=610
-  _globals['_GENERATERESPONSE']._serialized_start=613
-  _globals['_GENERATERESPONSE']._serialized_end=1057
-  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_start=1059
-  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_end=1155
-  _globals['_MULTIPLEXSTART']._serialized_start=1157
-  _globals['_MULTIPLEXSTART']._serialized_end=1255
-  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_start=1257
-  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_end=1380
-  _globals['_STEPS']._serialized_start=1382
-  _globals['_STEPS']._serialized_end=1454
-  _globals['_MULTIPLEXEVENT']._serialized_start=1457
-  _globals['_MULTIPLEXEVENT']._serialized_end=1634
-  _globals['_STATUS']._serialized_start=1636
-  _globals['_STATUS']._serialized_end=1714
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1716
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1737
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1740
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2282
-  _globals['_TOKENIZEREQUEST']._serialized_start=2284
-  _globals['_TOKENIZEREQUEST']._serialized_end=2381
-  _globals['_TOKENIZERESPONSE']._serialized_start=2383
-  _globals['_TOKENIZERESPONSE']._serialized_end=2492
-  _globals['_TOKENSPAN']._serialized_start=2494
-  _globals['_TOKENSPAN']._serialized_end=2534
-  _globals['_GENERATESERVICE']._serialized_start=2537
-  _globals['_GENERATESERVICE']._serialized_end=2955
+  _globals['_GENERATEREQUEST']._serialized_end=628
+  _globals['_GENERATERESPONSE']._serialized_start=631
+  _globals['_GENERATERESPONSE']._serialized_end=1075
+  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_start=1077
+  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_end=1173
+  _globals['_MULTIPLEXSTART']._serialized_start=1175
+  _globals['_MULTIPLEXSTART']._serialized_end=1273
+  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_start=1275
+  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_end=1398
+  _globals['_STEPS']._serialized_start=1400
+  _globals['_STEPS']._serialized_end=1472
+  _globals['_MULTIPLEXEVENT']._serialized_start=1475
+  _globals['_MULTIPLEXEVENT']._serialized_end=1652
+  _globals['_STATUS']._serialized_start=1654
+  _globals['_STATUS']._serialized_end=1732
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1734
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1755
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1758
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2300
+  _globals['_TOKENIZEREQUEST']._serialized_start=2302
+  _globals['_TOKENIZEREQUEST']._serialized_end=2399
+  _globals['_TOKENIZERESPONSE']._serialized_start=2401
+  _globals['_TOKENIZERESPONSE']._serialized_end=2510
+  _globals['_TOKENSPAN']._serialized_start=2512
+  _globals['_TOKENSPAN']._serialized_end=2552
+  _globals['_GENERATESERVICE']._serialized_start=2555
+  _globals['_GENERATESERVICE']._serialized_end=2973
 # @@protoc_insertion_point(module_scope)
