@@ -35,6 +35,11 @@ queued until its SCHEDULED output arrives, which is never fewer than the engine'
 The engine process exits when told to stop, when its batching loop dies, or when the core
 process goes away (its end of the pipe closes).
 
+Watchdog: the core never blocks on the pipe to the engine process (a sender thread writes it),
+turns health NOT_SERVING when the engine has not stepped for --engine-stall-seconds with
+requests pending, and starts a new engine process when one dies (--engine-max-restarts within
+RESTART_WINDOW_S), its requests having ended with EngineDead; see HfProcessEngine.
+
 CPUs (`--engine-cpus`, core.engine.hf_config.engine_cpus): by default, where the machine has
 more CPUs than the engine has torch threads, the engine process runs on CPUs of its own and the
 core process's threads (and the engine process's receiver thread) on the others, so serving
@@ -290,9 +295,10 @@ class HfProcessEngine(EngineLifecycle):
 
     Watchdog and restart: an engine process that stops stepping with requests pending (stopped,
     deadlocked, swapping) turns health NOT_SERVING (`set_on_health`) after `stall_seconds`, and
-    SERVING again once it steps. One that dies (killed, out of memory) ends its requests with
-    EngineDead in their streams and is started again; meanwhile health is NOT_SERVING and new
-    requests get NotReady (UNAVAILABLE: gateways answer 503 with Retry-After).
+    SERVING again once it steps. One that dies (killed, out of memory) ends its running
+    requests with EngineDead in their streams, and those it had not scheduled yet with NotReady
+    (they lost nothing), and is started again; meanwhile health is NOT_SERVING and new requests
+    get NotReady (UNAVAILABLE: gateways answer 503 with Retry-After).
     """
 
     kind = KIND
@@ -577,19 +583,23 @@ class HfProcessEngine(EngineLifecycle):
                     self._queued -= 1
 
     def _on_exit(self, link: _Link) -> None:
-        """The engine process closed its pipe: it exited (as told to, or not). Its requests end
-        with EngineDead; it is restarted unless shutting down or out of restarts."""
+        """The engine process closed its pipe: it exited (as told to, or not). It is restarted
+        unless shutting down or out of restarts; its running requests end with EngineDead, and
+        those not scheduled yet with NotReady when it is restarted."""
         if link is not self._link or (self._stopping and self._death is None):
             return  # shutdown fails what is left
         code = link.process.exitcode
         reason = self._death or f"the engine process exited unexpectedly (exit code {code})"
-        self._fail_live(EngineDead(f"The engine stopped: {reason}"))
         now = time.monotonic()
         while self._restarted_at and now - self._restarted_at[0] > RESTART_WINDOW_S:
             self._restarted_at.popleft()
         if self._stopping or len(self._restarted_at) >= self._max_restarts:
+            self._fail_live(EngineDead(f"The engine stopped: {reason}"))
             self._mark_dead(EngineDead(reason))
             return
+        # Requests not scheduled yet lost nothing: UNAVAILABLE tells their clients to retry.
+        retry = NotReady(f"The {self.kind} engine is restarting after its process exited; retry shortly.")
+        self._fail_live(EngineDead(f"The engine stopped: {reason}"), unscheduled=retry)
         self._restarted_at.append(now)
         self._restarting, self._stalled = True, False
         log.error("hf engine process %d: %s; restarting it", link.process.pid, reason)
@@ -636,11 +646,13 @@ class HfProcessEngine(EngineLifecycle):
                 )
                 self._set_health(False)
 
-    def _fail_live(self, error: Exception) -> None:
+    def _fail_live(self, error: Exception, unscheduled: Exception | None = None) -> None:
+        """End every live request with `error` (those never scheduled with `unscheduled`, if given)."""
         now = time.monotonic()
         live, self._live, self._queued = self._live, {}, 0
         for rid, entry in live.items():
-            entry.stream.put(EngineOutput(rid, error=error, finished=True, time=now))
+            failed = error if entry.scheduled or unscheduled is None else unscheduled
+            entry.stream.put(EngineOutput(rid, error=failed, finished=True, time=now))
 
 
 def _write(link: _Link) -> None:

@@ -4,8 +4,9 @@ engine process is stopped (SIGSTOP) and killed (SIGKILL).
 Stopped with requests pending, the core itself stays responsive (its event loop never blocks on
 the full pipe to the engine), health turns NOT_SERVING after --engine-stall-seconds and SERVING
 again once the process continues, and the pending requests then finish. Killed, the request in
-flight ends with its in-band error, the process is restarted (new requests meanwhile get
-UNAVAILABLE, which gateways answer 503 with Retry-After), and a new request succeeds; the
+flight ends with its in-band error (INTERNAL), one not scheduled yet with UNAVAILABLE, the
+process is restarted (new requests meanwhile get UNAVAILABLE, which gateways answer 503 with
+Retry-After), and a new request succeeds; the
 restart counter and the stall gauge are on the core's metrics.
 """
 
@@ -112,11 +113,17 @@ async def test_a_killed_engine_fails_its_request_in_band_and_is_restarted(tiny_m
         while (await call.read()).state != pb.GENERATE_STATE_GENERATING:
             pass
         first = engine._process.pid
+        os.kill(first, signal.SIGSTOP)  # so that the next request is admitted but never scheduled
+        queued = stub.Generate(request({"text": "x", "stopping": {"maxNewTokens": 2}}))
+        assert (await queued.read()).state == pb.GENERATE_STATE_QUEUED
         os.kill(first, signal.SIGKILL)
         with pytest.raises(grpc.aio.AioRpcError) as failed:
             await rest(call)
         assert failed.value.code() == grpc.StatusCode.INTERNAL
         assert "exit code -9" in (failed.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as unscheduled:  # it lost nothing: retry
+            await rest(queued)
+        assert unscheduled.value.code() == grpc.StatusCode.UNAVAILABLE
         # The restart waits for the new process to load its model: until then, no engine.
         await wait_for(lambda: engine._restarting)
         assert await health(server.address) == NOT_SERVING
