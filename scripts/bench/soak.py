@@ -730,6 +730,13 @@ async def abuse_sections(args: argparse.Namespace, report: dict[str, Any]) -> No
     say(f"slow readers: {report['slow_readers']}")
     report["abuse_stall"] = await abuse_section(args.model, free_port(), bombs=8, bodies=4)
     say(f"abuse: {report['abuse_stall']}")
+    # Each kind alone, to tell which costs the stall (their problems are the headline's).
+    parts = {"bombs_only": (8, 0), "bodies_only": (0, 4)}
+    report["abuse_stall"]["parts"] = {
+        name: {k: v for k, v in (await abuse_section(args.model, free_port(), *n)).items() if k != "problems"}
+        for name, n in parts.items()
+    }
+    say(f"abuse parts: {report['abuse_stall']['parts']}")
     report["engine_process"] = await engine_section(args.model, free_port(), args.engine_stall_seconds)
     say(f"engine: {report['engine_process']}")
 
@@ -853,6 +860,8 @@ def print_summary(report: dict[str, Any]) -> None:
             f"{r['longest_gap_before_ms']} ms; goal {r['goal_ms']} ms) over {r['abuse_seconds']} s; "
             f"statuses {r['statuses']}"
         )
+        for name, part in r.get("parts", {}).items():
+            print(f"    {name}: longest stall {part['longest_stall_ms']} ms, statuses {part['statuses']}")
     if "engine_process" in report:
         r = report["engine_process"]
         print(
