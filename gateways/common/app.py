@@ -21,6 +21,7 @@ request (gateways.common.metrics).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import zlib
@@ -140,7 +141,12 @@ async def read_json(
     """
     if json_only:
         check_json_content_type(request)
-    raw = decode_body(await request.read(), request.headers.get(hdrs.CONTENT_ENCODING, ""), param, request)
+    raw = await request.read()
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "")
+    if encoding:
+        # Inflating up to --max-body-bytes takes milliseconds; zlib does it without the GIL, so
+        # a thread keeps it off the event loop, where several at once would stall every stream.
+        raw = await asyncio.to_thread(decode_body, raw, encoding, param, request)
     if empty is not None and not raw.strip():
         raise GatewayError.invalid(empty, param)
     try:
