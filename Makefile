@@ -91,8 +91,10 @@ bench-guided: $(STAMP) $(GEN) model
 bench-prefix: $(STAMP) $(GEN) model
 	$(PY) scripts/bench/run_all.py --model $(MODEL) --only prefix
 
-# The reliability suite's long run (about 15 minutes; mock engine, every process on loopback):
-# figures in bench-results/reliability.json. SOAK_ARGS passes flags, e.g. SOAK_ARGS="--soak-seconds 300".
+# The reliability suite's long run (about 18 minutes; mock engine, and the HF engine on the demo
+# model for its engine process's stop and kill; every process on loopback): figures in
+# bench-results/reliability.json. SOAK_ARGS passes flags, e.g. SOAK_ARGS="--soak-seconds 300", or
+# SOAK_ARGS="--only abuse" for slow readers, compressed bombs and the engine process alone.
 SOAK_ARGS ?=
 soak: $(STAMP) $(GEN) model
 	$(PY) scripts/bench/soak.py --model $(MODEL) $(SOAK_ARGS)

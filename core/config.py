@@ -110,6 +110,8 @@ class CoreConfig:
     threads: int = 0
     engine_process: bool = True
     engine_cpus: str = "auto"
+    engine_stall_seconds: float = 30.0
+    engine_max_restarts: int = 3
     hf_step_trace: str = ""
     prefix_cache: bool = True
     prefix_cache_mib: int = 1024
@@ -249,6 +251,20 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         metavar="auto|none|LIST",
         help="HF engine process: the CPUs it runs on, the serving threads taking the others (auto: the last "
         "--threads CPUs when there are more CPUs than threads; none: no pinning; or a list such as 1,3-4)",
+    )
+    p.add_argument(
+        "--engine-stall-seconds",
+        type=_non_negative,
+        default=d.engine_stall_seconds,
+        help="HF engine process: seconds without an engine step, while requests are pending, after which "
+        "health reports NOT_SERVING until it steps again (longer than the longest prefill; 0: no watchdog)",
+    )
+    p.add_argument(
+        "--engine-max-restarts",
+        type=_count(0),
+        default=d.engine_max_restarts,
+        help="HF engine process: times a process that died is restarted within 10 minutes; beyond, the core "
+        "stays without an engine and health reports NOT_SERVING (0: never restart)",
     )
     p.add_argument(
         "--hf-step-trace",

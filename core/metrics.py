@@ -194,6 +194,13 @@ class CoreCollector(Collector):
             ("vllm:num_requests_waiting", "Requests waiting for a batch slot (vLLM's name).", stats.queued),
             ("vllm:kv_cache_usage_perc", "Batch slot usage from 0 to 1 (vLLM's name; see docs/metrics.md).", usage),
         ]
+        gauges.append(
+            (
+                "trellis_core_engine_stall_seconds",
+                "Seconds the engine has gone without a step while requests are pending (0: stepping or idle).",
+                stats.stall_seconds,
+            )
+        )
         prefix = stats.prefix_cache
         if prefix is not None:
             gauges.append(("trellis_core_prefix_cache_blocks", "Prompt KV blocks in the prefix cache.", prefix.blocks))
@@ -204,6 +211,9 @@ class CoreCollector(Collector):
                 yield _counter(name, "Prompt tokens looked up in the prefix cache.", labels, prefix.queries)
             for name in ("trellis_core_prefix_cache_hits", "vllm:prefix_cache_hits"):
                 yield _counter(name, "Prompt tokens whose KV came from the prefix cache.", labels, prefix.hits)
+        yield _counter(
+            "trellis_core_engine_restarts", "Times the engine process died and was restarted.", labels, stats.restarts
+        )
         yield _counter("trellis_core_prompt_tokens", "Prompt tokens of ended requests.", labels, c.prompt_tokens)
         yield _counter(
             "trellis_core_generation_tokens", "Generated tokens of ended requests.", labels, c.generation_tokens

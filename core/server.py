@@ -170,14 +170,24 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
 
     pending: set[asyncio.Task[None]] = set()
 
-    def on_dead(error: Exception) -> None:
-        log.error("engine is dead (%s); health is now NOT_SERVING", error)
+    def set_health(status: int) -> None:
+        # Once draining, grpc's HealthServicer ignores `set`: health stays NOT_SERVING.
         for name in ("", SERVICE_NAME):
-            task = asyncio.ensure_future(health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING))
+            task = asyncio.ensure_future(health.set(name, status))
             pending.add(task)
             task.add_done_callback(pending.discard)
 
+    def on_dead(error: Exception) -> None:
+        log.error("engine is dead (%s); health is now NOT_SERVING", error)
+        set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def on_health(serving: bool) -> None:
+        if engine.alive:
+            status = health_pb2.HealthCheckResponse
+            set_health(status.SERVING if serving else status.NOT_SERVING)
+
     engine.set_on_dead(on_dead)
+    engine.set_on_health(on_health)
     metrics = None
     if config.metrics_port is not None:
         collector = CoreCollector(

@@ -249,11 +249,15 @@ class PrefixCacheStats:
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     """Live counters of an engine: requests in the running batch and waiting in its queue, and
-    its prefix cache's counters (None: the engine has no prefix cache, or it is off)."""
+    its prefix cache's counters (None: the engine has no prefix cache, or it is off); for an
+    engine in a process of its own, the times that process was restarted and the seconds it has
+    gone without a step while requests were pending (0 when it steps or is idle)."""
 
     active: int
     queued: int
     prefix_cache: PrefixCacheStats | None = None
+    restarts: int = 0
+    stall_seconds: float = 0.0
 
 
 # ---------------------------------------------------------------------------------------

@@ -68,14 +68,18 @@ class Engine(Protocol):
     def set_on_dead(self, callback: Callable[[Exception], None]) -> None:
         """Register the callback invoked (on the event loop) when the engine dies."""
 
+    def set_on_health(self, callback: Callable[[bool], None]) -> None:
+        """Register the callback invoked (on the event loop) when the engine stops serving for a
+        while (False: it stalled, or its process is restarting) and when it serves again (True)."""
+
     async def shutdown(self) -> None:
         """Stop the loop and free the model; requests still running end with a NotReady error
         (or CANCELLED, where the runtime ends them itself), and new ones are refused."""
 
 
 class EngineLifecycle:
-    """Liveness bookkeeping shared by the engines: `alive`, `set_on_dead`, the admission check
-    and the one-time death notice.
+    """Liveness bookkeeping shared by the engines: `alive`, `set_on_dead`, `set_on_health`, the
+    admission check and the one-time death notice.
 
     Engines set `_started` and `_alive` once started and `_stopping` when shutdown begins, and
     call `_mark_dead` (on the event loop) when they can serve no more.
@@ -89,6 +93,7 @@ class EngineLifecycle:
         self._stopping = False
         self._died = False
         self._on_dead: Callable[[Exception], None] | None = None
+        self._on_health: Callable[[bool], None] | None = None
 
     @property
     def alive(self) -> bool:
@@ -98,6 +103,17 @@ class EngineLifecycle:
     def set_on_dead(self, callback: Callable[[Exception], None]) -> None:
         """Register the callback invoked (on the event loop) when the engine dies."""
         self._on_dead = callback
+
+    def set_on_health(self, callback: Callable[[bool], None]) -> None:
+        """Register the callback invoked (on the event loop) when the engine stops serving for a
+        while (False) and when it serves again (True)."""
+        self._on_health = callback
+
+    def _set_health(self, serving: bool) -> None:
+        """Tell the health callback the engine serves (True) or not for now (False). Call on the
+        event loop."""
+        if self._on_health is not None:
+            self._on_health(serving)
 
     def _check_serving(self) -> None:
         """Raise unless requests can be admitted now.

@@ -35,6 +35,11 @@ queued until its SCHEDULED output arrives, which is never fewer than the engine'
 The engine process exits when told to stop, when its batching loop dies, or when the core
 process goes away (its end of the pipe closes).
 
+Watchdog: the core never blocks on the pipe to the engine process (a sender thread writes it),
+turns health NOT_SERVING when the engine has not stepped for --engine-stall-seconds with
+requests pending, and starts a new engine process when one dies (--engine-max-restarts within
+RESTART_WINDOW_S), its requests having ended with EngineDead; see HfProcessEngine.
+
 CPUs (`--engine-cpus`, core.engine.hf_config.engine_cpus): by default, where the machine has
 more CPUs than the engine has torch threads, the engine process runs on CPUs of its own and the
 core process's threads (and the engine process's receiver thread) on the others, so serving
@@ -47,10 +52,12 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -101,7 +108,13 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> Engine:
 
     if not config.engine_process:
         return hf.build(config, tokenizer)
-    return HfProcessEngine(config.model, hf.engine_kwargs(config, tokenizer), cpus=config.engine_cpus)
+    return HfProcessEngine(
+        config.model,
+        hf.engine_kwargs(config, tokenizer),
+        cpus=config.engine_cpus,
+        stall_seconds=config.engine_stall_seconds,
+        max_restarts=config.engine_max_restarts,
+    )
 
 
 # -------------------------------------------------------------------- wire format
@@ -243,6 +256,23 @@ class _Live:
     aborted: bool = False
 
 
+@dataclass(eq=False, slots=True)
+class _Link:
+    """One engine process and the threads that carry its messages: `inbox` (read by the
+    `reader` thread), `outbox` (written by the `sender` thread from `outgoing`)."""
+
+    process: Any  # multiprocessing's SpawnProcess (untyped in typeshed)
+    inbox: Connection
+    outbox: Connection
+    outgoing: queue.SimpleQueue[ToEngine | None]
+    reader: threading.Thread | None = None
+    sender: threading.Thread | None = None
+
+
+#: Seconds over which --engine-max-restarts counts the engine process's restarts.
+RESTART_WINDOW_S = 600.0
+
+
 class HfProcessEngine(EngineLifecycle):
     """The Engine protocol in the core process over core.engine.hf.HfEngine in a child process.
 
@@ -251,18 +281,43 @@ class HfProcessEngine(EngineLifecycle):
         engine_kwargs: HfEngine's keyword arguments (core.engine.hf.engine_kwargs); the limits
             among them are enforced here as HfEngine enforces them.
         cpus: `--engine-cpus` ("auto", "none" or a CPU list; core.engine.hf_config.engine_cpus).
+        stall_seconds: `--engine-stall-seconds`: seconds without a message from the engine
+            process while requests are pending after which health reports NOT_SERVING, until
+            the next message (0: no watchdog).
+        max_restarts: `--engine-max-restarts`: restarts of a process that died allowed within
+            RESTART_WINDOW_S; beyond, the engine is dead (EngineDead, health NOT_SERVING).
 
-    All state is touched on the event loop only; a reader thread turns the engine process's
-    messages into event-loop callbacks.
+    All state is touched on the event loop only. The event loop never blocks on the engine
+    process: a reader thread turns its messages into event-loop callbacks, and a sender thread
+    writes what the loop hands it (`_send` puts on a queue). That queue is bounded by admission:
+    a Generate per admitted request (at most max_queue_size waiting, since a stalled engine
+    schedules none) and at most one Abort each.
+
+    Watchdog and restart: an engine process that stops stepping with requests pending (stopped,
+    deadlocked, swapping) turns health NOT_SERVING (`set_on_health`) after `stall_seconds`, and
+    SERVING again once it steps. One that dies (killed, out of memory) ends its running
+    requests with EngineDead in their streams, and those it had not scheduled yet with NotReady
+    (they lost nothing), and is started again; meanwhile health is NOT_SERVING and new requests
+    get NotReady (UNAVAILABLE: gateways answer 503 with Retry-After).
     """
 
     kind = KIND
 
-    def __init__(self, model_path: str | Path, engine_kwargs: dict[str, Any], cpus: str = "none"):
+    def __init__(
+        self,
+        model_path: str | Path,
+        engine_kwargs: dict[str, Any],
+        cpus: str = "none",
+        *,
+        stall_seconds: float = 30.0,
+        max_restarts: int = 3,
+    ):
         super().__init__()
         self._path = str(model_path)
         self._kwargs = engine_kwargs
         self._cpus = cpus
+        self._stall_s = stall_seconds
+        self._max_restarts = max_restarts
         self._unpin: Callable[[], None] | None = None  # gives the core's threads their CPUs back
         self._max_batch = int(engine_kwargs["max_batch_size"])
         self._max_queue = int(engine_kwargs["max_queue_size"])
@@ -275,14 +330,23 @@ class HfProcessEngine(EngineLifecycle):
             guided_decoding=guides.kinds if (guides := engine_kwargs.get("guides")) is not None else frozenset(),
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._process: Any = None  # multiprocessing's SpawnProcess (untyped in typeshed)
-        self._inbox: Connection | None = None  # messages from the engine process
-        self._outbox: Connection | None = None  # messages to it
-        self._reader: threading.Thread | None = None
+        self._spawn_args: tuple[dict[str, Any], tuple[frozenset[int], frozenset[int]] | None] = (engine_kwargs, None)
+        self._link: _Link | None = None
         self._live: dict[str, _Live] = {}
         self._queued = 0
         self._prefix = PrefixCacheStats() if engine_kwargs.get("prefix_cache_bytes") else None
         self._death: str | None = None  # the engine process's own account of its death
+        self._progress = 0.0  # monotonic time of its latest message, or of work reaching an idle engine
+        self._stalled = False
+        self._restarting = False
+        self._restarted_at: deque[float] = deque()
+        self._restarts = 0
+        self._tasks: set[asyncio.Task[None]] = set()  # the watchdog and a restart under way
+
+    @property
+    def _process(self) -> Any:
+        """The current engine process (None before start)."""
+        return None if self._link is None else self._link.process
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -298,39 +362,9 @@ class HfProcessEngine(EngineLifecycle):
         # Resolved here, before any pinning narrows what this process (and the child) may use.
         threads = default_threads(int(self._kwargs["threads"]))
         placement = engine_cpus(self._cpus, threads)
-        kwargs = {**self._kwargs, "threads": threads}
-        ctx = multiprocessing.get_context("spawn")
-        to_engine_r, to_engine_w = ctx.Pipe(duplex=False)
-        from_engine_r, from_engine_w = ctx.Pipe(duplex=False)
-        level = logging.getLogger().getEffectiveLevel()
-        self._process = ctx.Process(
-            target=_engine_main,
-            args=(self._path, kwargs, level, to_engine_r, from_engine_w, placement),
-            name="trellis-hf-engine",
-            daemon=True,
-        )
-        self._process.start()
-        to_engine_r.close()
-        from_engine_w.close()
-        self._inbox, self._outbox = from_engine_r, to_engine_w
-        try:
-            loaded: Loaded = await asyncio.to_thread(self._inbox.recv)
-        except (EOFError, OSError):
-            await asyncio.to_thread(self._process.join, EXIT_TIMEOUT_S)
-            raise RuntimeError(
-                f"the hf engine process exited while loading {self._path} (exit code {self._process.exitcode})"
-            ) from None
-        match loaded:
-            case Ready():
-                pass
-            case Failed(reason):
-                await asyncio.to_thread(self._process.join, EXIT_TIMEOUT_S)
-                raise RuntimeError(f"the hf engine process could not load {self._path}: {reason}")
-            case _:
-                assert_never(loaded)
+        self._spawn_args = ({**self._kwargs, "threads": threads}, placement)
+        await self._spawn()
         self._started = self._alive = True
-        self._reader = threading.Thread(target=self._read, name="hf-engine-reader", daemon=True)
-        self._reader.start()
         if placement is not None:
             self._unpin = pin_threads(placement[1])
             log.info(
@@ -341,29 +375,86 @@ class HfProcessEngine(EngineLifecycle):
             )
         else:
             log.info("hf engine: serving from process %d", self._process.pid)
+        if self._stall_s > 0:
+            self._spawn_task(self._watch())
+
+    async def _spawn(self) -> None:
+        """Start an engine process, wait for its model, and start its reader and sender threads.
+
+        Raises:
+            RuntimeError: it failed to load the model or exited (it is gone by then).
+        """
+        kwargs, placement = self._spawn_args
+        ctx = multiprocessing.get_context("spawn")
+        to_engine_r, to_engine_w = ctx.Pipe(duplex=False)
+        from_engine_r, from_engine_w = ctx.Pipe(duplex=False)
+        level = logging.getLogger().getEffectiveLevel()
+        process = ctx.Process(
+            target=_engine_main,
+            args=(self._path, kwargs, level, to_engine_r, from_engine_w, placement),
+            name="trellis-hf-engine",
+            daemon=True,
+        )
+        process.start()
+        to_engine_r.close()
+        from_engine_w.close()
+        link = _Link(process, from_engine_r, to_engine_w, queue.SimpleQueue())
+        try:
+            loaded: Loaded = await asyncio.to_thread(link.inbox.recv)
+        except (EOFError, OSError):
+            await asyncio.to_thread(process.join, EXIT_TIMEOUT_S)
+            _close(link)
+            raise RuntimeError(
+                f"the hf engine process exited while loading {self._path} (exit code {process.exitcode})"
+            ) from None
+        match loaded:
+            case Ready():
+                pass
+            case Failed(reason):
+                await asyncio.to_thread(process.join, EXIT_TIMEOUT_S)
+                _close(link)
+                raise RuntimeError(f"the hf engine process could not load {self._path}: {reason}")
+            case _:
+                assert_never(loaded)
+        self._link, self._death, self._progress = link, None, time.monotonic()
+        link.reader = threading.Thread(target=self._read, args=(link,), name="hf-engine-reader", daemon=True)
+        link.sender = threading.Thread(target=_write, args=(link,), name="hf-engine-sender", daemon=True)
+        link.reader.start()
+        link.sender.start()
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def shutdown(self) -> None:
         """Stop the engine process; requests still queued or running end with NotReady."""
         self._stopping = True
-        process = self._process
-        if process is not None and process.is_alive():
-            self._send(Stop())
-            await asyncio.to_thread(process.join, EXIT_TIMEOUT_S)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        link = self._link
+        if link is not None:
+            process = link.process
             if process.is_alive():
-                log.error("hf engine process %d did not stop in %.0f s; killing it", process.pid, EXIT_TIMEOUT_S)
-                process.kill()
-                await asyncio.to_thread(process.join)
-        if self._reader is not None:
-            await asyncio.to_thread(self._reader.join)
+                self._send(Stop())
+                await asyncio.to_thread(process.join, EXIT_TIMEOUT_S)
+                if process.is_alive():
+                    log.error("hf engine process %d did not stop in %.0f s; killing it", process.pid, EXIT_TIMEOUT_S)
+                    process.kill()
+                    await asyncio.to_thread(process.join)
+            link.outgoing.put(None)
+            for thread in (link.reader, link.sender):
+                if thread is not None:
+                    await asyncio.to_thread(thread.join)
             await asyncio.sleep(0)  # the reader's last callbacks run before anything is failed here
         self._fail_live(NotReady("The engine shut down; retry on another replica."))
         self._alive = False
         if self._unpin is not None:
             self._unpin()
             self._unpin = None
-        for conn in (self._inbox, self._outbox):
-            if conn is not None:
-                conn.close()
+        if link is not None:
+            _close(link)
 
     def resolve_sampling(self, opts: SamplingOptions, *, random_seed: int) -> ResolvedSampling:
         """The generic (LMI "every rolling batch backend") defaults, as HfEngine."""
@@ -371,8 +462,15 @@ class HfProcessEngine(EngineLifecycle):
 
     def stats(self) -> EngineStats:
         """Requests the engine process runs, and those not scheduled yet; the prefix cache's
-        counters as of the engine's latest step."""
-        return EngineStats(active=len(self._live) - self._queued, queued=self._queued, prefix_cache=self._prefix)
+        counters as of the engine's latest step; restarts, and how long it has not stepped
+        with requests pending."""
+        return EngineStats(
+            active=len(self._live) - self._queued,
+            queued=self._queued,
+            prefix_cache=self._prefix,
+            restarts=self._restarts,
+            stall_seconds=self._stall_for(time.monotonic()),
+        )
 
     # ---------------------------------------------------------------- requests
 
@@ -380,7 +478,8 @@ class HfProcessEngine(EngineLifecycle):
         """Admit a request and stream its outputs; see core.engine.base.Engine for the contract.
 
         Raises:
-            NotReady / EngineDead: the engine is not serving.
+            NotReady: the engine is not serving yet or any more, or its process is restarting.
+            EngineDead: the engine process died and may not be restarted again.
             InvalidArgument: more sequences or batch tokens than the batch can ever hold, or the
                 id of a request still running.
             Overloaded: max_queue_size requests are already waiting.
@@ -400,9 +499,16 @@ class HfProcessEngine(EngineLifecycle):
         live = _Live(OutputStream(EngineOutput(rid, state=RequestState.QUEUED, time=time.monotonic()), on_close))
         if not self._send(Generate(request)):
             raise EngineDead(f"The {self.kind} engine has stopped and cannot take requests.")
+        if not self._live:  # an idle engine's silence was no stall: the watchdog counts from now
+            self._progress = time.monotonic()
         self._live[rid] = live
         self._queued += 1
         return live.stream
+
+    def _check_serving(self) -> None:
+        super()._check_serving()
+        if self._restarting:
+            raise NotReady(f"The {self.kind} engine is restarting after its process exited; retry shortly.")
 
     def abort(self, request_id: str) -> None:
         """Cancel a request at the engine's next step boundary (no-op when unknown or finished)."""
@@ -412,33 +518,29 @@ class HfProcessEngine(EngineLifecycle):
             self._send(Abort(request_id))
 
     def _send(self, message: ToEngine) -> bool:
-        """Send a message to the engine process; False when it is gone (its exit is handled
-        when the reader sees the pipe close)."""
-        if self._outbox is None:
+        """Hand a message to the sender thread, never blocking; False when there is no engine
+        process (a broken pipe is handled when the reader sees it close)."""
+        if self._link is None:
             return False
-        try:
-            self._outbox.send(message)
-        except (OSError, ValueError):  # broken pipe, or closed by shutdown
-            return False
+        self._link.outgoing.put(message)
         return True
 
     # ---------------------------------------------------------------- messages from the engine
 
-    def _read(self) -> None:
+    def _read(self, link: _Link) -> None:
         """Reader thread: each message from the engine process becomes one event-loop callback."""
-        assert self._inbox is not None and self._loop is not None
         while True:
             try:
-                message: Running = self._inbox.recv()
+                message: Running = link.inbox.recv()
             except (EOFError, OSError):
                 break
             if not self._post(self._on_message, message):
                 return
         # The pipe closes a moment before the process is reaped: wait for its exit code (bounded,
         # a process that closed its pipe but lingers is reported without one).
-        if self._process is not None:
-            self._process.join(EXIT_TIMEOUT_S)
-        self._post(self._on_exit)
+        link.process.join(EXIT_TIMEOUT_S)
+        link.outgoing.put(None)  # the sender stops too
+        self._post(self._on_exit, link)
 
     def _post(self, callback: Callable[..., None], *args: Any) -> bool:
         assert self._loop is not None
@@ -449,6 +551,11 @@ class HfProcessEngine(EngineLifecycle):
         return True
 
     def _on_message(self, message: Running) -> None:
+        self._progress = time.monotonic()
+        if self._stalled:
+            self._stalled = False
+            log.warning("hf engine process %d steps again", self._process.pid)
+            self._set_health(True)
         match message:
             case list():
                 self._deliver([unpack(out) for out in message])
@@ -475,20 +582,101 @@ class HfProcessEngine(EngineLifecycle):
                 if not live.scheduled:
                     self._queued -= 1
 
-    def _on_exit(self) -> None:
-        """The engine process closed its pipe: it exited (as told to, or not)."""
-        if self._stopping and self._death is None:
+    def _on_exit(self, link: _Link) -> None:
+        """The engine process closed its pipe: it exited (as told to, or not). It is restarted
+        unless shutting down or out of restarts; its running requests end with EngineDead, and
+        those not scheduled yet with NotReady when it is restarted."""
+        if link is not self._link or (self._stopping and self._death is None):
             return  # shutdown fails what is left
-        code = self._process.exitcode if self._process is not None else None
+        code = link.process.exitcode
         reason = self._death or f"the engine process exited unexpectedly (exit code {code})"
-        self._fail_live(EngineDead(f"The engine stopped: {reason}"))
-        self._mark_dead(EngineDead(reason))
+        now = time.monotonic()
+        while self._restarted_at and now - self._restarted_at[0] > RESTART_WINDOW_S:
+            self._restarted_at.popleft()
+        if self._stopping or len(self._restarted_at) >= self._max_restarts:
+            self._fail_live(EngineDead(f"The engine stopped: {reason}"))
+            self._mark_dead(EngineDead(reason))
+            return
+        # Requests not scheduled yet lost nothing: UNAVAILABLE tells their clients to retry.
+        retry = NotReady(f"The {self.kind} engine is restarting after its process exited; retry shortly.")
+        self._fail_live(EngineDead(f"The engine stopped: {reason}"), unscheduled=retry)
+        self._restarted_at.append(now)
+        self._restarting, self._stalled = True, False
+        log.error("hf engine process %d: %s; restarting it", link.process.pid, reason)
+        self._set_health(False)
+        self._spawn_task(self._restart(link))
 
-    def _fail_live(self, error: Exception) -> None:
+    async def _restart(self, dead: _Link) -> None:
+        """Start a new engine process in place of `dead`; the engine is dead if it cannot."""
+        await asyncio.to_thread(_join_threads, dead)
+        _close(dead)
+        try:
+            await self._spawn()
+        except Exception as e:  # the model no longer loads: nothing to serve with
+            self._restarting = False
+            self._mark_dead(EngineDead(f"the engine process could not be restarted: {e}"))
+            return
+        self._restarting = False
+        self._restarts += 1
+        log.warning("hf engine: serving again from process %d", self._process.pid)
+        self._set_health(True)
+
+    # ---------------------------------------------------------------- watchdog
+
+    def _stall_for(self, now: float) -> float:
+        """Seconds the engine process has sent nothing while requests are pending (0: none)."""
+        if not self._live or self._restarting or self._link is None:
+            return 0.0
+        return max(0.0, now - self._progress)
+
+    async def _watch(self) -> None:
+        """The stall watchdog: health NOT_SERVING once the engine has not stepped for
+        stall_seconds with requests pending (`_on_message` turns it back)."""
+        period = max(0.05, self._stall_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            stalled_for = self._stall_for(time.monotonic())
+            if stalled_for > self._stall_s and not self._stalled:
+                self._stalled = True
+                log.error(
+                    "hf engine process %d has not stepped for %.1f s with %d requests pending; health is NOT_SERVING",
+                    self._process.pid,
+                    stalled_for,
+                    len(self._live),
+                )
+                self._set_health(False)
+
+    def _fail_live(self, error: Exception, unscheduled: Exception | None = None) -> None:
+        """End every live request with `error` (those never scheduled with `unscheduled`, if given)."""
         now = time.monotonic()
         live, self._live, self._queued = self._live, {}, 0
         for rid, entry in live.items():
-            entry.stream.put(EngineOutput(rid, error=error, finished=True, time=now))
+            failed = error if entry.scheduled or unscheduled is None else unscheduled
+            entry.stream.put(EngineOutput(rid, error=failed, finished=True, time=now))
+
+
+def _write(link: _Link) -> None:
+    """Sender thread: write what the event loop queued to the engine process, in order, until
+    None, a Stop, or a broken pipe (the reader sees the process exit)."""
+    while (message := link.outgoing.get()) is not None:
+        try:
+            link.outbox.send(message)
+        except (OSError, ValueError):  # broken pipe, or closed
+            return
+        if isinstance(message, Stop):
+            return
+
+
+def _join_threads(link: _Link) -> None:
+    link.outgoing.put(None)
+    for thread in (link.reader, link.sender):
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+def _close(link: _Link) -> None:
+    for conn in (link.inbox, link.outbox):
+        conn.close()
 
 
 # -------------------------------------------------------------------- CPUs

@@ -21,6 +21,7 @@ request (gateways.common.metrics).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import zlib
@@ -35,6 +36,8 @@ from envflags import EnvArgumentParser
 from envflags.apikeys import ApiKeys
 from gateways.common.auth import HEALTH_PATHS, auth_middleware
 from gateways.common.config import GatewayConfig
+from gateways.common.connections import GuardedRunner, default_max_connections
+from gateways.common.connections import install as install_accept_error_log
 from gateways.common.core_client import CONFIG_KEY, CORE_CLIENT_KEY, CoreClient, core_client_ctx
 from gateways.common.drain import SHUTDOWN_TIMEOUT_S
 from gateways.common.framing import loads
@@ -141,7 +144,12 @@ async def read_json(
     """
     if json_only:
         check_json_content_type(request)
-    raw = decode_body(await request.read(), request.headers.get(hdrs.CONTENT_ENCODING, ""), param, request)
+    raw = await request.read()
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "")
+    if encoding:
+        # Inflating up to --max-body-bytes takes milliseconds; zlib does it without the GIL, so
+        # a thread keeps it off the event loop, where several at once would stall every stream.
+        raw = await asyncio.to_thread(decode_body, raw, encoding, param, request)
     if empty is not None and not raw.strip():
         raise GatewayError.invalid(empty, param)
     try:
@@ -312,18 +320,25 @@ async def start_app(
     whose body was not read to its end, the server reads and discards the rest for at most
     LINGER_S (aiohttp's lingering close, 10 s by default), then closes the connection: closing
     at once would reset a client still sending, which can lose the response it is answered
-    with. Idle keep-alive connections close after --keepalive-timeout.
+    with. Idle keep-alive connections close after --keepalive-timeout; connections are capped at
+    --max-connections, a first request's headers must be in within --header-timeout, and accept
+    errors at the descriptor limit are logged at most once per --accept-error-log-interval
+    (gateways.common.connections).
     """
     if not any(isinstance(f, ClientProtocolErrors) for f in _SERVER_LOG.filters):
         _SERVER_LOG.addFilter(ClientProtocolErrors())
-    runner = web.AppRunner(
+    config = app[CONFIG_KEY]
+    runner = GuardedRunner(
         app,
+        max_connections=config.max_connections or default_max_connections(),
+        header_timeout=config.header_timeout,
+        retry_after=config.retry_after_seconds,
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         auto_decompress=False,
         lingering_time=LINGER_S,
-        keepalive_timeout=app[CONFIG_KEY].keepalive_timeout,
+        keepalive_timeout=config.keepalive_timeout,
     )
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
@@ -332,4 +347,5 @@ async def start_app(
     # An asyncio.Server, or uvloop's Server (not its subclass) on uvloop's loop: both have sockets.
     sockets = getattr(server, "sockets", None)
     assert sockets
+    install_accept_error_log(app, list(sockets), config.accept_error_log_interval)
     return runner, int(sockets[0].getsockname()[1])

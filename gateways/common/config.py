@@ -41,7 +41,15 @@ class GatewayConfig:
             (0: no limit); then 504 (DEADLINE_EXCEEDED, reason QUEUE_TIMEOUT).
         max_body_bytes: largest request body accepted (larger bodies get 413), on the wire and
             once decompressed.
-        keepalive_timeout: seconds an idle keep-alive connection stays open.
+        keepalive_timeout: seconds an idle keep-alive connection stays open (aiohttp counts
+            from the accept too, and closes a connection still waiting for a request then).
+        header_timeout: seconds from a connection's accept to the end of its first request's
+            headers; then it is closed (0: only keepalive_timeout applies).
+        max_connections: client connections open at once; beyond, a new one is answered 503
+            and closed (0: gateways.common.connections.default_max_connections, below the
+            file descriptor limit).
+        accept_error_log_interval: seconds between two logs of accept() failing for lack of
+            file descriptors (the others are counted).
         max_buffered_bytes: bytes of a streamed response kept for a client that reads slower
             than they come; beyond, the request is cancelled and the connection aborted.
         write_timeout: seconds a streamed response waits for a client that takes nothing
@@ -86,6 +94,9 @@ class GatewayConfig:
     queue_timeout: float = 0.0
     max_body_bytes: int = 2 * 1024 * 1024
     keepalive_timeout: float = 75.0
+    header_timeout: float = 10.0
+    max_connections: int = 0
+    accept_error_log_interval: float = 1.0
     max_buffered_bytes: int = 4 * 1024 * 1024
     write_timeout: float = 60.0
     max_message_bytes: int = 16 * 1024 * 1024
@@ -142,6 +153,9 @@ _COMMON = {
     "queue_timeout",
     "max_body_bytes",
     "keepalive_timeout",
+    "header_timeout",
+    "max_connections",
+    "accept_error_log_interval",
     "max_buffered_bytes",
     "write_timeout",
     "max_message_bytes",
@@ -275,6 +289,25 @@ def load(
         "--keepalive-timeout", type=float, default=d.keepalive_timeout, help="seconds an idle connection stays open"
     )
     p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=d.header_timeout,
+        help="seconds a new connection may take to send its first request's headers (0: --keepalive-timeout only)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help="client connections open at once; more are answered 503 and closed (0: the soft file descriptor "
+        "limit less a quarter of it, at least 64)",
+    )
+    p.add_argument(
+        "--accept-error-log-interval",
+        type=float,
+        default=d.accept_error_log_interval,
+        help="seconds between two logs of accept() failing at the file descriptor limit (the rest are counted)",
+    )
+    p.add_argument(
         "--max-buffered-bytes",
         type=int,
         default=d.max_buffered_bytes,
@@ -347,7 +380,8 @@ def load(
         p.error(f"--routing-prefix-chars must be >= 1, got {ns['routing_prefix_chars']}")
     if not ns["routing_load_factor"] >= 1:
         p.error(f"--routing-load-factor must be >= 1, got {ns['routing_load_factor']}")
-    for dest in ("drain_seconds", "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
+    non_negative = ("header_timeout", "max_connections", "accept_error_log_interval", "drain_seconds")
+    for dest in (*non_negative, "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
         if ns[dest] < 0:
             p.error(f"--{dest.replace('_', '-')} must be >= 0, got {ns[dest]}")
     if ns["core_max_reconnect_backoff_ms"] < max(1, ns["core_reconnect_backoff_ms"]):

@@ -13,6 +13,11 @@ What the client sees, per route (the aiohttp resource, e.g. "/v1/chat/completion
 - `trellis_gateway_e2e_request_latency_seconds{route}`: request arrival to the end of its
   response (WebSocket connections, which carry many requests, are not observed).
 
+And the connections (gateways.common.connections): `trellis_gateway_connections` open now,
+`trellis_gateway_refused_connections_total` (over --max-connections),
+`trellis_gateway_header_timeouts_total` (first headers later than --header-timeout),
+`trellis_gateway_accept_errors_total` (accept() out of descriptors or memory).
+
 Updates happen once per request (the middleware) and once per streamed response (its first
 write), never per token. Bucket edges are vLLM's, as the core's (core.metrics; the gateway
 island cannot import the core's).
@@ -78,6 +83,25 @@ class GatewayMetrics:
             "Arrival to the end of the response.",
             ["route"],
             buckets=REQUEST_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.connections = Gauge(
+            "trellis_gateway_connections", "Client connections open (at most --max-connections).", registry=r
+        )
+        self.refused_connections = Counter(
+            "trellis_gateway_refused_connections",
+            "Connections answered 503 and closed because --max-connections were open.",
+            registry=r,
+        )
+        self.header_timeouts = Counter(
+            "trellis_gateway_header_timeouts",
+            "Connections closed because their first request's headers took over --header-timeout.",
+            registry=r,
+        )
+        self.accept_errors = Counter(
+            "trellis_gateway_accept_errors",
+            "Failed accept() calls for lack of file descriptors or memory (logged at most once per "
+            "--accept-error-log-interval).",
             registry=r,
         )
         ProcessCollector(registry=r)

@@ -18,31 +18,46 @@ for the whole run. Sections, in order:
 4. core kill: SIGKILL with a stream in flight through each gateway, restart on the same port,
    seconds from the core's readiness to each gateway's first success;
 5. drain: SIGTERM with streams in flight: their completion, the refusal time of new calls, the
-   exit time against --drain-seconds.
+   exit time against --drain-seconds;
+6. slow readers: `--slow-readers` streams through an OpenAI gateway read at 1 byte/s for
+   `--slow-reader-seconds`: the gateway's and the core's RSS against the bound the gateway's
+   --max-buffered-bytes sets;
+7. abuse stall: the longest gap between two tokens of a running stream while 8 gzip bodies that
+   expand to 1 GiB and 4 chat bodies of 1.9 MB of empty messages arrive at its gateway (goal:
+   100 ms), and the statuses they got;
+8. engine process: a core on the HF engine (the model itself) whose engine process is stopped
+   (SIGSTOP) with a stream running, then continued, then killed (SIGKILL): seconds to health
+   NOT_SERVING and back, seconds from the kill to a new request's success, the statuses
+   clients got meanwhile (503, never 500) and the running stream's in-band error.
 
 The scenario functions are the tests' own (tests/reliability/scenarios.py, fuzzing.py); a
 section that sees a problem lists it, and the exit status is 1 if any did.
 
-Usage: python scripts/bench/soak.py [--soak-seconds 600] [--model models/demo]
+Usage: python scripts/bench/soak.py [--soak-seconds 600] [--model models/demo] [--only abuse]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
 import random
+import socket
 import statistics
 import sys
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import psutil
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
@@ -64,11 +79,13 @@ class Core:
     """A core process on the mock engine serving model "mock" on 127.0.0.1:`port`; its output
     goes to bench-results/<name>.log (copied by a task, so the pipe never fills)."""
 
-    def __init__(self, name: str, model: str, port: int, *flags: str):
+    def __init__(self, name: str, model: str, port: int, *flags: str, engine: str = "mock"):
+        """`engine`: "mock", or "hf" to serve the model itself (its engine in a process of its own)."""
         self.name, self.port = name, port
-        self.args = ("--model", model, "--engine", "mock", "--model-name", "mock", "--port", str(port))
+        self.args = ("--model", model, "--engine", engine, "--model-name", "mock", "--port", str(port))
         # Room for the scenarios' long streams whatever the model's own context length.
-        self.args += ("--mock-context-length", "8192", "--log-level", "WARNING", *flags)
+        self.args += ("--mock-context-length", "8192") if engine == "mock" else ()
+        self.args += ("--log-level", "WARNING", *flags)
         self.log = ROOT / "bench-results" / f"{name}.log"
 
     async def start(self) -> None:
@@ -146,7 +163,7 @@ async def serving(urls: dict[str, str]) -> None:
     """Return once every gateway has served a call (they reconnect to a new core on their own)."""
     async with aiohttp.ClientSession() as http:
         since = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*(first_success(PROBES[n], http, urls[n], since) for n in GATEWAYS)), 60)
+        await asyncio.wait_for(asyncio.gather(*(first_success(PROBES[n], http, urls[n], since) for n in urls)), 60)
 
 
 def say(text: str) -> None:
@@ -385,13 +402,353 @@ async def soak_section(
     return out
 
 
+# ------------------------------------------------------------------------------ 6-8. abuse
+
+
+def start_gateway(name: str, core_port: int, *flags: str) -> tuple[Proc, str]:
+    """One OpenAI gateway process in front of the core at `core_port`, and its base URL."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateways", "openai", "--core", f"127.0.0.1:{core_port}", "--port", str(port)]
+    proc = Proc(name, [*cmd, "--log-level", "WARNING", *flags], ready="trellis-gateway")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+def _chat(tokens: int, stream: bool = True) -> bytes:
+    body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
+    return json.dumps({**body, "stream": stream, "ignore_eos": True}).encode()
+
+
+def _post_head(path: str, length: int, extra: str = "") -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n{extra}"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def slow_reader(url: str, until: float, tokens: int) -> dict[str, int]:
+    """Streams read at 1 byte/s, with a 4 KiB receive buffer (so unread output waits in the
+    gateway, not in this client's kernel buffer), one after another until `until`: how many the
+    gateway ended (cancelled for reading too slowly)."""
+    host, port = url.removeprefix("http://").split(":")
+    loop = asyncio.get_running_loop()
+    body = _chat(tokens)
+    out = {"streams": 0, "ended_by_gateway": 0}
+    while time.monotonic() < until:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, (host, int(port)))
+            await loop.sock_sendall(sock, _post_head("/v1/chat/completions", len(body)) + body)
+            out["streams"] += 1
+            while time.monotonic() < until:
+                if not await loop.sock_recv(sock, 1):
+                    out["ended_by_gateway"] += 1
+                    break
+                await asyncio.sleep(1.0)
+        except OSError:
+            out["ended_by_gateway"] += 1
+        finally:
+            sock.close()
+    return out
+
+
+async def slow_readers_section(model: str, port: int, readers: int, seconds: float) -> dict[str, Any]:
+    """`readers` slow readers through one OpenAI gateway for `seconds`: the gateway's and the
+    core's RSS (every 2 s) against the bound the configured buffers set."""
+    core = Core("soak-core-slow", model, port, "--max-batch-size", "64", "--mock-step-ms", "2")
+    await core.start()
+    gateway, url = start_gateway("soak-gateway-slow", port)
+    try:
+        await serving({"openai": url})
+        gw = gateway.process
+        before = {"gateway": gw.memory_info().rss / MIB, "core": core.rss_mib()}
+        samples: dict[str, list[float]] = {"gateway": [], "core": []}
+        until = time.monotonic() + seconds
+        say(f"slow readers: {readers} streams read at 1 byte/s for {seconds:.0f} s")
+        tasks = [asyncio.create_task(slow_reader(url, until, 8000)) for _ in range(readers)]
+        while time.monotonic() < until:
+            samples["gateway"].append(gw.memory_info().rss / MIB)
+            samples["core"].append(core.rss_mib())
+            await asyncio.sleep(2.0)
+        counts = await asyncio.gather(*tasks)
+        buffered = 4 * MIB  # the gateway's --max-buffered-bytes default
+        out = {
+            "readers": readers,
+            "seconds": seconds,
+            "streams": sum(c["streams"] for c in counts),
+            "ended_by_gateway": sum(c["ended_by_gateway"] for c in counts),
+            "rss_mib": {
+                name: {"before": round(before[name], 1), "max": round(max(v), 1), "last": round(v[-1], 1)}
+                for name, v in samples.items()
+            },
+            "gateway_bound_mib": round(readers * buffered / MIB, 1),
+            "max_buffered_bytes": buffered,
+        }
+        growth = out["rss_mib"]["gateway"]["max"] - out["rss_mib"]["gateway"]["before"]
+        out["gateway_growth_mib"] = round(growth, 1)
+        out["core_growth_mib"] = round(out["rss_mib"]["core"]["max"] - out["rss_mib"]["core"]["before"], 1)
+        out["problems"] = (
+            [f"gateway grew {growth:.0f} MiB, over its bound"] if growth > out["gateway_bound_mib"] else []
+        )
+        return out
+    finally:
+        gateway.stop()
+        await core.stop()
+
+
+def gzip_bomb(expanded: int) -> bytes:
+    """A gzip body of `expanded` zero bytes (about 1/1000 of that on the wire)."""
+    zero = bytes(2**20)
+    c = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [c.compress(zero) for _ in range(expanded // len(zero))]
+    return b"".join([*parts, c.flush()])
+
+
+def many_messages(size: int) -> bytes:
+    """A chat body of empty user messages, just under `size` bytes."""
+    n = size // len(b'{"role":"user","content":""},') - 1
+    body = {"model": "mock", "messages": [{"role": "user", "content": ""}] * n, "max_tokens": 1}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+async def fire(url: str, bombs: int, bodies: int) -> dict[str, list[int]]:
+    """Send `bombs` gzip bombs (1 GiB of zeros) and `bodies` many-message bodies (1.9 MB) to the
+    OpenAI gateway at `url` at once; their statuses. Run in a process of its own (`abuse_section`),
+    so that building and sending them never delays the measuring client."""
+    bomb, crowd = gzip_bomb(2**30), many_messages(1_900_000)
+    statuses: dict[str, list[int]] = {"bombs": [], "bodies": []}
+
+    async def post(kind: str, http: aiohttp.ClientSession, data: bytes, headers: dict[str, str]) -> None:
+        async with http.post(url + "/v1/chat/completions", data=data, headers=headers) as resp:
+            await resp.read()
+            statuses[kind].append(resp.status)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        print(json.dumps({"ready": True, "bomb_wire_bytes": len(bomb), "body_bytes": len(crowd)}), flush=True)
+        sys.stdin.readline()  # the go
+        await asyncio.gather(
+            *(post("bombs", http, bomb, {**JSON, "Content-Encoding": "gzip"}) for _ in range(bombs)),
+            *(post("bodies", http, crowd, JSON) for _ in range(bodies)),
+        )
+    return statuses
+
+
+async def abuse_section(model: str, port: int, bombs: int, bodies: int) -> dict[str, Any]:
+    """The longest gap between two tokens of a running stream through one OpenAI gateway while
+    `bombs` gzip bodies that expand to 1 GiB and `bodies` 1.9 MB chat bodies of empty messages
+    arrive at the same gateway (unauthenticated), against the gaps before they came."""
+    step_ms = 10.0
+    core = Core("soak-core-abuse", model, port, "--max-batch-size", "64", "--mock-step-ms", str(step_ms))
+    await core.start()
+    gateway, url = start_gateway("soak-gateway-abuse", port)
+    code = f"import asyncio, json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import soak; "
+    code += f"print(json.dumps(asyncio.run(soak.fire({url!r}, {bombs}, {bodies}))))"
+    try:
+        await serving({"openai": url})
+        arrivals: list[float] = []
+        marks: dict[str, float] = {}
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        assert client.stdin is not None and client.stdout is not None
+        sizes = json.loads(await client.stdout.readline())
+
+        async def stream(http: aiohttp.ClientSession) -> None:
+            async with http.post(url + "/v1/chat/completions", data=_chat(1500), headers=JSON) as resp:
+                async for line in resp.content:
+                    if _is_token("openai", line):
+                        arrivals.append(time.monotonic())
+
+        async with aiohttp.ClientSession() as http:
+            running = asyncio.create_task(stream(http))
+            while len(arrivals) < 100:  # a second of steady tokens first
+                if running.done():
+                    raise RuntimeError(f"abuse: the running stream ended early: {running.exception()}")
+                await asyncio.sleep(0.05)
+            say(f"abuse: {bombs} gzip bombs and {bodies} many-message bodies during a running stream")
+            marks["start"] = time.monotonic()
+            client.stdin.write(b"go\n")
+            statuses = json.loads(await client.stdout.readline())
+            marks["end"] = time.monotonic()
+            await client.wait()
+            await asyncio.sleep(1.0)
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+        def gaps(lo: float, hi: float) -> list[float]:
+            return [b - a for a, b in itertools.pairwise(arrivals) if lo <= b <= hi]
+
+        during, before = gaps(marks["start"], marks["end"] + 0.5), gaps(0, marks["start"])
+        longest = max(during, default=0.0)
+        out = {
+            "bombs": bombs,
+            "bomb_wire_bytes": sizes["bomb_wire_bytes"],
+            "bomb_expanded_bytes": 2**30,
+            "many_message_bodies": bodies,
+            "many_message_body_bytes": sizes["body_bytes"],
+            "statuses": {k: sorted(v) for k, v in statuses.items()},
+            "abuse_seconds": round(marks["end"] - marks["start"], 2),
+            "mock_step_ms": step_ms,
+            "longest_stall_ms": round(1000 * longest, 1),
+            "longest_gap_before_ms": round(1000 * max(before, default=0.0), 1),
+            "goal_ms": 100,
+        }
+        out["problems"] = [f"a running stream stalled {out['longest_stall_ms']} ms"] if longest > 0.1 else []
+        out["problems"] += [f"{k}: 5xx answers {v}" for k, v in statuses.items() if any(x >= 500 for x in v)]
+        return out
+    finally:
+        gateway.stop()
+        await core.stop()
+
+
+async def first_of(event: asyncio.Event, task: asyncio.Task[None]) -> None:
+    """Wait for `event`; raise if `task` ends first (with its error)."""
+    waiter = asyncio.create_task(event.wait())
+    await asyncio.wait([waiter, task], timeout=120, return_when=asyncio.FIRST_COMPLETED)
+    if not event.is_set():
+        waiter.cancel()
+        raise RuntimeError(f"the stream ended before its first token: {task.exception() if task.done() else 'timeout'}")
+
+
+def engine_process(core: Core) -> psutil.Process:
+    """The core's HF engine process (multiprocessing's spawned child, not its resource tracker)."""
+    for child in core.process.children():
+        if "spawn_main" in " ".join(child.cmdline()):
+            return child
+    raise RuntimeError("the core has no engine process")
+
+
+async def health_status(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        return int(reply.status)
+
+
+async def until_health(address: str, status: int, since: float) -> float:
+    """Seconds from `since` until the core's health reports `status` (polled every 20 ms)."""
+    while await health_status(address) != status:  # noqa: ASYNC110 (another process's state)
+        await asyncio.sleep(0.02)
+    return time.monotonic() - since
+
+
+async def engine_section(model: str, port: int, stall_seconds: float) -> dict[str, Any]:
+    """A core on the HF engine (`model` itself) behind an OpenAI gateway: its engine process
+    stopped (SIGSTOP) with a stream running, then continued; then killed (SIGKILL) with a
+    stream running. Seconds to NOT_SERVING and back, and until a new request succeeds, with the
+    statuses clients got meanwhile."""
+    flags = ("--engine-stall-seconds", str(stall_seconds), "--max-batch-size", "8")
+    core = Core("soak-core-engine", model, port, *flags, engine="hf")
+    await core.start()
+    gateway, url = start_gateway("soak-gateway-engine", port)
+    serving_ = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    out: dict[str, Any] = {"engine_stall_seconds": stall_seconds}
+    body = json.dumps({"model": "mock", "prompt": "hi", "max_tokens": 2})
+    try:
+        await serving({"openai": url})
+        async with aiohttp.ClientSession() as http:
+            first_token = asyncio.Event()
+            ended: list[str] = []
+
+            async def stream() -> None:
+                async with http.post(url + "/v1/chat/completions", data=_chat(900), headers=JSON) as resp:
+                    if resp.status != 200:
+                        raise RuntimeError(f"engine: {resp.status} {await resp.text()}")
+                    async for line in resp.content:
+                        if _is_token("openai", line):
+                            first_token.set()
+                        if line.startswith(b"data:") and b'"error"' in line:
+                            ended.append("in-band error")
+                ended.append("ended")
+
+            say("engine: SIGSTOP of the engine process with a stream running")
+            running = asyncio.create_task(stream())
+            await first_of(first_token, running)
+            engine = engine_process(core)
+            engine.suspend()
+            stopped = time.monotonic()
+            # Work pending for sure, whatever the running stream's length.
+            waiting = asyncio.create_task(http.post(url + "/v1/completions", data=body, headers=JSON))
+            out["stop"] = {"not_serving_after_s": round(await until_health(core.address, not_serving, stopped), 3)}
+            engine.resume()
+            resumed = time.monotonic()
+            out["stop"]["serving_after_continue_s"] = round(await until_health(core.address, serving_, resumed), 3)
+            async with await waiting as resp:
+                out["stop"]["waiting_request_status"] = resp.status
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+            say("engine: SIGKILL of the engine process with a stream running")
+            first_token.clear()
+            running = asyncio.create_task(stream())
+            await first_of(first_token, running)
+            engine.kill()
+            killed = time.monotonic()
+            statuses: dict[int, int] = {}
+            while True:
+                async with http.post(url + "/v1/completions", data=body, headers=JSON) as resp:
+                    await resp.read()
+                    statuses[resp.status] = statuses.get(resp.status, 0) + 1
+                    if resp.status == 200:
+                        break
+                await asyncio.sleep(0.05)
+            recovery = time.monotonic() - killed
+            await asyncio.wait_for(running, 30)
+            out["kill"] = {
+                "recovery_s": round(recovery, 3),
+                "statuses_meanwhile": {str(k): v for k, v in sorted(statuses.items())},
+                "running_stream": ended,
+                "new_engine_pid_differs": engine_process(core).pid != engine.pid,
+            }
+        problems = []
+        if any(code >= 500 and code != 503 for code in statuses):
+            problems.append(f"engine kill: statuses {statuses}")
+        if "in-band error" not in ended:
+            problems.append("engine kill: the running stream got no in-band error")
+        out["problems"] = problems
+        return out
+    finally:
+        gateway.stop()
+        await core.stop()
+
+
 # ------------------------------------------------------------------------------ run
 
 
+async def abuse_sections(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Sections 6-8: slow readers, compressed bombs and many-message bodies, the engine process
+    stopped and killed; each on a core and an OpenAI gateway of its own."""
+    report["slow_readers"] = await slow_readers_section(
+        args.model, free_port(), args.slow_readers, args.slow_reader_seconds
+    )
+    say(f"slow readers: {report['slow_readers']}")
+    report["abuse_stall"] = await abuse_section(args.model, free_port(), bombs=8, bodies=4)
+    say(f"abuse: {report['abuse_stall']}")
+    # Each kind alone, to tell which costs the stall (their problems are the headline's).
+    parts = {"bombs_only": (8, 0), "bodies_only": (0, 4)}
+    report["abuse_stall"]["parts"] = {
+        name: {k: v for k, v in (await abuse_section(args.model, free_port(), *n)).items() if k != "problems"}
+        for name, n in parts.items()
+    }
+    say(f"abuse parts: {report['abuse_stall']['parts']}")
+    report["engine_process"] = await engine_section(args.model, free_port(), args.engine_stall_seconds)
+    say(f"engine: {report['engine_process']}")
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.only == "abuse":
+        report: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count()}
+        await abuse_sections(args, report)
+        return report
     port = free_port()
     gateways, urls = start_gateways(port)
-    report: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count()}
+    report = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpus": os.cpu_count()}
     report["load_before"] = os.getloadavg()
     try:
         report["disconnect_storm"] = await storm_section(args.model, port, urls, args.storm_streams)
@@ -443,6 +800,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for g in gateways.values():
             g.stop()
+    await abuse_sections(args, report)
     report["load_after"] = os.getloadavg()
     return report
 
@@ -486,6 +844,32 @@ def print_summary(report: dict[str, Any]) -> None:
         r = report["drain"]
         print(f"  drain: exit {r['exit_s']} s after SIGTERM (--drain-seconds {r['drain_seconds']})")
         print(f"    new calls refused after (s) {r['refusal_s']}")
+    if "slow_readers" in report:
+        r = report["slow_readers"]
+        rss = r["rss_mib"]
+        print(
+            f"  slow readers: {r['readers']} for {r['seconds']:.0f} s ({r['streams']} streams, "
+            f"{r['ended_by_gateway']} ended by the gateway); RSS MiB gateway {rss['gateway']['before']} -> max "
+            f"{rss['gateway']['max']} "
+            f"(bound +{r['gateway_bound_mib']}), core {rss['core']['before']} -> max {rss['core']['max']}"
+        )
+    if "abuse_stall" in report:
+        r = report["abuse_stall"]
+        print(
+            f"  abuse: longest stall of a running stream {r['longest_stall_ms']} ms (before: longest gap "
+            f"{r['longest_gap_before_ms']} ms; goal {r['goal_ms']} ms) over {r['abuse_seconds']} s; "
+            f"statuses {r['statuses']}"
+        )
+        for name, part in r.get("parts", {}).items():
+            print(f"    {name}: longest stall {part['longest_stall_ms']} ms, statuses {part['statuses']}")
+    if "engine_process" in report:
+        r = report["engine_process"]
+        print(
+            f"  engine process: SIGSTOP -> NOT_SERVING in {r['stop']['not_serving_after_s']} s, SIGCONT -> SERVING in "
+            f"{r['stop']['serving_after_continue_s']} s; SIGKILL -> a new request served in "
+            f"{r['kill']['recovery_s']} s "
+            f"(statuses meanwhile {r['kill']['statuses_meanwhile']}; running stream {r['kill']['running_stream']})"
+        )
     problems = report.get("problems", [])
     print(f"  problems: {problems if problems else 'none'}")
 
@@ -503,12 +887,29 @@ def main(argv: list[str] | None = None) -> int:
         "--schemathesis-examples", type=int, default=100, help="schemathesis examples per operation and mode"
     )
     p.add_argument("--drain-seconds", type=float, default=5.0)
+    p.add_argument("--slow-readers", type=int, default=20, help="streams read at 1 byte/s (section 6)")
+    p.add_argument("--slow-reader-seconds", type=float, default=60.0, help="how long they read (section 6)")
+    p.add_argument(
+        "--engine-stall-seconds", type=float, default=1.0, help="the HF core's watchdog in section 8 (its flag)"
+    )
+    p.add_argument(
+        "--only", choices=["all", "abuse"], default="all", help="abuse: sections 6-8 alone (about 3 minutes)"
+    )
     p.add_argument("--output", default=str(ROOT / "bench-results" / "reliability.json"))
     args = p.parse_args(argv)
     report = asyncio.run(run(args))
     report["problems"] = [
         f"{section}: {p}"
-        for section in ("disconnect_storm", "fuzz", "soak", "core_kill", "drain")
+        for section in (
+            "disconnect_storm",
+            "fuzz",
+            "soak",
+            "core_kill",
+            "drain",
+            "slow_readers",
+            "abuse_stall",
+            "engine_process",
+        )
         for p in report.get(section, {}).get("problems", [])
     ]
     out = Path(args.output)

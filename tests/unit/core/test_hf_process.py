@@ -121,7 +121,15 @@ async def test_a_full_queue_is_refused_and_shutdown_ends_what_is_left(tiny_model
         engine.generate(req("late", [1, 5]))
 
 
-async def test_an_engine_process_that_dies_fails_its_requests(engine):
+async def test_an_engine_process_that_dies_without_restarts_fails_its_requests(tiny_model_dir, tokenizer):
+    engine = await started(tiny_model_dir, tokenizer, engine_max_restarts=0)
+    try:
+        await _dies_for_good(engine)
+    finally:
+        await engine.shutdown()
+
+
+async def _dies_for_good(engine: hf_process.HfProcessEngine) -> None:
     deaths: list[Exception] = []
     engine.set_on_dead(deaths.append)
     gen = engine.generate(req("victim", [1, 5], max_new_tokens=900))
