@@ -108,6 +108,7 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
         if which == "messages"
         else (),
         guide=to_guide(req.guided_decoding) if req.HasField("guided_decoding") else None,
+        adapter=req.adapter,
     )
 
 

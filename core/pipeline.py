@@ -30,6 +30,7 @@ from core.detokenize import ByteDetokenizer, Detokenizer, IncrementalDetokenizer
 from core.engine.base import Engine, OutputStream
 from core.errors import CoreError, EngineFailure, InvalidArgument, Overloaded, SessionBusy
 from core.guided import check_compiles
+from core.lora import lora_of, unknown_adapter
 from core.metrics import RequestMetrics
 from core.sessions import SessionStore
 from core.stops import StopMatcher
@@ -257,6 +258,10 @@ class RequestPipeline:
         validate_engine_support(sampling, req, self.engine.info)
         if req.guide is not None:
             check_compiles(req.guide)
+        if req.adapter:
+            lora = lora_of(self.engine)
+            if lora is None or not lora.has_adapter(req.adapter):
+                raise unknown_adapter(req.adapter)
         n = req.sampling.n or 1
         best_of = max(req.sampling.best_of or n, n)
         out = req.output
@@ -279,6 +284,7 @@ class RequestPipeline:
             prompt_logprobs=out.prompt_logprobs,
             arrival_time=time.monotonic(),
             guide=req.guide,
+            adapter=req.adapter,
         )
         return PreparedRequest(
             request=req,

@@ -123,6 +123,7 @@ class EngineRequest:
         prompt_logprobs: None, or the number of alternatives per prompt token.
         arrival_time: monotonic time the core received the request.
         guide: the structured-output constraint (a kind in EngineInfo.guided_decoding), or None.
+        adapter: the registered LoRA adapter to generate with ("": the base model).
     """
 
     request_id: str
@@ -141,6 +142,7 @@ class EngineRequest:
     prompt_logprobs: int | None = None
     arrival_time: float = 0.0
     guide: Guide | None = None
+    adapter: str = ""
 
 
 @dataclass(slots=True)
@@ -339,6 +341,7 @@ class GenerationRequest:
     session_id: str | None = None
     tools: tuple[Tool, ...] = ()
     guide: Guide | None = None
+    adapter: str = ""
 
 
 # ---------------------------------------------------------------------------------------
