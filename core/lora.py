@@ -130,9 +130,7 @@ def check_name(name: str, served_model: str) -> None:
             model's own name (a gateway choosing by model name could not tell them apart).
     """
     if not _NAME.fullmatch(name):
-        raise InvalidArgument(
-            f"Adapter name '{clip(name)}' must be 1 to 128 letters, digits or '._:/-'.", field="name"
-        )
+        raise InvalidArgument(f"Adapter name '{clip(name)}' must be 1 to 128 letters, digits or '._:/-'.", field="name")
     if name == served_model:
         raise InvalidArgument(f"Adapter name '{clip(name)}' is the served model's own name.", field="name")
 

@@ -65,7 +65,9 @@ def make_adapter(
     return out
 
 
-def merged_greedy(model_dir: Path, adapter: Path | None, prompts: Sequence[Sequence[int]], steps: int) -> list[list[int]]:
+def merged_greedy(
+    model_dir: Path, adapter: Path | None, prompts: Sequence[Sequence[int]], steps: int
+) -> list[list[int]]:
     """Greedy continuations (`steps` tokens, EOS ignored) of each prompt by the model with
     `adapter` merged into its weights by peft's merge_and_unload (None: the base model)."""
     from transformers import AutoModelForCausalLM

@@ -336,9 +336,7 @@ class HfEngine(EngineLifecycle):
                 if r.lora is not None:
                     (running if r.admitted else waiting)[r.lora.spec.name] += 1
         resident = self._bank.resident() if self._bank is not None else frozenset()
-        return [
-            AdapterStatus(w.spec, name in resident, running[name], waiting[name]) for name, w in registered
-        ]
+        return [AdapterStatus(w.spec, name in resident, running[name], waiting[name]) for name, w in registered]
 
     async def load_adapter(self, spec: AdapterSpec) -> None:
         """Register an adapter (its weights read on a thread); see `add_adapter`."""
@@ -815,7 +813,9 @@ class HfEngine(EngineLifecycle):
         tokens = row.history[:-1]
         if len(tokens) // bs > len(row.owner.req.prompt_ids) // bs:
             store.insert(
-                tokens, functools.partial(_read_blocks, cache, row.slot, cache.start[row.slot], bs), root=_root(row.owner)
+                tokens,
+                functools.partial(_read_blocks, cache, row.slot, cache.start[row.slot], bs),
+                root=_root(row.owner),
             )
 
     def prefix_stats(self) -> PrefixCacheStats | None:
