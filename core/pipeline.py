@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -168,6 +169,7 @@ class RequestPipeline:
         Raises:
             CoreError: any validation failure, or a busy session.
         """
+        req = self.adapter_by_model(req)
         validate_request(req, self.limits)
         previous = None
         if req.session_id:
@@ -186,6 +188,17 @@ class RequestPipeline:
         prepared.session_key = req.session_id or None
         prepared.session_previous = previous
         return prepared
+
+    def adapter_by_model(self, req: GenerationRequest) -> GenerationRequest:
+        """`req` with its `model` taken as its adapter when `model` names a registered LoRA
+        adapter and `adapter` is unset (vLLM's convention: the adapter is chosen by the model
+        name, so every gateway's model field selects adapters)."""
+        if not req.model or req.adapter or req.model == self.limits.served_model:
+            return req
+        lora = lora_of(self.engine)
+        if lora is None or not lora.has_adapter(req.model):
+            return req
+        return dataclasses.replace(req, model=None, adapter=req.model)
 
     def tokenizes_off_loop(self, req: GenerationRequest) -> bool:
         """Whether `prepare_off_loop` would tokenize `req` on the tokenizer thread: a text or
@@ -214,7 +227,7 @@ class RequestPipeline:
         """
         if not self.tokenizes_off_loop(req):
             return self.prepare(req)
-        validate_request(req, self.limits)
+        validate_request(self.adapter_by_model(req), self.limits)
         ids = await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, self.prompt_ids, req)
         return self.prepare(req, ids)
 

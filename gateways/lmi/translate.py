@@ -229,6 +229,7 @@ def to_generate_request(
     request_id: str,
     model: str | None = None,
     dynamic: bool = False,
+    adapter: str = "",
 ) -> spb.GenerateRequest:
     """One GenerateRequest for `inputs` with LMI parameters `p`.
 
@@ -254,12 +255,13 @@ def to_generate_request(
         request_id: the id for the core and its logs.
         model: the model named by `/predictions/{model}` (None: the served one).
         dynamic: the request is one input of a dynamic batch (stricter refusals).
+        adapter: the LoRA adapter named by the body's `adapters` ("": the base model).
 
     Raises:
         GatewayError: see `refuse_unsupported`; a `grammar` of another shape (INVALID_ARGUMENT).
     """
     refuse_unsupported(p, stream=opts.stream, dynamic=dynamic, tgi_router=opts.tgi_router)
-    req = spb.GenerateRequest(request_id=request_id, text=inputs)
+    req = spb.GenerateRequest(request_id=request_id, text=inputs, adapter=adapter)
     if model:
         req.model = model
     FIELDS.apply(vars(p), req)
