@@ -145,6 +145,11 @@ async def test_lmi_adapters_field(urls, http):
         assert status == 200, body
         texts[json.dumps(name)] = body["generated_text"]
     assert len({texts["null"], texts['"a"'], texts['"b"']}) == 3 and texts['["a"]'] == texts['"a"']
+    async with http.post(
+        f"{base}/generate",
+        json={"inputs": PROMPT, "parameters": {"adapter_id": "a", "max_new_tokens": 8, "do_sample": False}},
+    ) as r:
+        assert r.status == 200 and (await r.json())["generated_text"] == texts['"a"']  # TGI's field
     status, body = await generated(adapters="nope")
     assert status == 404 and "'nope'" in body["error"] and body["generated_text"] == ""
     status, body = await generated(adapters=["a", "b"])
