@@ -508,6 +508,7 @@ class Job:
             sum(s.generated for s in self.seqs),
             None if scheduled is None else scheduled - req.arrival_time,
             time.monotonic() - req.arrival_time,
+            req.adapter,
         )
 
     def _stop(self, *, failed: bool) -> None:

@@ -198,3 +198,30 @@ async def test_the_mock_engine_answers_each_adapter_its_own_way(start_mock_core,
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await greedy(stub, "c")
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_lora_metrics(start_mock_core, lora_model):
+    """vLLM's vllm:lora_requests_info names the adapters running, and per-adapter counters
+    count ended requests."""
+    import aiohttp
+
+    _, paths = lora_model
+    core = await start_mock_core(lora_modules=(("a", str(paths["later"])),), metrics_port=0, mock_step_ms=20.0)
+    url = f"http://127.0.0.1:{core.metrics.port}/metrics"
+    async with grpc.aio.insecure_channel(core.address) as channel, aiohttp.ClientSession() as http:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        await greedy(stub, "a")
+        long = spb.GenerateRequest(text="hi", adapter="a", stopping=pb.StoppingParams(max_new_tokens=1000))
+        call = stub.Generate(long)
+        async for m in call:
+            if m.outputs:
+                break
+        async with http.get(url) as r:
+            text = await r.text()
+        call.cancel()
+    info = [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert len(info) == 1
+    assert 'running_lora_adapters="a"' in info[0] and 'max_lora="4"' in info[0]
+    assert 'waiting_lora_adapters=""' in info[0] and float(info[0].rsplit(" ", 1)[1]) > 1e9
+    assert 'trellis_core_lora_requests_total{adapter="a",model_name="mock"} 1.0' in text
+    assert f'trellis_core_lora_generation_tokens_total{{adapter="a",model_name="mock"}} {float(STEPS)}' in text
