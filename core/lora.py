@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from core.errors import AdapterNotFound, InvalidArgument
+from core.errors import AdapterExists, AdapterNotFound, InvalidArgument
 from logclip import clip
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -120,6 +120,11 @@ def unknown_adapter(name: str) -> AdapterNotFound:
         f"The adapter '{clip(name)}' is not loaded on this server; ListAdapters lists those that are.",
         field="adapter",
     )
+
+
+def adapter_exists(name: str) -> AdapterExists:
+    """The ALREADY_EXISTS error of registering a name that is taken."""
+    return AdapterExists(f"An adapter named '{clip(name)}' is loaded already; unload it first.", field="name")
 
 
 def check_name(name: str, served_model: str) -> None:

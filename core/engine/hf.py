@@ -44,8 +44,8 @@ from core.engine.hf_config import KIND, check_request, default_threads, duplicat
 from core.engine.hf_lora import AdapterWeights, LoraBank, load_weights
 from core.engine.hf_prefix import BLOCK_SIZE, PrefixStore
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
-from core.errors import AdapterExists, EngineDead, EngineFailure, NotReady
-from core.lora import MAX_LORA_RANK, AdapterSpec, AdapterStatus, unknown_adapter
+from core.errors import EngineDead, EngineFailure, NotReady
+from core.lora import MAX_LORA_RANK, AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import NEUTRAL, resolve_generic
 from core.types import (
     EngineOutput,
@@ -358,11 +358,11 @@ class HfEngine(EngineLifecycle):
             raise NotReady("This engine serves no LoRA adapters (--max-loras 0) or is not loaded yet.")
         with self._cv:
             if spec.name in self._adapters:
-                raise AdapterExists(f"An adapter named '{spec.name}' is loaded already.", field="name")
+                raise adapter_exists(spec.name)
         weights = load_weights(spec, self._model, self._max_rank, self._model.dtype)
         with self._cv:
             if spec.name in self._adapters:
-                raise AdapterExists(f"An adapter named '{spec.name}' is loaded already.", field="name")
+                raise adapter_exists(spec.name)
             self._adapters[spec.name] = weights
 
     def remove_adapter(self, name: str) -> None:

@@ -71,8 +71,8 @@ from core.engine.hf_config import (
     engine_info,
     queue_full,
 )
-from core.errors import AdapterExists, CoreError, EngineDead, NotReady
-from core.lora import AdapterSpec, AdapterStatus, unknown_adapter
+from core.errors import CoreError, EngineDead, NotReady
+from core.lora import AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import resolve_generic
 from core.types import (
     EngineOutput,
@@ -444,7 +444,7 @@ class HfProcessEngine(EngineLifecycle):
         """Register an adapter in the engine process (HfEngine.add_adapter, which raises what
         this raises)."""
         if spec.name in self._adapters:
-            raise AdapterExists(f"An adapter named '{spec.name}' is loaded already.", field="name")
+            raise adapter_exists(spec.name)
         call = next(self._call_ids)
         await self._call(call, LoadAdapter(call, spec))
         self._adapters[spec.name] = spec

@@ -67,8 +67,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.engine.base import EngineLifecycle, OutputStream
-from core.errors import AdapterExists, EngineFailure, InvalidArgument, NotReady, Overloaded
-from core.lora import MAX_LORAS, AdapterSpec, AdapterStatus, unknown_adapter
+from core.errors import EngineFailure, InvalidArgument, NotReady, Overloaded
+from core.lora import MAX_LORAS, AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import resolve_generic
 from core.types import (
     EngineInfo,
@@ -296,7 +296,7 @@ class MockEngine(EngineLifecycle):
             AdapterExists: the name is registered already.
         """
         if spec.name in self._adapters:
-            raise AdapterExists(f"An adapter named '{spec.name}' is loaded already.", field="name")
+            raise adapter_exists(spec.name)
         self._adapters[spec.name] = spec
 
     async def unload_adapter(self, name: str) -> None:

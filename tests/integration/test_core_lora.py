@@ -225,3 +225,11 @@ async def test_lora_metrics(start_mock_core, lora_model):
     assert 'waiting_lora_adapters=""' in info[0] and float(info[0].rsplit(" ", 1)[1]) > 1e9
     assert 'trellis_core_lora_requests_total{adapter="a",model_name="mock"} 1.0' in text
     assert f'trellis_core_lora_generation_tokens_total{{adapter="a",model_name="mock"}} {float(STEPS)}' in text
+
+
+async def test_start_up_adapters_that_cannot_be_served_stop_the_core(start_mock_core, lora_model, tmp_path):
+    _, paths = lora_model
+    with pytest.raises(RuntimeError, match="engine serves none"):
+        await start_mock_core(lora_modules=(("a", str(paths["later"])),), max_loras=0)
+    with pytest.raises(RuntimeError, match="cannot serve adapter gone from"):
+        await start_mock_core(lora_modules=(("gone", str(tmp_path / "none")),))

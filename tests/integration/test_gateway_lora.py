@@ -158,6 +158,21 @@ async def test_lmi_adapters_field(urls, http):
     assert status == 424 and "adapters" in body["error"]
 
 
+async def test_lmi_dynamic_batch_adapters_per_input(start_gateway, lora_core, urls, http):
+    dynamic = await start_gateway("lmi", core=lora_core.address, batching="dynamic")
+    params = {"max_new_tokens": 8, "do_sample": False}
+    body = {"inputs": [PROMPT, PROMPT], "parameters": params, "adapters": ["a", "b"], "stream": False}
+    async with http.post(f"{dynamic}/invocations", json=body) as r:
+        assert r.status == 200
+        texts = [out["generated_text"] for out in await r.json()]
+    async with http.post(
+        f"{urls['lmi']}/invocations", json={"inputs": PROMPT, "parameters": params, "adapters": "b"}
+    ) as r:
+        assert texts[1] == (await r.json())["generated_text"] != texts[0]
+    async with http.post(f"{dynamic}/invocations", json={**body, "adapters": ["a"]}) as r:
+        assert r.status == 424 and "adapters" in (await r.json())["error"]
+
+
 async def test_lmi_adapter_management_round_trip(urls, http, adapter_dirs):
     base = f"{urls['lmi']}/models/mock/adapters"
     async with http.get(base) as r:

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from core.engine import hf
-from core.errors import AdapterExists, AdapterNotFound, InvalidArgument
+from core.errors import AdapterExists, AdapterNotFound, InvalidArgument, NotReady
 from core.lora import read_spec
 from core.sampling import resolve_generic
 from core.types import EngineRequest, SamplingOptions
@@ -175,6 +175,12 @@ async def test_weights_that_do_not_fit_the_model_are_refused(tiny_model_dir, tok
         assert e.adapters() == []
     finally:
         await e.shutdown()
+
+
+async def test_adapters_need_a_loaded_model(tiny_model_dir, tokenizer, adapters):
+    e = hf.build(core_config(tiny_model_dir), tokenizer)  # not started: no model yet
+    with pytest.raises(NotReady):
+        e.add_adapter(spec("qv", adapters["qv"], tiny_model_dir))
 
 
 def test_config_refusals(tiny_model_dir, adapters, tmp_path):
