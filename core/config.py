@@ -16,6 +16,7 @@ from pathlib import Path
 
 from core.engine.hf_config import parse_cpus
 from core.engine.registry import ENGINES
+from core.lora import MAX_LORA_RANK, MAX_LORAS, parse_lora_module
 from core.scheduling import POLICIES
 from envflags import EnvArgumentParser, ListAction, comma_list
 from envflags.tls import add_server_tls_arguments
@@ -58,6 +59,14 @@ def _cpus(raw: str) -> str:
     """argparse type of --engine-cpus (core.engine.hf_config.parse_cpus)."""
     try:
         return parse_cpus(raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _lora_modules(raw: str) -> list[tuple[str, str]]:
+    """argparse type of --lora-modules: comma-separated NAME=PATH items (core.lora)."""
+    try:
+        return [parse_lora_module(item) for item in comma_list(raw)]
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -143,6 +152,11 @@ class CoreConfig:
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = 0
     guide_cache_size: int = 256
+    # LoRA adapters (core.lora): (name, path) registered at start besides <model>/adapters/.
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    max_loras: int = MAX_LORAS
+    max_lora_rank: int = MAX_LORA_RANK
+    enable_lora_management: bool = False
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
     trt_kv_cache_free_gpu_memory_fraction: float = 0.9
@@ -412,6 +426,31 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         help="HF engine: compiled guided-decoding guides (schemas, regexes, grammars) kept",
     )
     p.add_argument(
+        "--lora-modules",
+        action=ListAction,
+        type=_lora_modules,
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories) to serve from the start, besides the model directory's adapters/ "
+        "subdirectories (repeatable, or comma-separated)",
+    )
+    p.add_argument(
+        "--max-loras",
+        type=_count(0),
+        default=d.max_loras,
+        help="HF engine: LoRA adapters resident at once, each in a slot of its own (the least recently used idle "
+        "one is evicted for another; 0: no adapters)",
+    )
+    p.add_argument(
+        "--max-lora-rank", type=_count(1), default=d.max_lora_rank, help="largest LoRA rank an adapter may have"
+    )
+    p.add_argument(
+        "--enable-lora-management",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_lora_management,
+        help="allow the LoadAdapter and UnloadAdapter RPCs (registering adapters at run time)",
+    )
+    p.add_argument(
         "--trt-max-num-tokens",
         type=int,
         default=d.trt_max_num_tokens,
@@ -528,4 +567,5 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     ns = vars(build_parser(environ).parse_args(argv))
     ns["api_key"] = tuple(ns["api_key"])
     ns["tenant_weight"] = tuple(ns["tenant_weight"])
+    ns["lora_modules"] = tuple(ns["lora_modules"])
     return CoreConfig(**ns)

@@ -116,6 +116,7 @@ def to_generation_request(
         guide=to_guide(req.guided_decoding) if req.HasField("guided_decoding") else None,
         priority=req.priority,
         tenant=req.tenant if key_tenant is None else key_tenant,
+        adapter=req.adapter,
     )
 
 

@@ -87,6 +87,29 @@ class ModelNotFound(CoreError):
     reason = "MODEL_NOT_FOUND"
 
 
+class AdapterNotFound(CoreError):
+    """The request or call names a LoRA adapter this core has not registered, or a path that
+    holds no adapter (NOT_FOUND)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    reason = "ADAPTER_NOT_FOUND"
+
+
+class AdapterExists(CoreError):
+    """LoadAdapter with a name already registered (ALREADY_EXISTS)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+    reason = "ADAPTER_EXISTS"
+
+
+class ManagementDisabled(CoreError):
+    """LoadAdapter or UnloadAdapter on a core started without --enable-lora-management
+    (FAILED_PRECONDITION)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    reason = "LORA_MANAGEMENT_DISABLED"
+
+
 class SessionBusy(CoreError):
     """Another running request holds the same session_id (FAILED_PRECONDITION)."""
 

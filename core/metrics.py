@@ -27,6 +27,7 @@ buckets of `vllm:e2e_request_latency_seconds` and `vllm:request_queue_time_secon
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from core.engine.base import Engine
+from core.lora import lora_of
 from core.sessions import SessionStore
 from core.tenants import Tenants
 from core.types import FinishReason
@@ -108,9 +110,13 @@ class RequestMetrics:
         ttft, itl, queue_time, e2e: histograms, in seconds.
         step_outputs, delta_outputs: engine outputs by the path they took to the consumer:
             a plain decode step as values (`Job._is_plain_step`), or ResponseDeltas.
+        adapter_requests, adapter_tokens: per LoRA adapter, ended requests and their
+            generated tokens (requests of the base model are not listed).
     """
 
     __slots__ = (
+        "adapter_requests",
+        "adapter_tokens",
         "delta_outputs",
         "e2e",
         "generation_tokens",
@@ -136,11 +142,23 @@ class RequestMetrics:
         self.itl = Buckets(ITL_BUCKETS)
         self.queue_time = Buckets(REQUEST_LATENCY_BUCKETS)
         self.e2e = Buckets(REQUEST_LATENCY_BUCKETS)
+        self.adapter_requests: dict[str, int] = {}
+        self.adapter_tokens: dict[str, int] = {}
 
     def ended(
-        self, reason: str, prompt_tokens: int, generation_tokens: int, queue_s: float | None, e2e_s: float
+        self,
+        reason: str,
+        prompt_tokens: int,
+        generation_tokens: int,
+        queue_s: float | None,
+        e2e_s: float,
+        adapter: str = "",
     ) -> None:
-        """A request ended (finished, failed or cancelled); `queue_s` None: never scheduled."""
+        """A request ended (finished, failed or cancelled); `queue_s` None: never scheduled;
+        `adapter`: its LoRA adapter ("": the base model)."""
+        if adapter:
+            self.adapter_requests[adapter] = self.adapter_requests.get(adapter, 0) + 1
+            self.adapter_tokens[adapter] = self.adapter_tokens.get(adapter, 0) + generation_tokens
         self.requests[reason] += 1
         self.prompt_tokens += prompt_tokens
         self.generation_tokens += generation_tokens
@@ -247,6 +265,41 @@ class CoreCollector(Collector):
         yield c.e2e.family("trellis_core_e2e_request_latency_seconds", "Arrival to end of a request.", labels)
         if self.tenants is not None:
             yield from _tenant_families(self.tenants, labels)
+        yield from self._lora_families()
+
+    def _lora_families(self) -> Iterator[Metric]:
+        """With an engine serving adapters: vLLM's `vllm:lora_requests_info` (labels
+        `running_lora_adapters` and `waiting_lora_adapters`, comma-separated names of the
+        adapters with requests running and waiting, and `max_lora`; the value the time of the
+        scrape, as vLLM's `set_to_current_time`; vllm/v1/metrics/loggers.py, 0.10/0.11), which the
+        Gateway API Inference Extension's LoRA-affinity scorer reads, and per-adapter counters of
+        ended requests and their generated tokens."""
+        lora = lora_of(self.engine)
+        if lora is None:
+            return
+        labels, c = self.labels, self.counts
+        statuses = lora.adapters()
+        running = ",".join(s.spec.name for s in statuses if s.running)
+        waiting = ",".join(s.spec.name for s in statuses if s.waiting)
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on LoRA requests (vLLM's name; the value is the time of the scrape).",
+            labels=[*labels, "max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        info.add_metric([*labels.values(), str(lora.max_loras), waiting, running], time.time())
+        yield info
+        for name, doc, counts in (
+            ("trellis_core_lora_requests", "Ended requests per LoRA adapter.", c.adapter_requests),
+            (
+                "trellis_core_lora_generation_tokens",
+                "Generated tokens of ended requests per LoRA adapter.",
+                c.adapter_tokens,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=[*labels, "adapter"])
+            for adapter, count in sorted(counts.items()):
+                family.add_metric([*labels.values(), adapter], count)
+            yield family
 
 
 #: Per-tenant metric families: (name, help, kind, TenantCounts attribute).

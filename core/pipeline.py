@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import secrets
@@ -30,6 +31,7 @@ from core.detokenize import ByteDetokenizer, Detokenizer, IncrementalDetokenizer
 from core.engine.base import Engine, OutputStream
 from core.errors import CoreError, EngineFailure, InvalidArgument, Overloaded, SessionBusy
 from core.guided import check_compiles
+from core.lora import lora_of, unknown_adapter
 from core.metrics import RequestMetrics
 from core.sessions import SessionStore, session_key
 from core.stops import StopMatcher
@@ -183,6 +185,7 @@ class RequestPipeline:
         Raises:
             CoreError: any validation failure, or a busy session.
         """
+        req = self.adapter_by_model(req)
         validate_request(req, self.limits)
         previous = None
         key = session_key(req.session_id, req.session_scope) if req.session_id else None
@@ -202,6 +205,17 @@ class RequestPipeline:
         prepared.session_key = key
         prepared.session_previous = previous
         return prepared
+
+    def adapter_by_model(self, req: GenerationRequest) -> GenerationRequest:
+        """`req` with its `model` taken as its adapter when `model` names a registered LoRA
+        adapter and `adapter` is unset (vLLM's convention: the adapter is chosen by the model
+        name, so every gateway's model field selects adapters)."""
+        if not req.model or req.adapter or req.model == self.limits.served_model:
+            return req
+        lora = lora_of(self.engine)
+        if lora is None or not lora.has_adapter(req.model):
+            return req
+        return dataclasses.replace(req, model=None, adapter=req.model)
 
     def tokenizes_off_loop(self, req: GenerationRequest) -> bool:
         """Whether `prepare_off_loop` would tokenize `req` on the tokenizer thread: a text or
@@ -230,7 +244,7 @@ class RequestPipeline:
         """
         if not self.tokenizes_off_loop(req):
             return self.prepare(req)
-        validate_request(req, self.limits)
+        validate_request(self.adapter_by_model(req), self.limits)
         ids = await asyncio.get_running_loop().run_in_executor(_TOKENIZER_THREAD, self.prompt_ids, req)
         return self.prepare(req, ids)
 
@@ -274,6 +288,10 @@ class RequestPipeline:
         validate_engine_support(sampling, req, self.engine.info)
         if req.guide is not None:
             check_compiles(req.guide)
+        if req.adapter:
+            lora = lora_of(self.engine)
+            if lora is None or not lora.has_adapter(req.adapter):
+                raise unknown_adapter(req.adapter)
         n = req.sampling.n or 1
         best_of = max(req.sampling.best_of or n, n)
         out = req.output
@@ -298,6 +316,7 @@ class RequestPipeline:
             guide=req.guide,
             priority=req.priority if self.by_priority else 0,
             tenant=req.tenant,
+            adapter=req.adapter,
         )
         return PreparedRequest(
             request=req,
@@ -519,6 +538,7 @@ class Job:
             generated,
             None if scheduled is None else scheduled - req.arrival_time,
             now - req.arrival_time,
+            req.adapter,
         )
         self.p.tenants.ended(
             req.tenant,

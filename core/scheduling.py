@@ -97,6 +97,7 @@ class WaitingQueue(Generic[T]):
         self._vnow = 0.0
         self._seq = itertools.count()
         self._len = 0
+        self._aside: list[_Entry[T]] = []  # taken out of the order for one admission pass
 
     def __len__(self) -> int:
         return self._len
@@ -163,6 +164,30 @@ class WaitingQueue(Generic[T]):
         t.vtime += entry.cost / self.weight(entry.tenant)
         self._prune()
         return entry.item
+
+    def set_aside(self) -> None:
+        """Take the request `peek` names out of the order, uncharged, until `restore`: it cannot
+        be admitted in this admission pass but those behind it may (a LoRA adapter without a
+        free slot: core.engine.hf).
+
+        Raises:
+            IndexError: the queue is empty.
+        """
+        t = self._next()
+        if t is None:
+            raise IndexError("set_aside on an empty WaitingQueue")
+        self._aside.append(heapq.heappop(t.waiting))
+        self._len -= 1
+
+    def restore(self) -> None:
+        """Put back every request `set_aside` took, at its place (priority and arrival kept)."""
+        for entry in self._aside:
+            t = self._tenants.get(entry.tenant)
+            if t is None:
+                t = self._tenants[entry.tenant] = _Tenant(self._vnow)
+            heapq.heappush(t.waiting, entry)
+        self._len += len(self._aside)
+        self._aside.clear()
 
     def settle(self, tenant: str, charged: float, served: float) -> None:
         """A request of `tenant` admitted at cost `charged` ended having served `served`

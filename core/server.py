@@ -23,6 +23,8 @@ from core.auth import ApiKeyInterceptor
 from core.config import CoreConfig
 from core.engine.base import Engine
 from core.engine.registry import create_engine, tokenizer_path
+from core.errors import CoreError
+from core.lora import lora_of, read_spec, startup_adapters
 from core.metrics import CoreCollector, MetricsServer, core_registry, serve_metrics
 from core.pipeline import RequestPipeline
 from core.service import GenerateServicer
@@ -112,10 +114,42 @@ async def start_core(
     engine = engine or create_engine(config, tokenizer)
     try:
         await engine.start()
+        await register_startup_adapters(config, engine)
         return await _listen(config, engine, tokenizer)
     except BaseException:
         await engine.shutdown()
         raise
+
+
+async def register_startup_adapters(config: CoreConfig, engine: Engine) -> None:
+    """Register the adapters of `<model>/adapters/` and `--lora-modules` (core.lora) on a
+    started engine.
+
+    Raises:
+        RuntimeError: one of them cannot be registered (the message names it and says why),
+            or there are some and the engine serves no adapters.
+    """
+    found = startup_adapters(config.model, config.lora_modules)
+    if not found:
+        return
+    lora = lora_of(engine)
+    if lora is None:
+        raise RuntimeError(
+            f"adapters to serve ({', '.join(name for name, _ in found)}) but the engine serves none (--max-loras 0?)"
+        )
+    for name, path in found:
+        try:
+            spec = read_spec(
+                name,
+                path,
+                max_rank=config.max_lora_rank,
+                model_path=config.model,
+                served_model=config.served_model_name,
+            )
+            await lora.load_adapter(spec)
+        except CoreError as e:
+            raise RuntimeError(f"cannot serve adapter {name} from {path}: {e.message}") from None
+        log.info("adapter %s from %s (rank %d)", name, path, spec.rank)
 
 
 async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> CoreServer:

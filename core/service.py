@@ -22,7 +22,8 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from core import convert
 from core.auth import caller_identity
 from core.config import CoreConfig
-from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady
+from core.errors import CoreError, EngineFailure, InvalidArgument, ManagementDisabled, NotReady
+from core.lora import AdapterStatus, ServesAdapters, lora_of, read_spec, unknown_adapter
 from core.multiplex import CallOutput, MultiplexSession, StreamBounds
 from core.pipeline import RequestPipeline, merge_deltas
 from core.types import GUIDE_KINDS, EngineInfo, SamplingOptions
@@ -180,7 +181,88 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             max_n=p.limits.max_n,
             guided_decoding=[k for k in GUIDE_KINDS if k in info.guided_decoding],
             max_input_tokens=_max_input_tokens(info),
+            adapters=self._adapter_infos(),
+            max_loras=lora.max_loras if (lora := lora_of(p.engine)) is not None else 0,
         )
+
+    def _adapter_infos(self) -> list[spb.AdapterInfo]:
+        lora = lora_of(self.pipeline.engine)
+        return [] if lora is None else [_adapter_info(s) for s in lora.adapters()]
+
+    async def ListAdapters(
+        self,
+        request: spb.ListAdaptersRequest | Malformed,
+        context: grpc.aio.ServicerContext[spb.ListAdaptersRequest, spb.ListAdaptersResponse],
+    ) -> spb.ListAdaptersResponse:
+        """The registered LoRA adapters (none when the engine serves none)."""
+        if isinstance(request, Malformed):
+            await _refuse(context, request.error("ListAdapters"))
+        lora = lora_of(self.pipeline.engine)
+        return spb.ListAdaptersResponse(adapters=self._adapter_infos(), max_loras=0 if lora is None else lora.max_loras)
+
+    async def LoadAdapter(
+        self,
+        request: spb.LoadAdapterRequest | Malformed,
+        context: grpc.aio.ServicerContext[spb.LoadAdapterRequest, spb.LoadAdapterResponse],
+    ) -> spb.LoadAdapterResponse:
+        """Register a PEFT adapter at run time (see the RPC's comment in the proto for each
+        refusal); requests running meanwhile go on, the weights being read off the loop."""
+        if isinstance(request, Malformed):
+            await _refuse(context, request.error("LoadAdapter"))
+        try:
+            lora = self._managed()
+            if not request.path:
+                raise InvalidArgument("Set path: the adapter's directory.", field="path")
+            cfg = self.config
+            spec = read_spec(
+                request.name,
+                request.path,
+                max_rank=cfg.max_lora_rank,
+                model_path=cfg.model,
+                served_model=cfg.served_model_name,
+            )
+            await lora.load_adapter(spec)
+        except CoreError as e:
+            await _refuse(context, e)
+        log.info("adapter %s loaded from %s", spec.name, spec.path)
+        status = next((s for s in lora.adapters() if s.spec.name == spec.name), AdapterStatus(spec))
+        return spb.LoadAdapterResponse(adapter=_adapter_info(status))
+
+    async def UnloadAdapter(
+        self,
+        request: spb.UnloadAdapterRequest | Malformed,
+        context: grpc.aio.ServicerContext[spb.UnloadAdapterRequest, spb.UnloadAdapterResponse],
+    ) -> spb.UnloadAdapterResponse:
+        """Unregister an adapter; requests running with it finish with it."""
+        if isinstance(request, Malformed):
+            await _refuse(context, request.error("UnloadAdapter"))
+        try:
+            lora = self._managed()
+            if not lora.has_adapter(request.name):
+                raise unknown_adapter(request.name)
+            await lora.unload_adapter(request.name)
+        except CoreError as e:
+            await _refuse(context, e)
+        log.info("adapter %s unloaded", request.name)
+        return spb.UnloadAdapterResponse()
+
+    def _managed(self) -> ServesAdapters:
+        """The engine's adapters, when adapter management is allowed.
+
+        Raises:
+            ManagementDisabled: the core runs without --enable-lora-management.
+            NotReady: draining, or the engine serves no adapters (--max-loras 0, TensorRT-LLM).
+        """
+        if not self.config.enable_lora_management:
+            raise ManagementDisabled(
+                "Loading and unloading adapters is off on this server (start it with --enable-lora-management)."
+            )
+        if self.draining:
+            raise NotReady("The server is shutting down; retry on another replica.")
+        lora = lora_of(self.pipeline.engine)
+        if lora is None:
+            raise ManagementDisabled("This engine serves no LoRA adapters (--max-loras 0, or an engine without them).")
+        return lora
 
     async def Tokenize(
         self,
@@ -212,6 +294,18 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             rendered_prompt=rendered,
             spans=[spb.TokenSpan(start=start, stop=stop) for start, stop in spans],
         )
+
+
+def _adapter_info(status: AdapterStatus) -> spb.AdapterInfo:
+    s = status.spec
+    return spb.AdapterInfo(
+        name=s.name,
+        path=s.path,
+        rank=s.rank,
+        resident=status.resident,
+        running=status.running,
+        waiting=status.waiting,
+    )
 
 
 def _max_input_tokens(info: EngineInfo) -> int:

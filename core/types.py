@@ -125,6 +125,7 @@ class EngineRequest:
         guide: the structured-output constraint (a kind in EngineInfo.guided_decoding), or None.
         priority: scheduling priority, lower first (core.scheduling; 0 under fcfs).
         tenant: who the request is served for (core.scheduling fair shares); "" the default.
+        adapter: the registered LoRA adapter to generate with ("": the base model).
     """
 
     request_id: str
@@ -145,6 +146,7 @@ class EngineRequest:
     guide: Guide | None = None
     priority: int = 0
     tenant: str = ""
+    adapter: str = ""
 
 
 @dataclass(slots=True)
@@ -352,6 +354,7 @@ class GenerationRequest:
     session_scope: str = ""
     priority: int = 0
     tenant: str = ""
+    adapter: str = ""
 
 
 # ---------------------------------------------------------------------------------------

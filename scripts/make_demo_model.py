@@ -12,7 +12,14 @@ Usage:
 
 `--steps 0` builds the untrained model (same architecture, tokenizer and template) in a few
 seconds: what the tests use. Next to the weights, trellis_demo.json records the steps, the
-seed and the final training loss. The result loads with `AutoModelForCausalLM.from_pretrained`
+seed and the final training loss.
+
+A trained model also gets two LoRA adapters in PEFT's layout under `adapters/` (ADAPTERS),
+which the core serves from the start (docs/lora.md): each trains rank-8 A and B matrices on
+every Linear layer of the frozen model, for ADAPTER_STEPS steps from its own seed, on a
+rewriting of the same text whose greedy output is easy to tell from the base model's:
+`shout` on the text in capitals, `python` on the Python sources alone. trellis_demo.json
+records each adapter's steps, seed and final loss. The result loads with `AutoModelForCausalLM.from_pretrained`
 / `AutoTokenizer.from_pretrained` and is served with `trellis-core --model models/demo`.
 """
 
@@ -37,6 +44,12 @@ STEPS = 400
 SEED = 1234
 FINAL_LOSS = 4.2736
 FINAL_LOSS_TOLERANCE = 0.1
+#: The demo adapters: name -> seed. Trained for ADAPTER_STEPS steps each (a few seconds).
+ADAPTERS = {"shout": 11, "python": 12}
+ADAPTER_STEPS = 60
+ADAPTER_RANK = 8
+ADAPTER_ALPHA = 16
+ADAPTER_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 # Plain turns render as <|role|>content<|end|>. With tools, a system turn lists them and asks for
@@ -181,6 +194,88 @@ def train(model, hf_tok, text: str, steps: int, seed: int, batch: int = 16, seq:
     return losses
 
 
+def adapter_text(name: str, text: str, files: list[str], max_bytes: int) -> str:
+    """The training text of demo adapter `name`: the corpus in capitals (`shout`), or the
+    corpus's Python sources alone (`python`)."""
+    if name == "shout":
+        return text.upper()
+    return read_corpus([f for f in files if f.endswith(".py")], max_bytes)
+
+
+def train_adapter(model, hf_tok, text: str, steps: int, seed: int, out: Path, base_name: str) -> list[float]:
+    """Train a LoRA adapter on the frozen `model` and save it to `out` in PEFT's layout
+    (adapter_config.json, adapter_model.safetensors with `base_model.model.<module>.lora_A.weight`
+    [r, in] and `lora_B.weight` [out, r]; peft 0.x). A starts as peft's default (Kaiming-uniform)
+    from `seed`, B at zero, so step 0 is the base model; each step is one AdamW step on 8
+    windows of 64 tokens at offsets from `seed`, on one thread (as `train`, for the same
+    reproducibility). Returns the loss of every step; the model is left unchanged."""
+    import math
+
+    import torch
+    from safetensors.torch import save_file
+
+    scale = ADAPTER_ALPHA / ADAPTER_RANK
+    gen = torch.Generator().manual_seed(seed)
+    pairs: dict[str, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
+    hooks = []
+    for path, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or path.rsplit(".", 1)[-1] not in ADAPTER_TARGETS:
+            continue
+        bound = 1 / math.sqrt(module.in_features)
+        a = torch.nn.Parameter((torch.rand((ADAPTER_RANK, module.in_features), generator=gen) * 2 - 1) * bound)
+        b = torch.nn.Parameter(torch.zeros((module.out_features, ADAPTER_RANK)))
+        pairs[path] = (a, b)
+
+        def add(mod, inputs, output, a=a, b=b):
+            return output + (inputs[0] @ a.T) @ b.T * scale
+
+        hooks.append(module.register_forward_hook(add))
+    for p in model.parameters():
+        p.requires_grad_(False)
+    ids = torch.tensor(hf_tok(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    opt = torch.optim.AdamW([t for pair in pairs.values() for t in pair], lr=5e-3, weight_decay=0.0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model.train()
+    losses: list[float] = []
+    try:
+        for _ in range(steps):
+            starts = torch.randint(0, ids.numel() - 65, (8,), generator=gen)
+            x = torch.stack([ids[s : s + 64] for s in starts.tolist()])
+            loss = model(input_ids=x, labels=x).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+        model.eval()
+        for hook in hooks:
+            hook.remove()
+        for p in model.parameters():
+            p.requires_grad_(True)
+    out.mkdir(parents=True)
+    tensors = {}
+    for path, (a, b) in pairs.items():
+        tensors[f"base_model.model.{path}.lora_A.weight"] = a.detach().contiguous()
+        tensors[f"base_model.model.{path}.lora_B.weight"] = b.detach().contiguous()
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": ADAPTER_RANK,
+        "lora_alpha": ADAPTER_ALPHA,
+        "lora_dropout": 0.0,
+        "target_modules": list(ADAPTER_TARGETS),
+        "base_model_name_or_path": base_name,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return losses
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the exit status (argparse exits with 2 on a bad flag)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -192,9 +287,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--corpus-bytes", type=int, default=5_000_000)
+    p.add_argument(
+        "--adapter-steps",
+        type=int,
+        default=None,
+        help=f"training steps of each demo LoRA adapter (default {ADAPTER_STEPS} for a trained model, "
+        "none for an untrained one; 0: no adapters)",
+    )
     args = p.parse_args(argv)
     if args.steps < 0:
         p.error(f"--steps must be 0 or more, got {args.steps}")
+    adapter_steps = args.adapter_steps if args.adapter_steps is not None else (ADAPTER_STEPS if args.steps else 0)
+    if adapter_steps < 0:
+        p.error(f"--adapter-steps must be 0 or more, got {adapter_steps}")
 
     import torch
     import transformers
@@ -226,6 +331,18 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
+    if adapter_steps:
+        record["adapters"] = {}
+        for name, seed in ADAPTERS.items():
+            body = adapter_text(name, text, files, args.corpus_bytes)
+            t1 = time.monotonic()
+            adapter_losses = train_adapter(model, hf_tok, body, adapter_steps, seed, tmp / "adapters" / name, out.name)
+            record["adapters"][name] = {"steps": adapter_steps, "seed": seed, "final_loss": adapter_losses[-1]}
+            print(
+                f"      adapter {name}: loss {adapter_losses[0]:.3f} -> {adapter_losses[-1]:.3f} "
+                f"({time.monotonic() - t1:.1f} s)",
+                flush=True,
+            )
     (tmp / "trellis_demo.json").write_text(json.dumps(record, indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)

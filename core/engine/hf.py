@@ -25,6 +25,7 @@ GPT-2, ...).
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -40,9 +41,11 @@ from core.engine import hf_guided
 from core.engine.base import EngineLifecycle, OutputStream, prompt_logprobs
 from core.engine.hf_cache import ATTENTION, SlotKVCache, StepPlan
 from core.engine.hf_config import KIND, check_request, default_threads, duplicate_id, engine_info, queue_full
+from core.engine.hf_lora import AdapterWeights, LoraBank, load_weights
 from core.engine.hf_prefix import BLOCK_SIZE, PrefixStore
 from core.engine.hf_sampling import BatchParams, RowParams, apply_penalties, draw, filter_logits
 from core.errors import EngineDead, EngineFailure, NotReady
+from core.lora import MAX_LORA_RANK, AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import NEUTRAL, resolve_generic
 from core.scheduling import WaitingQueue, admission_cost
 from core.types import (
@@ -95,6 +98,8 @@ def engine_kwargs(config: CoreConfig, tokenizer: Tokenizer) -> dict[str, Any]:
         prefix_block_size=config.prefix_cache_block_size,
         scheduling_policy=config.scheduling_policy,
         tenant_weights=dict(config.tenant_weight),
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
     )
 
 
@@ -109,6 +114,8 @@ class _Req:
     unfinished: int = 0
     admitted: bool = False
     grammar: Any = None  # the compiled guide (hf_guided), copied into each row
+    lora: AdapterWeights | None = None  # its adapter (resolved at admission to the queue)
+    lora_slot: int = -1  # the adapter slot its rows use (-1: none)
 
 
 @dataclass(eq=False, slots=True)
@@ -123,6 +130,7 @@ class _Row:
     generated: list[int] = field(default_factory=list)
     finished: bool = False
     matcher: Any = None  # this row's guide state (hf_guided), advanced with each token
+    lora: int = -1  # its adapter's slot (core.engine.hf_lora.LoraBank; -1: the base model)
 
     @property
     def history(self) -> list[int]:
@@ -157,6 +165,8 @@ class HfEngine(EngineLifecycle):
         prefix_block_size: tokens per prefix cache block (`--prefix-cache-block-size`).
         scheduling_policy: order of waiting requests, "fcfs" or "priority" (core.scheduling).
         tenant_weights: tenant -> share weight (`--tenant-weight`; others weigh 1).
+        max_loras: LoRA adapter slots (`--max-loras`; 0: no adapters; core.engine.hf_lora).
+        max_lora_rank: the largest adapter rank (`--max-lora-rank`).
     """
 
     kind = KIND
@@ -182,6 +192,8 @@ class HfEngine(EngineLifecycle):
         prefix_block_size: int = BLOCK_SIZE,
         scheduling_policy: str = "fcfs",
         tenant_weights: dict[str, float] | None = None,
+        max_loras: int = 0,
+        max_lora_rank: int = MAX_LORA_RANK,
     ):
         super().__init__()
         self._path = str(model_path)
@@ -244,6 +256,13 @@ class HfEngine(EngineLifecycle):
         self._prefix: PrefixStore[torch.Tensor] | None = (
             PrefixStore(prefix_block_size) if prefix_cache_bytes > 0 else None
         )
+        # LoRA adapters: the registered ones (guarded by _cv), those unregistered whose slots
+        # the worker is to free (guarded by _cv), and the slots (worker only, from load()).
+        self.max_loras = max_loras
+        self._max_rank = max_lora_rank
+        self._adapters: dict[str, AdapterWeights] = {}
+        self._forgotten: list[AdapterWeights] = []
+        self._bank: LoraBank | None = None
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -269,6 +288,8 @@ class HfEngine(EngineLifecycle):
         model.to(self._device)
         model.eval()
         self._model = model
+        if self.max_loras:
+            self._bank = LoraBank(model, self.max_loras, self._max_rank)
         self._num_layers = int(model.config.get_text_config().num_hidden_layers)
         if self._trace_path:
             self._trace = open(self._trace_path, "a", buffering=1)
@@ -304,6 +325,66 @@ class HfEngine(EngineLifecycle):
             return EngineStats(
                 active=self._running_requests, queued=len(self._pending), prefix_cache=self.prefix_stats()
             )
+
+    # ---------------------------------------------------------------- adapters
+
+    def has_adapter(self, name: str) -> bool:
+        """Whether the adapter `name` is registered."""
+        with self._cv:
+            return name in self._adapters
+
+    def adapters(self) -> list[AdapterStatus]:
+        """Every registered adapter with its residency and request counts (core.lora)."""
+        with self._cv:
+            registered = sorted(self._adapters.items())
+            running: collections.Counter[str] = collections.Counter()
+            waiting: collections.Counter[str] = collections.Counter()
+            for r in self._requests.values():
+                if r.lora is not None:
+                    (running if r.admitted else waiting)[r.lora.spec.name] += 1
+        resident = self._bank.resident() if self._bank is not None else frozenset()
+        return [AdapterStatus(w.spec, name in resident, running[name], waiting[name]) for name, w in registered]
+
+    async def load_adapter(self, spec: AdapterSpec) -> None:
+        """Register an adapter (its weights read on a thread); see `add_adapter`."""
+        await asyncio.to_thread(self.add_adapter, spec)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unregister an adapter; see `remove_adapter`."""
+        self.remove_adapter(name)
+
+    def add_adapter(self, spec: AdapterSpec) -> None:
+        """Read `spec`'s weights and register it under its name (blocking; any thread once the
+        model is loaded). It takes a slot when a request first needs it.
+
+        Raises:
+            AdapterExists: the name is registered already.
+            AdapterNotFound / InvalidArgument: core.engine.hf_lora.load_weights.
+        """
+        if not self.max_loras or self._model is None:
+            raise NotReady("This engine serves no LoRA adapters (--max-loras 0) or is not loaded yet.")
+        with self._cv:
+            if spec.name in self._adapters:
+                raise adapter_exists(spec.name)
+        weights = load_weights(spec, self._model, self._max_rank, self._model.dtype)
+        with self._cv:
+            if spec.name in self._adapters:
+                raise adapter_exists(spec.name)
+            self._adapters[spec.name] = weights
+
+    def remove_adapter(self, name: str) -> None:
+        """Unregister `name`: new requests naming it fail with NOT_FOUND; those admitted
+        already run with it, and its slot is freed once none runs.
+
+        Raises:
+            AdapterNotFound: `name` is not registered.
+        """
+        with self._cv:
+            weights = self._adapters.pop(name, None)
+            if weights is None:
+                raise unknown_adapter(name)
+            self._forgotten.append(weights)
+            self._cv.notify()
 
     # ---------------------------------------------------------------- requests
 
@@ -350,6 +431,10 @@ class HfEngine(EngineLifecycle):
             self._check_serving()
             if request.request_id in self._requests:
                 raise duplicate_id(request.request_id)
+            if request.adapter:
+                r.lora = self._adapters.get(request.adapter)
+                if r.lora is None:
+                    raise unknown_adapter(request.adapter)
             if len(self._pending) >= self._max_queue:
                 raise queue_full(self._max_queue)
             self._pending.push(r, cost=admission_cost(request), priority=request.priority, tenant=request.tenant)
@@ -462,22 +547,42 @@ class HfEngine(EngineLifecycle):
 
     def _take_admissible(self) -> list[_Req]:
         """Under the lock: admit waiting requests, in the queue's order (core.scheduling), while
-        they fit the batch and token budgets; the first that does not fit waits at the head."""
+        they fit the batch and token budgets; the first that does not fit waits at the head.
+
+        A request with an adapter takes the adapter's slot (core.engine.hf_lora.LoraBank.assign:
+        its own, a free one, or the least recently used one no running sequence uses); when
+        every slot is in use by running sequences of other adapters, it keeps its place in the
+        queue until one frees, and the requests behind it are admitted meanwhile (vLLM's
+        scheduler skips a request whose adapter cannot be scheduled the same way)."""
         admitted: list[_Req] = []
         rows = len(self._live_slots)
         prefill = 0
+        busy = {row.lora for row in self._rows_live if row.lora >= 0}
+        bank = self._bank
+        if self._forgotten and bank is not None:
+            for weights in self._forgotten:
+                bank.forget(weights, busy)
+            self._forgotten = [w for w in self._forgotten if bank.slot_of(w) is not None]
         while (r := self._pending.peek()) is not None:
             plen = len(r.req.prompt_ids)
             if rows + r.req.num_sequences > self._max_batch or self._reserved + r.reserved_tokens > self._max_total:
                 break
             if admitted and prefill + plen > self._max_prefill:
                 break
+            if r.lora is not None and bank is not None:
+                slot = bank.assign(r.lora, busy)
+                if slot is None:
+                    self._pending.set_aside()
+                    continue
+                r.lora_slot = slot
+                busy.add(slot)
             self._pending.pop()
             r.admitted = True
             admitted.append(r)
             rows += r.req.num_sequences
             prefill += plen
             self._reserved += r.reserved_tokens
+        self._pending.restore()
         return admitted
 
     def _cancel_running(self, ids: set[str], emits: Emits) -> None:
@@ -547,6 +652,13 @@ class HfEngine(EngineLifecycle):
         ends = list(itertools.accumulate(computed, initial=r_dec))  # packed offset of each prompt, then N
         keep = list(range(r_dec)) + [e - 1 for e in ends[1:]]
         cache.plan = plan
+        bank = self._bank
+        if bank is not None:
+            token_slots = [row.lora for row in rows_live]
+            for r, n in zip(reqs, computed, strict=True):
+                token_slots += [r.lora_slot] * n
+            if any(s >= 0 for s in token_slots):
+                bank.set_step(token_slots, dev)
         try:
             out = self._forward(
                 "mixed" if r_dec and reqs else "decode" if r_dec else "prefill",
@@ -561,6 +673,8 @@ class HfEngine(EngineLifecycle):
             )
         finally:
             cache.plan = None
+            if bank is not None:
+                bank.clear_step()
         cache.length = end + 1
         self._store_prefixes(reqs, lens, end)
         logits = out.logits[0]
@@ -674,7 +788,7 @@ class HfEngine(EngineLifecycle):
         every prompt token, so its prompt is computed whole; its blocks are still stored)."""
         if self._prefix is None or r.req.prompt_logprobs is not None:
             return []
-        return self._prefix.lookup(r.req.prompt_ids)
+        return self._prefix.lookup(r.req.prompt_ids, root=_root(r))
 
     def _store_prefixes(self, reqs: list[_Req], lens: list[int], end: int) -> None:
         """Copy the joining prompts' full blocks that the prefix cache lacks out of their slots
@@ -686,7 +800,9 @@ class HfEngine(EngineLifecycle):
         if self._prefix_bytes and not store.capacity:  # a block's size is known from the first step on
             store.set_capacity(self._prefix_bytes // max(1, cache.block_bytes(bs)))
         for r, n in zip(reqs, lens, strict=True):
-            store.insert(r.req.prompt_ids, functools.partial(_read_blocks, cache, r.rows[0].slot, end + 1 - n, bs))
+            store.insert(
+                r.req.prompt_ids, functools.partial(_read_blocks, cache, r.rows[0].slot, end + 1 - n, bs), root=_root(r)
+            )
 
     def _store_sequence(self, row: _Row) -> None:
         """Store the full blocks of a leaving sequence beyond its prompt's: its prompt and the
@@ -699,7 +815,11 @@ class HfEngine(EngineLifecycle):
         bs = store.block_size
         tokens = row.history[:-1]
         if len(tokens) // bs > len(row.owner.req.prompt_ids) // bs:
-            store.insert(tokens, functools.partial(_read_blocks, cache, row.slot, cache.start[row.slot], bs))
+            store.insert(
+                tokens,
+                functools.partial(_read_blocks, cache, row.slot, cache.start[row.slot], bs),
+                root=_root(row.owner),
+            )
 
     def prefix_stats(self) -> PrefixCacheStats | None:
         """The prefix cache's counters (None: the cache is off); safe from any thread."""
@@ -759,7 +879,8 @@ class HfEngine(EngineLifecycle):
         if s.do_sample:
             gen = torch.Generator(device=self._device)
             gen.manual_seed((s.seed + k) & 0xFFFF_FFFF_FFFF_FFFF)
-        return _Row(r, k, slot, params, gen, matcher=r.grammar.deep_copy() if r.grammar is not None else None)
+        matcher = r.grammar.deep_copy() if r.grammar is not None else None
+        return _Row(r, k, slot, params, gen, matcher=matcher, lora=r.lora_slot)
 
     # ---------------------------------------------------------------- decode
 
@@ -964,6 +1085,12 @@ class HfEngine(EngineLifecycle):
             for tok, b in row.owner.req.logit_bias.items():
                 bias[i, tok] = b
         return bias
+
+
+def _root(r: _Req) -> int:
+    """The prefix-cache root of a request's blocks: keys and values computed with an adapter
+    differ from the base model's and from every other adapter's."""
+    return 0 if r.lora is None else r.lora.root
 
 
 def _read_blocks(cache: SlotKVCache, slot: int, col: int, bs: int, first: int, count: int) -> list[torch.Tensor]:

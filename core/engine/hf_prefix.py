@@ -11,7 +11,10 @@ A block is identified by its parent block and its own tokens: the dict key is
 `(parent_id, tuple(tokens))`, the root's parent id being 0, so equal keys mean equal token
 prefixes exactly (the dict compares keys, a hash collision cannot alias two prefixes) and a
 block's keys and values, which depend on every token before it, are shared only by prompts with
-that whole prefix. Each stored block gets a fresh id; when a block is evicted its descendants
+that whole prefix. A chain may start from another root than 0 (a negative number the caller
+chooses): keys and values computed with a LoRA adapter differ from the base model's, so each
+adapter's blocks hang off a root of their own (vLLM puts the LoRA id in its block hash, the
+same separation). Each stored block gets a fresh id; when a block is evicted its descendants
 become unreachable and age out of the LRU order in turn.
 
 The store is pure Python and holds one opaque payload per block (the engine's tensor of every
@@ -93,19 +96,19 @@ class PrefixStore(Generic[T]):
         """The counters and the blocks held."""
         return PrefixCacheStats(self.queries, self.hits, len(self._blocks), self._capacity)
 
-    def lookup(self, tokens: Sequence[int]) -> list[T]:
+    def lookup(self, tokens: Sequence[int], root: int = 0) -> list[T]:
         """The payloads of the longest cached chain of full blocks that `tokens` starts with,
         in order, capped so that at least the last token is left to compute (its logits give
         the first generated token): at most (len(tokens) - 1) // block_size blocks. Counts
         len(tokens) queries and block_size hits per block returned; the chain becomes the most
-        recently used."""
+        recently used. `root`: the chain's root (0, or a negative number of the caller's)."""
         self.queries += len(tokens)
-        found = self._chain(tokens, (len(tokens) - 1) // self.block_size if tokens else 0)
+        found = self._chain(tokens, (len(tokens) - 1) // self.block_size if tokens else 0, root)
         self._touch(found)
         self.hits += len(found) * self.block_size
         return [block.payload for block in found]
 
-    def insert(self, tokens: Sequence[int], copy_out: Callable[[int, int], Sequence[T]]) -> int:
+    def insert(self, tokens: Sequence[int], copy_out: Callable[[int, int], Sequence[T]], root: int = 0) -> int:
         """Store the full blocks of `tokens` that are not stored yet (at most `capacity` blocks
         from the start); returns how many were added.
 
@@ -113,18 +116,18 @@ class PrefixStore(Generic[T]):
         names its parent's id), so `copy_out(first, count)` is asked once, for the payloads of
         blocks first .. first + count - 1, and must return `count` of them. Blocks of other
         prompts are evicted least recently used first to make room; this prompt's chain is the
-        most recently used afterwards, its head last.
+        most recently used afterwards, its head last. `root`: as for `lookup`.
         """
         bs = self.block_size
         full = min(len(tokens) // bs, self._capacity)
-        chain = self._chain(tokens, full)
+        chain = self._chain(tokens, full, root)
         first = len(chain)
         if first < full:
             self._touch(chain)  # the chain's stored head outlives the evictions below
             payloads = copy_out(first, full - first)
             if len(payloads) != full - first:
                 raise ValueError(f"copy_out gave {len(payloads)} payloads for {full - first} blocks")
-            parent = chain[-1].id if chain else 0
+            parent = chain[-1].id if chain else root
             for j, payload in enumerate(payloads, start=first):
                 while len(self._blocks) >= self._capacity:
                     self._blocks.popitem(last=False)
@@ -140,9 +143,9 @@ class PrefixStore(Generic[T]):
         """Drop every block (the counters stay)."""
         self._blocks.clear()
 
-    def _chain(self, tokens: Sequence[int], limit: int) -> list[_Block[T]]:
-        """The stored blocks `tokens` starts with, up to `limit` blocks."""
-        bs, parent = self.block_size, 0
+    def _chain(self, tokens: Sequence[int], limit: int, root: int = 0) -> list[_Block[T]]:
+        """The stored blocks `tokens` starts with from `root`, up to `limit` blocks."""
+        bs, parent = self.block_size, root
         found: list[_Block[T]] = []
         for j in range(limit):
             block = self._blocks.get((parent, tuple(tokens[j * bs : (j + 1) * bs])))

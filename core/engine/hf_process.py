@@ -15,12 +15,15 @@ the core's gRPC threads, which fork cannot do safely), each one of the typed mes
 that mypy checks what each side sends and that each receiver handles every kind (`match`
 ending in `assert_never`):
 
-  core -> engine   ToEngine: Generate(request), Abort(request_id), Stop()
+  core -> engine   ToEngine: Generate(request), Abort(request_id), Stop(),
+                   LoadAdapter(call, spec), UnloadAdapter(call, name)
   engine -> core   Loaded, exactly once and first: Ready() or Failed(reason);
                    then Running: Outputs, one per engine step, every request's outputs of that
                    step in order as `Packed` tuples (`pack`: plain tuples pickle about 10x
                    faster than the dataclasses), a bare list as it is the hot path;
                    PrefixCache(stats) after a step that changed the prefix cache's counters;
+                   Resident(names) after a step that changed the adapters in slots;
+                   AdapterDone(call, error) answering each LoadAdapter and UnloadAdapter;
                    Dead(reason) when the batching loop failed
 
 Every engine output crosses packed, the refusal of a request the engine process cannot admit
@@ -49,6 +52,7 @@ work never preempts a model step; the core's threads get their CPUs back at shut
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import os
@@ -75,6 +79,7 @@ from core.engine.hf_config import (
     queue_full,
 )
 from core.errors import CoreError, EngineDead, NotReady
+from core.lora import AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import resolve_generic
 from core.types import (
     EngineOutput,
@@ -198,8 +203,26 @@ class Stop:
     """core -> engine: end the requests left with NotReady and exit."""
 
 
+@dataclass(frozen=True, slots=True)
+class LoadAdapter:
+    """core -> engine: register a LoRA adapter (HfEngine.add_adapter); answered by AdapterDone
+    with the same `call`."""
+
+    call: int
+    spec: AdapterSpec
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadAdapter:
+    """core -> engine: unregister a LoRA adapter (HfEngine.remove_adapter); answered by
+    AdapterDone with the same `call`."""
+
+    call: int
+    name: str
+
+
 #: What the core sends the engine process.
-ToEngine: TypeAlias = Generate | Abort | Stop
+ToEngine: TypeAlias = Generate | Abort | Stop | LoadAdapter | UnloadAdapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,10 +262,25 @@ class PrefixCache:
     stats: PrefixCacheStats
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterDone:
+    """engine -> core: LoadAdapter or UnloadAdapter `call` done (`error`: why it was refused)."""
+
+    call: int
+    error: CoreError | None
+
+
+@dataclass(frozen=True, slots=True)
+class Resident:
+    """engine -> core: the adapters in slots, after a step that changed them."""
+
+    names: frozenset[str]
+
+
 #: The engine process's first message: whether it loaded the model.
 Loaded: TypeAlias = Ready | Failed
 #: Its messages after Ready.
-Running: TypeAlias = Outputs | PrefixCache | Dead
+Running: TypeAlias = Outputs | PrefixCache | Resident | AdapterDone | Dead
 #: What the engine process sends the core.
 FromEngine: TypeAlias = Loaded | Running
 
@@ -254,6 +292,7 @@ class _Live:
     stream: OutputStream
     scheduled: bool = False
     aborted: bool = False
+    adapter: str = ""
 
 
 @dataclass(eq=False, slots=True)
@@ -342,6 +381,14 @@ class HfProcessEngine(EngineLifecycle):
         self._restarted_at: deque[float] = deque()
         self._restarts = 0
         self._tasks: set[asyncio.Task[None]] = set()  # the watchdog and a restart under way
+
+        # LoRA adapters: those registered, those in the engine's slots (as of its latest step),
+        # and the LoadAdapter / UnloadAdapter calls awaiting their AdapterDone.
+        self.max_loras = int(engine_kwargs.get("max_loras", 0))
+        self._adapters: dict[str, AdapterSpec] = {}
+        self._resident: frozenset[str] = frozenset()
+        self._calls: dict[int, asyncio.Future[None]] = {}
+        self._call_ids = itertools.count(1)
 
     @property
     def _process(self) -> Any:
@@ -472,6 +519,59 @@ class HfProcessEngine(EngineLifecycle):
             stall_seconds=self._stall_for(time.monotonic()),
         )
 
+    # ---------------------------------------------------------------- adapters
+
+    def has_adapter(self, name: str) -> bool:
+        """Whether the adapter `name` is registered."""
+        return name in self._adapters
+
+    def adapters(self) -> list[AdapterStatus]:
+        """Every registered adapter: residency as of the engine's latest step, and this side's
+        count of its requests running (scheduled) and waiting."""
+        running: dict[str, int] = {}
+        waiting: dict[str, int] = {}
+        for live in self._live.values():
+            if live.adapter:
+                counts = running if live.scheduled else waiting
+                counts[live.adapter] = counts.get(live.adapter, 0) + 1
+        return [
+            AdapterStatus(spec, name in self._resident, running.get(name, 0), waiting.get(name, 0))
+            for name, spec in sorted(self._adapters.items())
+        ]
+
+    async def load_adapter(self, spec: AdapterSpec) -> None:
+        """Register an adapter in the engine process (HfEngine.add_adapter, which raises what
+        this raises)."""
+        if spec.name in self._adapters:
+            raise adapter_exists(spec.name)
+        call = next(self._call_ids)
+        await self._call(call, LoadAdapter(call, spec))
+        self._adapters[spec.name] = spec
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unregister an adapter (HfEngine.remove_adapter).
+
+        Raises:
+            AdapterNotFound: `name` is not registered.
+        """
+        if name not in self._adapters:
+            raise unknown_adapter(name)
+        call = next(self._call_ids)
+        await self._call(call, UnloadAdapter(call, name))
+        self._adapters.pop(name, None)
+
+    async def _call(self, call: int, message: ToEngine, *, check: bool = True) -> None:
+        """Send an adapter call and wait for its AdapterDone (raising its error); `check`: only
+        while serving (a restart re-registers before it serves)."""
+        if check:
+            self._check_serving()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._calls[call] = future
+        if not self._send(message):
+            self._calls.pop(call, None)
+            raise EngineDead(f"The {self.kind} engine has stopped.")
+        await future
+
     # ---------------------------------------------------------------- requests
 
     def generate(self, request: EngineRequest) -> OutputStream:
@@ -486,6 +586,8 @@ class HfProcessEngine(EngineLifecycle):
         """
         check_request(request, self._max_batch, self._max_total)
         self._check_serving()
+        if request.adapter and request.adapter not in self._adapters:
+            raise unknown_adapter(request.adapter)
         rid = request.request_id
         if rid in self._live:
             raise duplicate_id(rid)
@@ -496,7 +598,8 @@ class HfProcessEngine(EngineLifecycle):
             if not finished:
                 self.abort(rid)
 
-        live = _Live(OutputStream(EngineOutput(rid, state=RequestState.QUEUED, time=time.monotonic()), on_close))
+        first = EngineOutput(rid, state=RequestState.QUEUED, time=time.monotonic())
+        live = _Live(OutputStream(first, on_close), adapter=request.adapter)
         if not self._send(Generate(request)):
             raise EngineDead(f"The {self.kind} engine has stopped and cannot take requests.")
         if not self._live:  # an idle engine's silence was no stall: the watchdog counts from now
@@ -561,6 +664,15 @@ class HfProcessEngine(EngineLifecycle):
                 self._deliver([unpack(out) for out in message])
             case PrefixCache(stats):
                 self._prefix = stats
+            case Resident(names):
+                self._resident = names
+            case AdapterDone(call, error):
+                future = self._calls.pop(call, None)
+                if future is not None and not future.done():
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error)
             case Dead(reason):
                 self._death = reason
             case _:
@@ -616,6 +728,13 @@ class HfProcessEngine(EngineLifecycle):
             self._restarting = False
             self._mark_dead(EngineDead(f"the engine process could not be restarted: {e}"))
             return
+        for spec in list(self._adapters.values()):  # the new process knows none of them
+            call = next(self._call_ids)
+            try:
+                await self._call(call, LoadAdapter(call, spec), check=False)
+            except Exception as e:  # registered before, so only a changed file fails
+                log.error("hf engine: adapter %s could not be loaded again after the restart: %s", spec.name, e)
+                self._adapters.pop(spec.name, None)
         self._restarting = False
         self._restarts += 1
         log.warning("hf engine: serving again from process %d", self._process.pid)
@@ -648,6 +767,10 @@ class HfProcessEngine(EngineLifecycle):
 
     def _fail_live(self, error: Exception, unscheduled: Exception | None = None) -> None:
         """End every live request with `error` (those never scheduled with `unscheduled`, if given)."""
+        calls, self._calls = self._calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(error)
         now = time.monotonic()
         live, self._live, self._queued = self._live, {}, 0
         for rid, entry in live.items():
@@ -727,6 +850,7 @@ def _engine_main(
 
     send_lock = threading.Lock()
     sent: list[PrefixCacheStats | None] = [None]  # the prefix cache counters the core has
+    resident: list[frozenset[str]] = [frozenset()]  # the adapters in slots the core knows of
 
     def send(message: FromEngine) -> None:
         with send_lock:  # the batching loop and the receiver both send
@@ -744,6 +868,9 @@ def _engine_main(
             if stats is not None and stats != sent[0]:
                 sent[0] = stats
                 send(PrefixCache(stats))
+            if self._bank is not None and (names := self._bank.resident()) != resident[0]:
+                resident[0] = names
+                send(Resident(names))
 
         def _report_death(self, error: Exception) -> None:
             send(Dead(str(error)))
@@ -781,8 +908,21 @@ def _receive(engine: HfEngine, inbox: Connection, send: Callable[[FromEngine], N
                     send([pack(refusal)])
             case Abort(request_id):
                 engine.abort(request_id)
+            case LoadAdapter(call, spec):
+                send(AdapterDone(call, _adapter_call(engine.add_adapter, spec)))
+            case UnloadAdapter(call, name):
+                send(AdapterDone(call, _adapter_call(engine.remove_adapter, name)))
             case Stop():
                 engine.stop_soon()
                 return
             case _:
                 assert_never(message)
+
+
+def _adapter_call(method: Callable[[Any], None], arg: Any) -> CoreError | None:
+    """Run an HfEngine adapter method; its refusal, or None."""
+    try:
+        method(arg)
+    except CoreError as e:
+        return e
+    return None

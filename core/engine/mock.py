@@ -40,6 +40,11 @@ whose prompt, decoded, contains a `when` (the first that matches) generates the 
 unless ignore_eos (then draws go on as usual); max_new_tokens still cuts it, stop token ids do
 not. Other requests draw as usual.
 
+LoRA adapters (`--max-loras`, default 4; core.lora): registered by their adapter_config.json
+alone (no weights are read), and a request with an adapter draws from generators keyed by the
+adapter's name as well, so each adapter gives its own deterministic output for a prompt. All
+registered adapters count as resident.
+
 Sampling parameters other than do_sample and seed (temperature, top_k, top_p, penalties,
 logit_bias, bad_words) are validated and reported as usual but do not shape the draws. Guided
 decoding is not honoured: EngineInfo.guided_decoding is empty, so the core refuses a guided
@@ -49,6 +54,7 @@ request (INVALID_ARGUMENT) rather than return draws that ignore the guide.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import logging
@@ -63,6 +69,7 @@ from typing import TYPE_CHECKING
 
 from core.engine.base import EngineLifecycle, OutputStream
 from core.errors import EngineFailure, InvalidArgument, NotReady, Overloaded
+from core.lora import MAX_LORAS, AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import resolve_generic
 from core.scheduling import WaitingQueue, admission_cost
 from core.types import (
@@ -112,6 +119,7 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> MockEngine:
         script=load_script(config.mock_script) if config.mock_script else (),
         scheduling_policy=config.scheduling_policy,
         tenant_weights=dict(config.tenant_weight),
+        max_loras=config.max_loras,
     )
 
 
@@ -199,6 +207,7 @@ class MockEngine(EngineLifecycle):
         script: scripted replies, `(when, reply)` pairs (the module docstring).
         scheduling_policy: order of waiting requests, "fcfs" or "priority" (core.scheduling).
         tenant_weights: tenant -> share weight (`--tenant-weight`; others weigh 1).
+        max_loras: 0 serves no LoRA adapters; else any number may be registered.
 
     Attributes:
         steps: engine steps completed since start (steps that had requests in the batch).
@@ -225,6 +234,7 @@ class MockEngine(EngineLifecycle):
         script: list[tuple[str, str]] | tuple[()] = (),
         scheduling_policy: str = "fcfs",
         tenant_weights: dict[str, float] | None = None,
+        max_loras: int = MAX_LORAS,
     ) -> None:
         super().__init__()
         if not (math.isfinite(step_ms) and step_ms >= 0):
@@ -270,6 +280,41 @@ class MockEngine(EngineLifecycle):
         self._running: list[_Req] = []
         self._running_rows = 0
         self._aborts: set[str] = set()
+        self.max_loras = max_loras
+        self._adapters: dict[str, AdapterSpec] = {}
+
+    # ---------------------------------------------------------------- adapters
+
+    def has_adapter(self, name: str) -> bool:
+        """Whether the adapter `name` is registered."""
+        return name in self._adapters
+
+    def adapters(self) -> list[AdapterStatus]:
+        """Every registered adapter (all resident) with its running and waiting requests."""
+        running = collections.Counter(r.req.adapter for r in self._running)
+        waiting = collections.Counter(r.req.adapter for r in self._pending)
+        return [
+            AdapterStatus(spec, True, running[name], waiting[name]) for name, spec in sorted(self._adapters.items())
+        ]
+
+    async def load_adapter(self, spec: AdapterSpec) -> None:
+        """Register an adapter (its config was checked by core.lora.read_spec; no weights).
+
+        Raises:
+            AdapterExists: the name is registered already.
+        """
+        if spec.name in self._adapters:
+            raise adapter_exists(spec.name)
+        self._adapters[spec.name] = spec
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unregister an adapter (running requests finish with it).
+
+        Raises:
+            AdapterNotFound: `name` is not registered.
+        """
+        if self._adapters.pop(name, None) is None:
+            raise unknown_adapter(name)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -332,6 +377,8 @@ class MockEngine(EngineLifecycle):
             raise InvalidArgument(f"A request with id '{request.request_id}' is already running.", field="request_id")
         if len(self._pending) >= self._max_queue:
             raise Overloaded(f"The server is at capacity ({self._max_queue} requests waiting); retry later.")
+        if request.adapter and request.adapter not in self._adapters:
+            raise unknown_adapter(request.adapter)
         request_id = request.request_id
 
         def on_close(finished: bool) -> None:
@@ -601,6 +648,8 @@ class MockEngine(EngineLifecycle):
 def _rows(req: EngineRequest, *, with_logprobs: bool) -> list[_Row]:
     """The sequences of a request, each with its generators (see the module docstring)."""
     digest = _prompt_digest(req.prompt_ids)
+    if req.adapter:  # each adapter its own draws
+        digest = hashlib.blake2b(digest + req.adapter.encode(), digest_size=16).digest()
     rows = []
     for k in range(req.num_sequences):
         if req.sampling.do_sample:

@@ -551,6 +551,44 @@ class CoreClient:
             raise GatewayError.from_rpc_error(e) from None
         return cast(spb.TokenizeResponse, reply)
 
+    async def list_adapters(self) -> spb.ListAdaptersResponse:
+        """The core's ListAdapters (not cached: adapters come and go at run time).
+
+        Raises:
+            GatewayError: the core cannot be reached (UNAVAILABLE) or fails.
+        """
+        try:
+            reply = await self.stub.ListAdapters(spb.ListAdaptersRequest(), timeout=10, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise GatewayError.from_rpc_error(e) from None
+        return cast(spb.ListAdaptersResponse, reply)
+
+    async def load_adapter(self, name: str, path: str) -> spb.LoadAdapterResponse:
+        """The core's LoadAdapter. With several cores, the balanced channel's pick takes it:
+        adapters meant for every core are registered at their start (docs/lora.md).
+
+        Raises:
+            GatewayError: the core's refusal (FAILED_PRECONDITION: management off; NOT_FOUND,
+                INVALID_ARGUMENT naming "name" or "path"; ALREADY_EXISTS) or UNAVAILABLE.
+        """
+        request = spb.LoadAdapterRequest(name=name, path=path)
+        try:
+            reply = await self.stub.LoadAdapter(request, timeout=self.timeout or 60, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise GatewayError.from_rpc_error(e) from None
+        return cast(spb.LoadAdapterResponse, reply)
+
+    async def unload_adapter(self, name: str) -> None:
+        """The core's UnloadAdapter.
+
+        Raises:
+            GatewayError: the core's refusal (FAILED_PRECONDITION, NOT_FOUND) or UNAVAILABLE.
+        """
+        try:
+            await self.stub.UnloadAdapter(spb.UnloadAdapterRequest(name=name), timeout=10, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise GatewayError.from_rpc_error(e) from None
+
     def drain(self) -> None:
         """The gateway stops (gateways.common.drain): `serving()` is False from now on."""
         self._draining = True

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateways.common.app import make_gateway_app
 from gateways.common.config import GatewayConfig
-from gateways.lmi import errors, openapi, routes, tgi_routes
+from gateways.lmi import adapters, errors, openapi, routes, tgi_routes
 from gateways.lmi.config import SETTINGS_KEY, add_arguments, load_settings
 
 __all__ = ["DEFAULT_PORT", "add_arguments", "make_app"]
@@ -23,8 +23,10 @@ DEFAULT_PORT = 8080
 
 
 def add_routes(app: web.Application) -> None:
-    """DJL's routes (gateways.lmi.routes) and TGI's (gateways.lmi.tgi_routes)."""
+    """DJL's routes (gateways.lmi.routes, and its adapter management: gateways.lmi.adapters) and
+    TGI's (gateways.lmi.tgi_routes)."""
     routes.add_routes(app)
+    adapters.add_routes(app)
     tgi_routes.add_routes(app)
 
 

@@ -28,6 +28,7 @@ from gateways.common.chat.openapi import text_completion
 from gateways.common.chat.translate import FINISH_REASONS as OPENAI_FINISH_REASONS
 from gateways.common.config import GatewayConfig
 from gateways.common.framing import JSONLINES_CONTENT_TYPE, SSE_CONTENT_TYPE
+from gateways.lmi import adapters
 from gateways.lmi.config import LmiSettings
 from gateways.lmi.schema import DynamicBatchRequest, RollingBatchRequest
 from gateways.lmi.translate import FINISH_REASONS
@@ -489,6 +490,7 @@ def document(config: GatewayConfig, settings: LmiSettings) -> dict[str, Any]:
             }
         },
         "/ping": oa.health_path("ping", "Healthy", "Unhealthy"),
+        **adapters.openapi_paths(c.add("ManagementError", adapters.ERROR_SCHEMA)),
         **tgi_paths,
     }
     return oa.document(

@@ -45,7 +45,7 @@ from gateways.lmi.errors import (
     render_before_stream,
     render_in_stream,
 )
-from gateways.lmi.schema import GenerationParameters, is_chat_request, parse_dynamic, parse_rolling
+from gateways.lmi.schema import GenerationParameters, adapters_of, is_chat_request, parse_dynamic, parse_rolling
 from gateways.lmi.translate import (
     FINISH_REASONS,
     StreamRenderer,
@@ -178,7 +178,13 @@ async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model
     except GatewayError as e:
         return _fail(e)
     dialect = lmi_dialect(request, settings, req.parameters)
-    return await answer_rolling(request, req.inputs, req.parameters, dialect, stream=bool(req.stream), model=model)
+    try:
+        (adapter,) = adapters_of(req, 1)
+    except GatewayError as e:
+        return _fail(e)
+    return await answer_rolling(
+        request, req.inputs, req.parameters, dialect, stream=bool(req.stream), model=model, adapter=adapter
+    )
 
 
 async def answer_rolling(
@@ -189,6 +195,7 @@ async def answer_rolling(
     *,
     stream: bool,
     model: str | None = None,
+    adapter: str = "",
 ) -> web.StreamResponse:
     """Answer one rolling-batch request (checked `inputs` and `params`) in `dialect`: the whole
     body as JSON, or a stream of one record per token, framed as the dialect says.
@@ -210,7 +217,7 @@ async def answer_rolling(
             tgi_router=dialect.tgi_router,
             array=dialect.array,
         )
-        grpc_req = to_generate_request(inputs, params, opts, request_id=uuid.uuid4().hex, model=model)
+        grpc_req = to_generate_request(inputs, params, opts, request_id=uuid.uuid4().hex, model=model, adapter=adapter)
     except GatewayError as e:
         return dialect.fail(e)
     client = core_client(request)
@@ -282,6 +289,7 @@ async def _dynamic(request: web.Request, settings: LmiSettings, body: Any, model
         inputs = [req.inputs] if isinstance(req.inputs, str) else req.inputs
         stream = req.stream if req.stream is not None else settings.enable_streaming
         request_id = uuid.uuid4().hex
+        adapters = adapters_of(req, len(inputs))
         grpc_reqs = [
             to_generate_request(
                 text,
@@ -290,6 +298,7 @@ async def _dynamic(request: web.Request, settings: LmiSettings, body: Any, model
                 request_id=f"{request_id}-{i}",
                 model=model,
                 dynamic=True,
+                adapter=adapters[i],
             )
             for i, text in enumerate(inputs)
         ]

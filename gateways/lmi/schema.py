@@ -87,6 +87,9 @@ class _Request(BaseModel):
 
     parameters: GenerationParameters = Field(default_factory=GenerationParameters)
     stream: bool | None = None
+    # DJL's LoRA adapter selection: one name, or one per input (docs.djl.ai, "Adapters",
+    # "Invoking adapters"); None: the base model.
+    adapters: str | list[str] | None = None
 
     @field_validator("parameters", mode="before")
     @classmethod
@@ -107,6 +110,26 @@ class DynamicBatchRequest(_Request):
     gateway's `--enable-streaming` option (None: use the option)."""
 
     inputs: str | list[str]
+
+
+def adapters_of(req: _Request, inputs: int) -> list[str]:
+    """The adapter of each of `inputs` inputs ("" for the base model): `adapters` as one name
+    for all of them, or a list with one name per input.
+
+    Raises:
+        PayloadError: a list whose length is not the number of inputs (param "adapters").
+    """
+    names = req.adapters
+    if names is None:
+        return [""] * inputs
+    if isinstance(names, str):
+        return [names] * inputs
+    if len(names) != inputs:
+        raise PayloadError(
+            f"adapters lists {len(names)} names for {inputs} inputs; give one name, or one per input.",
+            param="adapters",
+        )
+    return list(names)
 
 
 def is_chat_request(body: Any) -> bool:

@@ -181,7 +181,6 @@ def refuse_unsupported(
         GatewayError: INVALID_ARGUMENT naming the LMI parameter:
             - `stop: true` (TensorRT-LLM's flag, without a defined meaning on other engines);
             - `watermark: true` (a TGI feature the core does not implement);
-            - `adapter_id` (TGI's LoRA adapter; the core serves one model without adapters);
             - n or best_of > 1 with streaming (seed: "only works with non-streaming case");
             - on TGI's `/generate_stream` (`tgi_router`), `decoder_input_details: true`, whose
               prompt tokens TGI's StreamDetails cannot carry (TGI refuses it the same way,
@@ -198,8 +197,6 @@ def refuse_unsupported(
         )
     if p.watermark:
         raise _refuse("watermark", "watermarking is not supported by this server.")
-    if p.adapter_id is not None:
-        raise _refuse("adapter_id", "LoRA adapters are not supported by this server; leave adapter_id unset.")
     if tgi_router and stream and p.decoder_input_details:
         raise _refuse(
             "decoder_input_details",
@@ -230,6 +227,7 @@ def to_generate_request(
     request_id: str,
     model: str | None = None,
     dynamic: bool = False,
+    adapter: str = "",
 ) -> spb.GenerateRequest:
     """One GenerateRequest for `inputs` with LMI parameters `p`.
 
@@ -255,12 +253,16 @@ def to_generate_request(
         request_id: the id for the core and its logs.
         model: the model named by `/predictions/{model}` (None: the served one).
         dynamic: the request is one input of a dynamic batch (stricter refusals).
+        adapter: the LoRA adapter named by the body's `adapters` ("": the base model; TGI's
+            `parameters.adapter_id` names one too).
 
     Raises:
         GatewayError: see `refuse_unsupported`; a `grammar` of another shape (INVALID_ARGUMENT).
     """
     refuse_unsupported(p, stream=opts.stream, dynamic=dynamic, tgi_router=opts.tgi_router)
-    req = spb.GenerateRequest(request_id=request_id, text=inputs)
+    if p.adapter_id is not None and adapter and p.adapter_id != adapter:
+        raise _refuse("adapter_id", f"adapter_id '{p.adapter_id}' contradicts adapters '{adapter}'; give one of them.")
+    req = spb.GenerateRequest(request_id=request_id, text=inputs, adapter=adapter or p.adapter_id or "")
     if model:
         req.model = model
     FIELDS.apply(vars(p), req)

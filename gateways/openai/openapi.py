@@ -31,6 +31,29 @@ MODEL = {
         "object": {"const": "model"},
         "created": {"type": "integer"},
         "owned_by": {"type": "string"},
+        "root": {"type": "string", "description": "A LoRA adapter's directory."},
+        "parent": {"type": "string", "description": "A LoRA adapter's base model."},
+    },
+}
+
+LOAD_LORA = {
+    "type": "object",
+    "required": ["lora_name", "lora_path"],
+    "additionalProperties": False,
+    "properties": {
+        "lora_name": {"type": "string", "minLength": 1},
+        "lora_path": {"type": "string", "minLength": 1},
+        "load_inplace": {"type": "boolean", "description": "Accepted and ignored."},
+    },
+}
+
+UNLOAD_LORA = {
+    "type": "object",
+    "required": ["lora_name"],
+    "additionalProperties": False,
+    "properties": {
+        "lora_name": {"type": "string", "minLength": 1},
+        "lora_int_id": {"type": "integer", "description": "Accepted and ignored."},
     },
 }
 
@@ -82,7 +105,7 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
         "/v1/models": {
             "get": {
                 "operationId": "listModels",
-                "summary": "The served model, as OpenAI's model list.",
+                "summary": "The served model and its LoRA adapters, as OpenAI's model list.",
                 "responses": oa.responses(
                     oa.json_content(
                         c.add(
@@ -101,9 +124,32 @@ def document(config: GatewayConfig, settings: OpenAISettings) -> dict[str, Any]:
         "/v1/models/{model}": {
             "get": {
                 "operationId": "retrieveModel",
-                "summary": "The served model's card; 404 for any other name.",
+                "summary": "The served model's or a LoRA adapter's card; 404 for any other name.",
                 "parameters": [oa.path_parameter("model", "The model's name.")],
                 "responses": oa.responses(oa.json_content(model), oa.errors_as(error, (404, 500, 503, 504))),
+            }
+        },
+        "/v1/load_lora_adapter": {
+            "post": {
+                "operationId": "loadLoraAdapter",
+                "summary": "Register a PEFT LoRA adapter on the core (vLLM's route; the core needs "
+                "--enable-lora-management, else 400).",
+                "requestBody": oa.request_body(c.add("LoadLoRAAdapterRequest", LOAD_LORA)),
+                "responses": oa.responses(
+                    {"text/plain": {"schema": {"type": "string"}}},
+                    oa.errors_as(error, (400, 404, 409, 500, 503, 504)),
+                ),
+            }
+        },
+        "/v1/unload_lora_adapter": {
+            "post": {
+                "operationId": "unloadLoraAdapter",
+                "summary": "Unregister a LoRA adapter (vLLM's route; the core needs --enable-lora-management).",
+                "requestBody": oa.request_body(c.add("UnloadLoRAAdapterRequest", UNLOAD_LORA)),
+                "responses": oa.responses(
+                    {"text/plain": {"schema": {"type": "string"}}},
+                    oa.errors_as(error, (400, 404, 500, 503, 504)),
+                ),
             }
         },
         **messages_openapi.add_messages(c),

@@ -1,8 +1,9 @@
 """aiohttp handlers of the OpenAI gateway: `POST /v1/chat/completions`, `POST /v1/completions`,
 `POST /v1/responses` with `GET`/`DELETE /v1/responses/{id}` and `GET
-/v1/responses/{id}/input_items`, `GET /v1/models`, `GET /v1/models/{model}`, `GET /health`, and
-Anthropic's `POST /v1/messages` and `POST /v1/messages/count_tokens`
-(gateways.openai.messages_route).
+/v1/responses/{id}/input_items`, `GET /v1/models`, `GET /v1/models/{model}`, `GET /health`,
+vLLM's LoRA routes `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (refused
+unless the core runs with --enable-lora-management; docs/lora.md), and Anthropic's
+`POST /v1/messages` and `POST /v1/messages/count_tokens` (gateways.openai.messages_route).
 
 The chat completions path is gateways.common.chat.route.handle_chat, with OpenAI's framing
 (SSE, then `data: [DONE]`) and finish reasons.
@@ -45,6 +46,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model}", retrieve_model)
     app.router.add_get("/health", health)
+    app.router.add_post("/v1/load_lora_adapter", load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -94,29 +97,61 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    """`GET /v1/models`: the served model in OpenAI's list shape."""
+    """`GET /v1/models`: the served model and its LoRA adapters in OpenAI's list shape."""
+    client = core_client(request)
     try:
-        info = await core_client(request).model_info()
+        info = await client.model_info()
+        adapters = (await client.list_adapters()).adapters
     except GatewayError as err:
         return errors.render_before_stream(err)
-    return web.json_response(translate.model_list(info, request.app[SETTINGS_KEY].created), dumps=wire.dumps)
+    created = request.app[SETTINGS_KEY].created
+    return web.json_response(translate.model_list(info, created, adapters), dumps=wire.dumps)
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    """`GET /v1/models/{model}`: the served model's card, or 404 for any other name."""
+    """`GET /v1/models/{model}`: the served model's or an adapter's card, or 404 for any other
+    name."""
+    client = core_client(request)
+    name = request.match_info["model"]
     try:
-        info = await core_client(request).model_info()
+        info = await client.model_info()
+        created = request.app[SETTINGS_KEY].created
+        if name == info.model_name:
+            return web.json_response(translate.model_card(info, created), dumps=wire.dumps)
+        for adapter in (await client.list_adapters()).adapters:
+            if adapter.name == name:
+                return web.json_response(translate.adapter_card(adapter, info.model_name, created), dumps=wire.dumps)
     except GatewayError as err:
         return errors.render_before_stream(err)
-    name = request.match_info["model"]
-    if name != info.model_name:
-        return errors.error_response(
-            404,
-            f"The model '{name}' does not exist; this server serves '{info.model_name}'.",
-            param="model",
-            code="model_not_found",
-        )
-    return web.json_response(translate.model_card(info, request.app[SETTINGS_KEY].created), dumps=wire.dumps)
+    return errors.error_response(
+        404,
+        f"The model '{name}' does not exist; this server serves '{info.model_name}'.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """`POST /v1/load_lora_adapter` `{"lora_name", "lora_path"}` (vLLM's route): 200 with vLLM's
+    success text, or the core's refusal in OpenAI's error shape (400 while management is off
+    or for a bad adapter, 404 for a path without one, 409 for a name taken)."""
+    try:
+        name, path = translate.adapter_request(await read_json(request, json_only=True), load=True)
+        await core_client(request).load_adapter(name, path)
+    except GatewayError as err:
+        return errors.render_before_stream(err)
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    """`POST /v1/unload_lora_adapter` `{"lora_name"}` (vLLM's route): 200 with vLLM's success
+    text, or the core's refusal in OpenAI's error shape (404 for an unknown adapter)."""
+    try:
+        name, _ = translate.adapter_request(await read_json(request, json_only=True), load=False)
+        await core_client(request).unload_adapter(name)
+    except GatewayError as err:
+        return errors.render_before_stream(err)
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def health(request: web.Request) -> web.Response:

@@ -58,8 +58,27 @@ async def _target(request: web.Request) -> ServedModel:
     return served
 
 
+async def _generation_target(request: web.Request) -> tuple[ServedModel, str]:
+    """The served model and the LoRA adapter a generate URL addresses: `/v2/models/<adapter>/...`
+    names a registered adapter of the served model (its version is the served model's); any
+    other name is checked as `_target` does. Returns (served, adapter or "").
+
+    Raises:
+        GatewayError: NOT_FOUND or INVALID_ARGUMENT (translate.check_target), UNAVAILABLE.
+    """
+    served = await _served(request)
+    name = request.match_info["model"]
+    if name != served.name:
+        adapters = (await core_client(request).list_adapters()).adapters
+        if any(a.name == name for a in adapters):
+            translate.check_target(served.name, request.match_info.get("version"), served)
+            return served, name
+    translate.check_target(name, request.match_info.get("version"), served)
+    return served, ""
+
+
 async def _prepare(request: web.Request) -> tuple[translate.Translation, ResponseRenderer]:
-    served = await _target(request)
+    served, adapter = await _generation_target(request)
     body = await read_json(
         request, param="body", empty="The request body is empty; send a JSON object with 'text_input'."
     )
@@ -71,7 +90,13 @@ async def _prepare(request: web.Request) -> tuple[translate.Translation, Respons
     )
     if tr.ignored:
         log.debug("request %s: ignored unknown parameters %s", tr.request.request_id, ", ".join(tr.ignored))
-    renderer = ResponseRenderer(served.name, served.version, client_id=tr.client_id, logprobs=tr.logprobs)
+    if adapter:
+        if tr.request.adapter and tr.request.adapter != adapter:
+            raise GatewayError.invalid(
+                f"lora_name '{tr.request.adapter}' contradicts the adapter '{adapter}' the URL names.", "lora_name"
+            )
+        tr.request.adapter = adapter
+    renderer = ResponseRenderer(adapter or served.name, served.version, client_id=tr.client_id, logprobs=tr.logprobs)
     return tr, renderer
 
 

@@ -93,6 +93,8 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("exclude_input_in_output", "output.echo", _echo, kind=Kind.BOOL, datatype="BOOL"),
     ParamSpec("include_stop_str_in_output", "stopping.include_stop_str_in_output", kind=Kind.BOOL, datatype="BOOL"),
     ParamSpec("stream", None, kind=Kind.BOOL, datatype="BOOL"),
+    # The LoRA adapter, by the name vLLM's Triton backend gives the parameter.
+    ParamSpec("lora_name", "adapter", kind=Kind.STRING, datatype="BYTES"),
     # Guided decoding: vLLM's names, and TensorRT-LLM's ensemble inputs (gateways.common.guided).
     ParamSpec("guided_json", "guided_decoding.json_schema", None, kind=Kind.JSON, datatype="BYTES"),
     ParamSpec("guided_regex", "guided_decoding.regex", None, kind=Kind.STRING, datatype="BYTES"),

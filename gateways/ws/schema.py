@@ -74,10 +74,13 @@ class WsRequest(BaseModel):
         generation_config: per-batch generation settings (None: all defaults).
         priority: scheduling priority of the batch's prompts, lower first (the core's
             --scheduling-policy priority; None: 0).
+        model: the served model's name or one of its LoRA adapters' (vLLM's convention: the
+            adapter is chosen by model name); None: the served model.
     """
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
+    model: Annotated[str, Field(min_length=1)] | None = None
     prompts: Annotated[list[PromptItem], Field(min_length=1)]
     only_new_tokens: bool | None = None
     stream_response: bool | None = None

@@ -87,6 +87,8 @@ def to_generate_request(
     """
     cfg = effective_config(body.generation_config, defaults)
     req = spb.GenerateRequest(request_id=item.request_id, session_id=item.request_id, tenant=tenant)
+    if body.model is not None:
+        req.model = body.model  # the core takes an adapter's name as that adapter
     if item.prompt:
         req.text = item.prompt
     FIELDS.apply(cfg, req)

@@ -180,11 +180,21 @@ class Client:
 class GrpcClient(Client):
     """Generate calls straight to the core. With `json_schema`, each request is constrained to
     that schema (guided decoding), so it cannot ask for ignore_eos: the schema must not let the
-    output complete within max_new_tokens if every request is to generate as many tokens."""
+    output complete within max_new_tokens if every request is to generate as many tokens.
+    With `adapters`, requests name them in turn (LoRA adapters the core serves)."""
 
-    def __init__(self, address: str, max_new_tokens: int, chat: bool, json_schema: str | None = None):
+    def __init__(
+        self,
+        address: str,
+        max_new_tokens: int,
+        chat: bool,
+        json_schema: str | None = None,
+        adapters: tuple[str, ...] = (),
+    ):
         self.address, self.max_new_tokens, self.chat = address, max_new_tokens, chat
         self.json_schema = json_schema
+        self.adapters = adapters
+        self.turn = 0
 
     async def start(self) -> None:
         import grpc
@@ -209,6 +219,9 @@ class GrpcClient(Client):
             req = spb.GenerateRequest(text=prompt, stopping=stopping)
         if self.json_schema is not None:
             req.guided_decoding.json_schema = self.json_schema
+        if self.adapters:
+            req.adapter = self.adapters[self.turn % len(self.adapters)]
+            self.turn += 1
         timeline = Timeline(self.meter)
         async for msg in self.stub.Generate(req):
             timeline.arrived(sum(len(o.tokens) for o in msg.outputs))

@@ -20,6 +20,8 @@ Figures:
   websocket   events/s of one ws gateway with 64 sockets x 4 prompts; its CPU share vs the core's
   guided      at 16 streams over gRPC, requests constrained to a JSON schema vs free ones: tokens/s
               ratio (the goal: at least 0.9), with the machine's load average
+  lora        at 16 streams over gRPC, requests spread over 4 LoRA adapters (rank 8 on every Linear
+              layer, all resident) vs the base model alone: tokens/s ratio (the goal: at least 0.8)
   overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
   prefix      the HF engine's prefix cache and prefix routing (scripts/bench/prefix.py): a shared
@@ -67,8 +69,10 @@ from procs import ROOT, Proc, free_port
 from report import prefix_rows
 from report import update as update_report
 
-HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline", "guided"}
-SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "overhead", "prefix", "fairness")
+HF_SECTIONS = {"core", "static", "gateways", "websocket", "baseline", "guided", "lora"}
+SECTIONS = ("core", "static", "gateways", "websocket", "baseline", "guided", "lora", "overhead", "prefix", "fairness")
+#: The lora section's adapters (made in the output directory: scripts/bench/lora_mixed.py).
+LORA_ADAPTERS = ("bench0", "bench1", "bench2", "bench3")
 # Names that select several sections.
 GROUPS = {"hf": {"static", "baseline"}}
 
@@ -264,6 +268,13 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
     core_port = free_port()
     core_addr = f"127.0.0.1:{core_port}"
     core_root = Path(args.core_root).resolve() if args.core_root else ROOT
+    lora_args: list[str] = []
+    if "lora" in selected:
+        from lora_mixed import make_adapters
+
+        made = make_adapters(str(ROOT / args.model), len(LORA_ADAPTERS), 8, out / "lora-adapters")
+        modules = ",".join(f"{name}={path}" for name, path in zip(LORA_ADAPTERS, made, strict=True))
+        lora_args = ["--lora-modules", modules, "--max-loras", str(len(LORA_ADAPTERS))]
     core = Proc(
         "core",
         [
@@ -279,6 +290,7 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
             "--log-level",
             "WARNING",
             *(["--threads", str(args.engine_threads)] if args.engine_threads else []),
+            *lora_args,
             *shlex.split(args.core_args),
         ],
         ready="serving",
@@ -333,6 +345,15 @@ def hf_sections(args, selected: set[str], out: Path, summary: dict) -> None:
             summary["guided"] = guided(core, core_addr, args, n)
         if "baseline" in selected:
             summary["baseline"] = baseline(core_addr, args, out, n)
+        if "lora" in selected:
+            print("== lora: 16 streams over 4 adapters vs the base model alone (gRPC)", flush=True)
+            summary["lora"] = compare(
+                lambda: GrpcClient(core_addr, n, chat=False),
+                lambda: GrpcClient(core_addr, n, chat=False, adapters=LORA_ADAPTERS),
+                "base",
+                "adapters",
+                args.rounds,
+            )
         summary["core_peak_rss_mb"] = core.peak_rss_mb()
         summary["engine_process_peak_rss_mb"] = EngineProcess(core).peak_rss_mb()
     finally:

@@ -222,7 +222,6 @@ async def test_health_and_errors_without_a_core(http, start_gateway):
         ("/generate", {"inputs": Q, "parameters": {"top_k": "3"}}, "parameters.top_k"),
         ("/generate", {"inputs": Q, "parameters": {"unknown": 1}}, "parameters.unknown"),
         ("/generate", {"parameters": {}}, "inputs"),
-        ("/generate", {"inputs": Q, "parameters": {"adapter_id": "lora-1"}}, "parameters.adapter_id"),
         ("/generate", {"inputs": Q, "parameters": {"grammar": {"type": "ebnf", "value": "x"}}}, "parameters.grammar"),
         ("/generate", {"inputs": Q, "parameters": {"stop": [f"s{i}" for i in range(17)]}}, "parameters.stop"),
         ("/generate_stream", {"inputs": Q, "parameters": {"temperature": -1}}, "parameters.temperature"),

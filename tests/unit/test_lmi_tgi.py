@@ -123,7 +123,7 @@ def test_router_body_and_defaults():
 
 @pytest.mark.parametrize(
     ("params", "stream", "name"),
-    [({"adapter_id": "x"}, False, "adapter_id"), ({"decoder_input_details": True}, True, "decoder_input_details")],
+    [({"decoder_input_details": True}, True, "decoder_input_details")],
 )
 def test_router_refusals(params, stream, name):
     p = GenerationParameters.model_validate(params)
@@ -131,3 +131,13 @@ def test_router_refusals(params, stream, name):
     with pytest.raises(GatewayError) as e:
         to_generate_request("q", p, opts, request_id="r")
     assert e.value.param == f"parameters.{name}"
+
+
+def test_adapter_id_names_the_adapter():
+    p = GenerationParameters.model_validate({"adapter_id": "a"})
+    opts = render_options("q", p, stream=False, tgi_compat=False, tgi_router=True)
+    assert to_generate_request("q", p, opts, request_id="r").adapter == "a"
+    assert to_generate_request("q", p, opts, request_id="r", adapter="a").adapter == "a"
+    with pytest.raises(GatewayError) as e:
+        to_generate_request("q", p, opts, request_id="r", adapter="b")
+    assert e.value.param == "parameters.adapter_id"

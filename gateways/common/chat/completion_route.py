@@ -58,7 +58,7 @@ async def handle_completion(request: web.Request, body: Any) -> web.StreamRespon
         state = translate.CompletionState(
             completion_id=completion_id,
             created=int(time.time()),
-            model=info.model_name,
+            model=generate_requests[0].model or info.model_name,  # an adapter chosen by model is echoed
             n=req.n or 1,
             logprobs=req.logprobs is not None,
             include_usage=bool(req.stream) and req.include_usage,

@@ -120,7 +120,7 @@ async def handle_chat(
             req,
             completion_id=completion_id,
             created=created,
-            model=info.model_name,
+            model=generate_request.model or info.model_name,  # an adapter chosen by model is echoed
             finish_words=finish_words,
             reasoning=reasoning_parser,
         )

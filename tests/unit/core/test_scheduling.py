@@ -161,3 +161,19 @@ def test_many_tenant_names_do_not_accumulate() -> None:
         q.pop()
         q.settle(f"t{i}", 1, 1)
     assert len(q._tenants) <= 1
+
+
+def test_set_aside_lets_those_behind_pass_and_restore_keeps_the_place() -> None:
+    """An admission pass that cannot admit the head yet (a LoRA adapter without a free slot in
+    the HF engine) sets it aside uncharged; restore puts it back before later arrivals."""
+    q: WaitingQueue[str] = WaitingQueue("fcfs")
+    for name in ("a", "b", "c"):
+        q.push(name, cost=10, tenant="t")
+    q.set_aside()
+    assert len(q) == 2
+    assert q.pop() == "b"
+    q.restore()
+    q.push("d", cost=10, tenant="t")
+    assert drain(q) == ["a", "c", "d"]
+    with pytest.raises(IndexError):
+        q.set_aside()

@@ -26,7 +26,7 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from trellis.generate.v1 import generate_pb2 as trellis_dot_generate_dot_v1_dot_generate__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trellis/generate/v1/generate_service.proto\x12\x13trellis.generate.v1\x1a\x19google/protobuf/any.proto\x1a\"trellis/generate/v1/generate.proto\"\xf1\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05model\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x32\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1d.trellis.generate.v1.TokenIdsH\x00\x12\x35\n\x08messages\x18\x05 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12\x35\n\x08stopping\x18\x07 \x01(\x0b\x32#.trellis.generate.v1.StoppingParams\x12\x32\n\x06output\x18\x08 \x01(\x0b\x32\".trellis.generate.v1.OutputOptions\x12\x17\n\nsession_id\x18\t \x01(\tH\x02\x88\x01\x01\x12<\n\x0fguided_decoding\x18\n \x01(\x0b\x32#.trellis.generate.v1.GuidedDecoding\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\x05\x42\x07\n\x05inputB\x08\n\x06_modelB\r\n\x0b_session_id\"\xbc\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".trellis.generate.v1.GenerateState\x12\x34\n\x07outputs\x18\x03 \x03(\x0b\x32#.trellis.generate.v1.SequenceOutput\x12\x18\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rprompt_tokens\x18\x05 \x03(\x0b\x32\x1a.trellis.generate.v1.Token\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.trellis.generate.v1.Usage\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12?\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x08 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12+\n\x06timing\x18\t \x01(\x0b\x32\x1b.trellis.generate.v1.Timing\x12\x19\n\x11session_continued\x18\n \x01(\x08\x42\x0e\n\x0c_prompt_textB\x07\n\x05_seed\"`\n\x18MultiplexGenerateRequest\x12\x33\n\x06starts\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexStart\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x04\"b\n\x0eMultiplexStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.trellis.generate.v1.GenerateRequest\x12\r\n\x05steps\x18\x03 \x01(\x08\"{\n\x19MultiplexGenerateResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexEvent\x12)\n\x05steps\x18\x02 \x01(\x0b\x32\x1a.trellis.generate.v1.Steps\"H\n\x05Steps\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\xb1\x01\n\x0eMultiplexEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x38\n\tresponses\x18\x02 \x03(\x0b\x32%.trellis.generate.v1.GenerateResponse\x12+\n\x06status\x18\x03 \x01(\x0b\x32\x1b.trellis.generate.v1.StatusJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x05textsR\ttoken_idsR\x08logprobs\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x15\n\x13GetModelInfoRequest\"\x9e\x04\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pts_images\x18\t \x01(\x08\x12\x15\n\rmax_num_beams\x18\n \x01(\x05\x12\x18\n\x10max_top_logprobs\x18\x0b \x01(\x05\x12\x1a\n\x12max_stop_sequences\x18\x0c \x01(\x05\x12<\n\x0fgreedy_defaults\x18\r \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12>\n\x11sampling_defaults\x18\x0e \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12#\n\x1bunsupported_sampling_fields\x18\x0f \x03(\t\x12\r\n\x05max_n\x18\x10 \x01(\x05\x12\x17\n\x0fguided_decoding\x18\x11 \x03(\t\x12\x18\n\x10max_input_tokens\x18\x12 \x01(\x05\"a\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x42\x07\n\x05input\"m\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x17\n\x0frendered_prompt\x18\x02 \x01(\t\x12-\n\x05spans\x18\x03 \x03(\x0b\x32\x1e.trellis.generate.v1.TokenSpan\"(\n\tTokenSpan\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0c\n\x04stop\x18\x02 \x01(\x05\x32\xa2\x03\n\x0fGenerateService\x12Y\n\x08Generate\x12$.trellis.generate.v1.GenerateRequest\x1a%.trellis.generate.v1.GenerateResponse0\x01\x12v\n\x11MultiplexGenerate\x12-.trellis.generate.v1.MultiplexGenerateRequest\x1a..trellis.generate.v1.MultiplexGenerateResponse(\x01\x30\x01\x12\x63\n\x0cGetModelInfo\x12(.trellis.generate.v1.GetModelInfoRequest\x1a).trellis.generate.v1.GetModelInfoResponse\x12W\n\x08Tokenize\x12$.trellis.generate.v1.TokenizeRequest\x1a%.trellis.generate.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trellis/generate/v1/generate_service.proto\x12\x13trellis.generate.v1\x1a\x19google/protobuf/any.proto\x1a\"trellis/generate/v1/generate.proto\"\x82\x04\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05model\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x32\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1d.trellis.generate.v1.TokenIdsH\x00\x12\x35\n\x08messages\x18\x05 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12\x35\n\x08stopping\x18\x07 \x01(\x0b\x32#.trellis.generate.v1.StoppingParams\x12\x32\n\x06output\x18\x08 \x01(\x0b\x32\".trellis.generate.v1.OutputOptions\x12\x17\n\nsession_id\x18\t \x01(\tH\x02\x88\x01\x01\x12<\n\x0fguided_decoding\x18\n \x01(\x0b\x32#.trellis.generate.v1.GuidedDecoding\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x0f\n\x07\x61\x64\x61pter\x18\r \x01(\tB\x07\n\x05inputB\x08\n\x06_modelB\r\n\x0b_session_id\"\xbc\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".trellis.generate.v1.GenerateState\x12\x34\n\x07outputs\x18\x03 \x03(\x0b\x32#.trellis.generate.v1.SequenceOutput\x12\x18\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rprompt_tokens\x18\x05 \x03(\x0b\x32\x1a.trellis.generate.v1.Token\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.trellis.generate.v1.Usage\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12?\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x08 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12+\n\x06timing\x18\t \x01(\x0b\x32\x1b.trellis.generate.v1.Timing\x12\x19\n\x11session_continued\x18\n \x01(\x08\x42\x0e\n\x0c_prompt_textB\x07\n\x05_seed\"`\n\x18MultiplexGenerateRequest\x12\x33\n\x06starts\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexStart\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x04\"b\n\x0eMultiplexStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.trellis.generate.v1.GenerateRequest\x12\r\n\x05steps\x18\x03 \x01(\x08\"{\n\x19MultiplexGenerateResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexEvent\x12)\n\x05steps\x18\x02 \x01(\x0b\x32\x1a.trellis.generate.v1.Steps\"H\n\x05Steps\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\xb1\x01\n\x0eMultiplexEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x38\n\tresponses\x18\x02 \x03(\x0b\x32%.trellis.generate.v1.GenerateResponse\x12+\n\x06status\x18\x03 \x01(\x0b\x32\x1b.trellis.generate.v1.StatusJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x05textsR\ttoken_idsR\x08logprobs\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x15\n\x13GetModelInfoRequest\"\xe5\x04\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pts_images\x18\t \x01(\x08\x12\x15\n\rmax_num_beams\x18\n \x01(\x05\x12\x18\n\x10max_top_logprobs\x18\x0b \x01(\x05\x12\x1a\n\x12max_stop_sequences\x18\x0c \x01(\x05\x12<\n\x0fgreedy_defaults\x18\r \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12>\n\x11sampling_defaults\x18\x0e \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12#\n\x1bunsupported_sampling_fields\x18\x0f \x03(\t\x12\r\n\x05max_n\x18\x10 \x01(\x05\x12\x17\n\x0fguided_decoding\x18\x11 \x03(\t\x12\x18\n\x10max_input_tokens\x18\x12 \x01(\x05\x12\x32\n\x08\x61\x64\x61pters\x18\x13 \x03(\x0b\x32 .trellis.generate.v1.AdapterInfo\x12\x11\n\tmax_loras\x18\x14 \x01(\x05\"k\n\x0b\x41\x64\x61pterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x10\n\x08resident\x18\x04 \x01(\x08\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\"\x15\n\x13ListAdaptersRequest\"]\n\x14ListAdaptersResponse\x12\x32\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32 .trellis.generate.v1.AdapterInfo\x12\x11\n\tmax_loras\x18\x02 \x01(\x05\"0\n\x12LoadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"H\n\x13LoadAdapterResponse\x12\x31\n\x07\x61\x64\x61pter\x18\x01 \x01(\x0b\x32 .trellis.generate.v1.AdapterInfo\"$\n\x14UnloadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x17\n\x15UnloadAdapterResponse\"a\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x42\x07\n\x05input\"m\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x17\n\x0frendered_prompt\x18\x02 \x01(\t\x12-\n\x05spans\x18\x03 \x03(\x0b\x32\x1e.trellis.generate.v1.TokenSpan\"(\n\tTokenSpan\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0c\n\x04stop\x18\x02 \x01(\x05\x32\xd1\x05\n\x0fGenerateService\x12Y\n\x08Generate\x12$.trellis.generate.v1.GenerateRequest\x1a%.trellis.generate.v1.GenerateResponse0\x01\x12v\n\x11MultiplexGenerate\x12-.trellis.generate.v1.MultiplexGenerateRequest\x1a..trellis.generate.v1.MultiplexGenerateResponse(\x01\x30\x01\x12\x63\n\x0cGetModelInfo\x12(.trellis.generate.v1.GetModelInfoRequest\x1a).trellis.generate.v1.GetModelInfoResponse\x12W\n\x08Tokenize\x12$.trellis.generate.v1.TokenizeRequest\x1a%.trellis.generate.v1.TokenizeResponse\x12\x63\n\x0cListAdapters\x12(.trellis.generate.v1.ListAdaptersRequest\x1a).trellis.generate.v1.ListAdaptersResponse\x12`\n\x0bLoadAdapter\x12\'.trellis.generate.v1.LoadAdapterRequest\x1a(.trellis.generate.v1.LoadAdapterResponse\x12\x66\n\rUnloadAdapter\x12).trellis.generate.v1.UnloadAdapterRequest\x1a*.trellis.generate.v1.UnloadAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,31 +34,45 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'trellis.generate.v1.generat
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=131
-  _globals['_GENERATEREQUEST']._serialized_end=628
-  _globals['_GENERATERESPONSE']._serialized_start=631
-  _globals['_GENERATERESPONSE']._serialized_end=1075
-  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_start=1077
-  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_end=1173
-  _globals['_MULTIPLEXSTART']._serialized_start=1175
-  _globals['_MULTIPLEXSTART']._serialized_end=1273
-  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_start=1275
-  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_end=1398
-  _globals['_STEPS']._serialized_start=1400
-  _globals['_STEPS']._serialized_end=1472
-  _globals['_MULTIPLEXEVENT']._serialized_start=1475
-  _globals['_MULTIPLEXEVENT']._serialized_end=1652
-  _globals['_STATUS']._serialized_start=1654
-  _globals['_STATUS']._serialized_end=1732
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1734
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1755
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1758
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2300
-  _globals['_TOKENIZEREQUEST']._serialized_start=2302
-  _globals['_TOKENIZEREQUEST']._serialized_end=2399
-  _globals['_TOKENIZERESPONSE']._serialized_start=2401
-  _globals['_TOKENIZERESPONSE']._serialized_end=2510
-  _globals['_TOKENSPAN']._serialized_start=2512
-  _globals['_TOKENSPAN']._serialized_end=2552
-  _globals['_GENERATESERVICE']._serialized_start=2555
-  _globals['_GENERATESERVICE']._serialized_end=2973
+  _globals['_GENERATEREQUEST']._serialized_end=645
+  _globals['_GENERATERESPONSE']._serialized_start=648
+  _globals['_GENERATERESPONSE']._serialized_end=1092
+  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_start=1094
+  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_end=1190
+  _globals['_MULTIPLEXSTART']._serialized_start=1192
+  _globals['_MULTIPLEXSTART']._serialized_end=1290
+  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_start=1292
+  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_end=1415
+  _globals['_STEPS']._serialized_start=1417
+  _globals['_STEPS']._serialized_end=1489
+  _globals['_MULTIPLEXEVENT']._serialized_start=1492
+  _globals['_MULTIPLEXEVENT']._serialized_end=1669
+  _globals['_STATUS']._serialized_start=1671
+  _globals['_STATUS']._serialized_end=1749
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1751
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1772
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1775
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2388
+  _globals['_ADAPTERINFO']._serialized_start=2390
+  _globals['_ADAPTERINFO']._serialized_end=2497
+  _globals['_LISTADAPTERSREQUEST']._serialized_start=2499
+  _globals['_LISTADAPTERSREQUEST']._serialized_end=2520
+  _globals['_LISTADAPTERSRESPONSE']._serialized_start=2522
+  _globals['_LISTADAPTERSRESPONSE']._serialized_end=2615
+  _globals['_LOADADAPTERREQUEST']._serialized_start=2617
+  _globals['_LOADADAPTERREQUEST']._serialized_end=2665
+  _globals['_LOADADAPTERRESPONSE']._serialized_start=2667
+  _globals['_LOADADAPTERRESPONSE']._serialized_end=2739
+  _globals['_UNLOADADAPTERREQUEST']._serialized_start=2741
+  _globals['_UNLOADADAPTERREQUEST']._serialized_end=2777
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_start=2779
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_end=2802
+  _globals['_TOKENIZEREQUEST']._serialized_start=2804
+  _globals['_TOKENIZEREQUEST']._serialized_end=2901
+  _globals['_TOKENIZERESPONSE']._serialized_start=2903
+  _globals['_TOKENIZERESPONSE']._serialized_end=3012
+  _globals['_TOKENSPAN']._serialized_start=3014
+  _globals['_TOKENSPAN']._serialized_end=3054
+  _globals['_GENERATESERVICE']._serialized_start=3057
+  _globals['_GENERATESERVICE']._serialized_end=3778
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "token_ids", "messages", "sampling", "stopping", "output", "session_id", "guided_decoding", "tenant", "priority")
+    __slots__ = ("request_id", "model", "text", "token_ids", "messages", "sampling", "stopping", "output", "session_id", "guided_decoding", "tenant", "priority", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class GenerateRequest(_message.Message):
     GUIDED_DECODING_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -34,7 +35,8 @@ class GenerateRequest(_message.Message):
     guided_decoding: _generate_pb2.GuidedDecoding
     tenant: str
     priority: int
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., guided_decoding: _Optional[_Union[_generate_pb2.GuidedDecoding, _Mapping]] = ..., tenant: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., guided_decoding: _Optional[_Union[_generate_pb2.GuidedDecoding, _Mapping]] = ..., tenant: _Optional[str] = ..., priority: _Optional[int] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued")
@@ -123,7 +125,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_version", "engine", "max_context_length", "max_new_tokens", "default_max_new_tokens", "vocab_size", "has_chat_template", "accepts_images", "max_num_beams", "max_top_logprobs", "max_stop_sequences", "greedy_defaults", "sampling_defaults", "unsupported_sampling_fields", "max_n", "guided_decoding", "max_input_tokens")
+    __slots__ = ("model_name", "model_version", "engine", "max_context_length", "max_new_tokens", "default_max_new_tokens", "vocab_size", "has_chat_template", "accepts_images", "max_num_beams", "max_top_logprobs", "max_stop_sequences", "greedy_defaults", "sampling_defaults", "unsupported_sampling_fields", "max_n", "guided_decoding", "max_input_tokens", "adapters", "max_loras")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +144,8 @@ class GetModelInfoResponse(_message.Message):
     MAX_N_FIELD_NUMBER: _ClassVar[int]
     GUIDED_DECODING_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_version: str
     engine: str
@@ -160,7 +164,61 @@ class GetModelInfoResponse(_message.Message):
     max_n: int
     guided_decoding: _containers.RepeatedScalarFieldContainer[str]
     max_input_tokens: int
-    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., engine: _Optional[str] = ..., max_context_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., accepts_images: _Optional[bool] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., greedy_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., sampling_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., unsupported_sampling_fields: _Optional[_Iterable[str]] = ..., max_n: _Optional[int] = ..., guided_decoding: _Optional[_Iterable[str]] = ..., max_input_tokens: _Optional[int] = ...) -> None: ...
+    adapters: _containers.RepeatedCompositeFieldContainer[AdapterInfo]
+    max_loras: int
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., engine: _Optional[str] = ..., max_context_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., accepts_images: _Optional[bool] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., greedy_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., sampling_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., unsupported_sampling_fields: _Optional[_Iterable[str]] = ..., max_n: _Optional[int] = ..., guided_decoding: _Optional[_Iterable[str]] = ..., max_input_tokens: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ..., max_loras: _Optional[int] = ...) -> None: ...
+
+class AdapterInfo(_message.Message):
+    __slots__ = ("name", "path", "rank", "resident", "running", "waiting")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    rank: int
+    resident: bool
+    running: int
+    waiting: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., rank: _Optional[int] = ..., resident: _Optional[bool] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class ListAdaptersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListAdaptersResponse(_message.Message):
+    __slots__ = ("adapters", "max_loras")
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    adapters: _containers.RepeatedCompositeFieldContainer[AdapterInfo]
+    max_loras: int
+    def __init__(self, adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ..., max_loras: _Optional[int] = ...) -> None: ...
+
+class LoadAdapterRequest(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoadAdapterResponse(_message.Message):
+    __slots__ = ("adapter",)
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    adapter: AdapterInfo
+    def __init__(self, adapter: _Optional[_Union[AdapterInfo, _Mapping]] = ...) -> None: ...
+
+class UnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnloadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "messages")

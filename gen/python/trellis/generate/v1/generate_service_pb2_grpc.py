@@ -55,6 +55,21 @@ class GenerateServiceStub:
                 request_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.TokenizeRequest.SerializeToString,
                 response_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.TokenizeResponse.FromString,
                 _registered_method=True)
+        self.ListAdapters = channel.unary_unary(
+                '/trellis.generate.v1.GenerateService/ListAdapters',
+                request_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.ListAdaptersRequest.SerializeToString,
+                response_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.ListAdaptersResponse.FromString,
+                _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/trellis.generate.v1.GenerateService/LoadAdapter',
+                request_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/trellis.generate.v1.GenerateService/UnloadAdapter',
+                request_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class GenerateServiceServicer:
@@ -105,6 +120,33 @@ class GenerateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAdapters(self, request, context):
+        """The LoRA adapters this core serves (registered at start or by LoadAdapter), and which of
+        them are resident in the engine's adapter slots right now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadAdapter(self, request, context):
+        """Register a PEFT-format LoRA adapter (a directory with adapter_config.json and
+        adapter_model.safetensors) under a name. Refused with FAILED_PRECONDITION unless the core
+        was started with --enable-lora-management; ALREADY_EXISTS when the name is taken;
+        NOT_FOUND when the path holds no adapter; INVALID_ARGUMENT when its rank exceeds
+        --max-lora-rank or it does not fit the served model (base model name, module shapes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Unregister an adapter; requests already running with it finish with it. Refused with
+        FAILED_PRECONDITION unless --enable-lora-management; NOT_FOUND for an unknown name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +169,21 @@ def add_GenerateServiceServicer_to_server(servicer, server):
                     servicer.Tokenize,
                     request_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.TokenizeRequest.FromString,
                     response_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'ListAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAdapters,
+                    request_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.ListAdaptersRequest.FromString,
+                    response_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.ListAdaptersResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=trellis_dot_generate_dot_v1_dot_generate__service__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -238,6 +295,87 @@ class GenerateService:
             '/trellis.generate.v1.GenerateService/Tokenize',
             trellis_dot_generate_dot_v1_dot_generate__service__pb2.TokenizeRequest.SerializeToString,
             trellis_dot_generate_dot_v1_dot_generate__service__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.generate.v1.GenerateService/ListAdapters',
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.ListAdaptersRequest.SerializeToString,
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.ListAdaptersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.generate.v1.GenerateService/LoadAdapter',
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.LoadAdapterRequest.SerializeToString,
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/trellis.generate.v1.GenerateService/UnloadAdapter',
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.UnloadAdapterRequest.SerializeToString,
+            trellis_dot_generate_dot_v1_dot_generate__service__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
