@@ -7,8 +7,13 @@ The field table is the openai SDK's `CompletionCreateParams` (openai-python 3.x,
 included) left to the core. `prompt` is a string, a list of strings, a list of token ids or a list of token-id
 lists; each prompt is one request to the core.
 
-Refused with the field named: `suffix` (insertion needs a fill-in-the-middle model), and `echo`
-together with `logprobs` (the prompt's logprobs are not rendered). `echo` alone is supported.
+Refused with the field named: `suffix` (insertion needs a fill-in-the-middle model), and
+`prompt_logprobs` with `stream` (vLLM refuses it too: the prompt's logprobs are not streamed).
+
+Prompt scoring, as vLLM serves it (vllm/entrypoints/openai/serving_completion.py, 0.10/0.11):
+`echo` with `logprobs` renders the prompt's tokens before the generated ones in `logprobs`;
+`max_tokens: 0` with `echo` scores the prompt without generating (lm-eval's loglikelihood
+requests); `prompt_logprobs: k` (vLLM's extension) adds the per-choice `prompt_logprobs` list.
 
 `parse_completion_request(body)` is the entry point; it raises GatewayError
 (INVALID_ARGUMENT) with `param` set to the offending field.
@@ -57,6 +62,7 @@ class CompletionRequest(Wire):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    prompt_logprobs: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     max_tokens: Int32 | None = None
     n: Int32 | None = None
     seed: Int64 | None = None
@@ -80,6 +86,19 @@ class CompletionRequest(Wire):
         if p and all(isinstance(x, int) for x in p):
             return [[x for x in p if isinstance(x, int)]]
         return [x for x in p if isinstance(x, str | list)]
+
+    @property
+    def score_only(self) -> bool:
+        """Whether the prompt is scored without generating (`echo` with `max_tokens: 0`, vLLM's
+        rule); the core then generates one token, which the response leaves out."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    @property
+    def prompt_alternatives(self) -> int | None:
+        """Alternatives per prompt token the core is asked for: the larger of `prompt_logprobs`
+        and, with `echo`, `logprobs`; None: the prompt's logprobs are not needed."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(wanted) if wanted else None
 
     @property
     def include_usage(self) -> bool:
@@ -115,8 +134,10 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise GatewayError.invalid("The prompt must not be an empty list.", param="prompt")
     if req.suffix:
         raise _unsupported("suffix", "inserting text before a suffix is not supported")
-    if req.echo and req.logprobs is not None:
-        raise _unsupported("echo", "echo together with logprobs is not supported")
+    if req.prompt_logprobs is not None and req.stream:
+        raise GatewayError.invalid(
+            "The parameter 'prompt_logprobs' is not available when 'stream' is true.", param="prompt_logprobs"
+        )
     if req.stream_options is not None and not req.stream:
         raise GatewayError.invalid(
             "The parameter 'stream_options' is only allowed when 'stream' is true.", param="stream_options"

@@ -24,7 +24,7 @@ it in a list) and `top_logprobs[].token` is the token's text (the examples show 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,6 +245,27 @@ def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
         }
         for t in tokens
     ]
+
+
+def prompt_logprobs_list(tokens: Sequence[pb.Token], k: int) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` for the prompt's tokens (the core's `prompt_tokens`): per token
+    None for the first (nothing precedes it), else `{token id: {"logprob", "rank",
+    "decoded_token"}}` with the token itself first and then its `k` top alternatives, ranked
+    1..k (vllm/entrypoints/openai/protocol.py `Logprob`, 0.10/0.11). The token's own rank is
+    its place among the alternatives, or null when it is not one of them (the core does not
+    count ranks further down)."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for t in tokens:
+        if not t.HasField("logprob"):
+            out.append(None)
+            continue
+        top = list(t.top_logprobs)[:k]
+        rank = next((i for i, a in enumerate(top, 1) if a.id == t.id), None)
+        entry = {str(t.id): {"logprob": t.logprob, "rank": rank, "decoded_token": t.text}}
+        for i, a in enumerate(top, 1):
+            entry.setdefault(str(a.id), {"logprob": a.logprob, "rank": i, "decoded_token": a.text})
+        out.append(entry)
+    return out
 
 
 def usage_dict(usage: pb.Usage | None) -> dict[str, Any]:
