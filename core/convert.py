@@ -14,7 +14,9 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.types import (
+    DEFAULT_TEMPLATE,
     ChatMessage,
+    ChatTemplateOptions,
     ContentPart,
     FinishReason,
     GenerationRequest,
@@ -108,6 +110,15 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
         if which == "messages"
         else (),
         guide=to_guide(req.guided_decoding) if req.HasField("guided_decoding") else None,
+        template=ChatTemplateOptions(
+            add_generation_prompt=req.messages.add_generation_prompt
+            if req.messages.HasField("add_generation_prompt")
+            else True,
+            continue_final_message=req.messages.continue_final_message,
+            kwargs=req.messages.template_kwargs,
+        )
+        if which == "messages"
+        else DEFAULT_TEMPLATE,
     )
 
 
@@ -168,6 +179,8 @@ def fill_response(msg: spb.GenerateResponse, delta: ResponseDelta, request_id: s
     msg.request_id = request_id
     if delta.session_continued:
         msg.session_continued = True
+    if delta.prompt_token_count is not None:
+        msg.prompt_token_count = delta.prompt_token_count
     if delta.state is not None:
         msg.state = STATES[delta.state]
     if delta.prompt_text is not None:

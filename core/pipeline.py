@@ -35,7 +35,9 @@ from core.sessions import SessionStore
 from core.stops import StopMatcher
 from core.tokenizer import Tokenizer
 from core.types import (
+    DEFAULT_TEMPLATE,
     ChatMessage,
+    ChatTemplateOptions,
     EngineOutput,
     EngineRequest,
     FinalInfo,
@@ -148,11 +150,16 @@ class RequestPipeline:
     # ------------------------------------------------------------------ prepare
 
     def tokenize(
-        self, text: str | None, messages: Sequence[ChatMessage] | None, tools: Sequence[Tool] = ()
+        self,
+        text: str | None,
+        messages: Sequence[ChatMessage] | None,
+        tools: Sequence[Tool] = (),
+        template: ChatTemplateOptions = DEFAULT_TEMPLATE,
     ) -> tuple[list[int], str]:
-        """Token ids of a text prompt or a chat with its tools (and the rendered chat text)."""
+        """Token ids of a text prompt or a chat with its tools and template options (and the
+        rendered chat text)."""
         if messages is not None:
-            rendered, ids = self.tokenizer.render_chat(messages, tools)
+            rendered, ids = self.tokenizer.render_chat(messages, tools, template)
             return ids, rendered
         return self.tokenizer.encode(text or ""), ""
 
@@ -223,7 +230,7 @@ class RequestPipeline:
         truncate = req.stopping.truncate_input_tokens
         if req.text is not None and truncate is not None:
             return self.tokenize(tail_for_truncation(req.text, truncate, self.tokenizer.max_token_chars), None)[0]
-        return self.tokenize(req.text, req.messages, req.tools)[0]
+        return self.tokenize(req.text, req.messages, req.tools, req.template)[0]
 
     def discard(self, prep: PreparedRequest) -> None:
         """Give up a prepared request without running it (restores its session)."""
@@ -526,6 +533,7 @@ class Job:
             d = ResponseDelta(state=s)
             if s is RequestState.QUEUED:
                 d.session_continued = self.prep.session_continued
+                d.prompt_token_count = len(self.prep.engine_request.prompt_ids)
                 if self.prep.echo:
                     d.prompt_text = self.p._decode_fn(self.prep)(self.prep.engine_request.prompt_ids)
             deltas.append(d)

@@ -175,7 +175,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
                 body = spb.GenerateRequest(text=request.text)
             req = convert.to_generation_request(body, "tokenize")
             validate_request(req, self.pipeline.limits)
-            ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools)
+            ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools, req.template)
         except CoreError as e:
             await context.abort_with_status(e.to_status())
         spans = self.pipeline.tokenizer.spans(req.text or "", ids) if which == "text" else []

@@ -283,6 +283,21 @@ class Tool:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatTemplateOptions:
+    """How a chat is rendered (trellis.generate.v1.ChatMessages fields 3-5): whether the
+    assistant's turn is opened, whether the last message is left open to be continued, and
+    extra template variables as a JSON object's text ("" for none)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    kwargs: str = ""
+
+
+#: The rendering a chat gets when the request says nothing about it.
+DEFAULT_TEMPLATE = ChatTemplateOptions()
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One chat message; `content` parts in order; `tool_calls` on assistant turns that called
     tools, `tool_call_id` on a "tool" message answering one."""
@@ -339,6 +354,7 @@ class GenerationRequest:
     session_id: str | None = None
     tools: tuple[Tool, ...] = ()
     guide: Guide | None = None
+    template: ChatTemplateOptions = DEFAULT_TEMPLATE
 
 
 # ---------------------------------------------------------------------------------------
@@ -419,3 +435,4 @@ class ResponseDelta:
     prompt_tokens: list[TokenInfo] | None = None
     final: FinalInfo | None = None
     session_continued: bool = False
+    prompt_token_count: int | None = None

@@ -276,7 +276,62 @@ def _check_input(req: GenerationRequest, limits: Limits) -> None:
                     f"messages[{i}] is a tool message without tool_call_id; name the call it answers.",
                     field=f"messages[{i}].tool_call_id",
                 )
+        _check_template(req)
     _check_tools(req)
+
+
+#: apply_chat_template's own arguments and the variables it sets (transformers 4.5x
+#: `PreTrainedTokenizerBase.apply_chat_template`): template kwargs must not replace them.
+RESERVED_TEMPLATE_NAMES = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def _check_template(req: GenerationRequest) -> None:
+    """Template kwargs are a JSON object without reserved names; continuing the final message
+    needs it to be the assistant's and no generation prompt."""
+    t = req.template
+    field = "messages.template_kwargs"
+    if t.kwargs:
+        try:
+            kwargs = json.loads(t.kwargs)
+        except ValueError:
+            raise InvalidArgument("template_kwargs is not valid JSON.", field=field) from None
+        if not isinstance(kwargs, dict):
+            raise InvalidArgument("template_kwargs must be a JSON object.", field=field)
+        reserved = sorted(RESERVED_TEMPLATE_NAMES.intersection(kwargs))
+        if reserved:
+            raise InvalidArgument(
+                f"template_kwargs must not set the template call's own argument '{reserved[0]}'.", field=field
+            )
+    if t.continue_final_message:
+        if t.add_generation_prompt:
+            raise InvalidArgument(
+                "continue_final_message needs add_generation_prompt false: the final message cannot be continued "
+                "after a new turn is opened.",
+                field="messages.continue_final_message",
+            )
+        if req.messages and req.messages[-1].role != "assistant":
+            raise InvalidArgument(
+                "continue_final_message continues the final message, which must be the assistant's.",
+                field="messages.continue_final_message",
+            )
 
 
 def _check_tools(req: GenerationRequest) -> None:

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import grpc
 from pydantic import Field, ValidationError, field_validator
 
+from gateways.common.chat import vllm
 from gateways.common.chat.schema import (
     IGNORED_FIELDS,
     MAX_TEMPERATURE,
@@ -34,7 +35,8 @@ from gateways.common.chat.schema import (
     check_logit_bias,
     to_gateway_error,
 )
-from gateways.common.schema import Int32, Int64
+from gateways.common.guided import ResponseFormat
+from gateways.common.schema import Int32, Int64, screen_fields
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -46,8 +48,10 @@ DEFAULT_MAX_TOKENS = 16
 Prompt = str | list[str] | list[Int32] | list[list[Int32]]
 
 
-class CompletionRequest(Wire):
-    """A completions request body (openai SDK `CompletionCreateParams`).
+class CompletionRequest(vllm.VllmExtras, Wire):
+    """A completions request body (openai SDK `CompletionCreateParams`), with vLLM's extras
+    (gateways.common.chat.vllm) and its completions-only ones: `prompt_logprobs`,
+    `response_format` (as on chat).
 
     Unset fields are None (the core's engine defaults apply), except `max_tokens`
     (DEFAULT_MAX_TOKENS, OpenAI's) and sampling, which is on unless temperature is 0.
@@ -74,6 +78,7 @@ class CompletionRequest(Wire):
     top_p: float | None = None
     user: str | None = None
     ignore_eos: bool | None = None
+    response_format: ResponseFormat | None = None
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
@@ -113,17 +118,13 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         GatewayError: INVALID_ARGUMENT, `param` naming the field, `reason` UNKNOWN_PARAMETER,
             UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
     """
-    if not isinstance(body, dict):
-        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
-    known = CompletionRequest.model_fields
-    checked = {}
-    for name, value in body.items():
-        if name in known:
-            checked[name] = value
-        elif name not in IGNORED_FIELDS:
-            raise GatewayError(
-                _INVALID, f"Unrecognized request argument supplied: {name}", param=name, reason="UNKNOWN_PARAMETER"
-            )
+    checked = screen_fields(
+        body,
+        CompletionRequest.model_fields,
+        ignored=IGNORED_FIELDS | vllm.IGNORED,
+        unsupported=_UNSUPPORTED,
+        neutral=_neutral,
+    )
     if "prompt" not in checked:
         raise GatewayError.invalid("Missing required parameter: 'prompt'.", param="prompt")
     try:
@@ -138,11 +139,31 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise GatewayError.invalid(
             "The parameter 'prompt_logprobs' is not available when 'stream' is true.", param="prompt_logprobs"
         )
+    guided = vllm.guide(req) is not None  # two guides are refused here
+    if guided and req.response_format is not None and req.response_format.type != "text":
+        given = next(name for name in (*vllm.VLLM_GUIDES, "structured_outputs") if getattr(req, name) is not None)
+        raise GatewayError.invalid(
+            f"{given} cannot be combined with a response_format: both would constrain the output.", param=given
+        )
     if req.stream_options is not None and not req.stream:
         raise GatewayError.invalid(
             "The parameter 'stream_options' is only allowed when 'stream' is true.", param="stream_options"
         )
     return req
+
+
+#: vLLM's parameters the core cannot honour (add_special_tokens false: the core always adds
+#: the tokenizer's special tokens to a text prompt; true is vLLM's default for completions).
+_UNSUPPORTED = {
+    **vllm.UNSUPPORTED,
+    "add_special_tokens": "leaving out the tokenizer's special tokens is not supported; send token ids",
+}
+
+
+def _neutral(name: str, value: Any) -> bool:
+    if name == "add_special_tokens":
+        return value is None or value is True
+    return vllm.neutral(name, value)
 
 
 def _unsupported(name: str, why: str) -> GatewayError:

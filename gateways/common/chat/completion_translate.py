@@ -29,6 +29,7 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.chat import vllm
 from gateways.common.chat.completion_schema import DEFAULT_MAX_TOKENS, CompletionRequest
 from gateways.common.chat.translate import (
     FINISH_REASONS,
@@ -39,6 +40,7 @@ from gateways.common.chat.translate import (
     usage_dict,
 )
 from gateways.common.fields import Field, FieldTable, by_rule, same_names, true_or_unset
+from gateways.common.guided import response_format_guide
 from gateways.common.streaming import finish_word
 
 OBJECT = "text_completion"
@@ -63,6 +65,8 @@ FIELDS = FieldTable(
         Field("logprobs", "output.top_logprobs"),
         Field("echo", "output.echo", true_or_unset),
         *by_rule("prompt_logprobs", "output.prompt_logprobs"),
+        *by_rule("response_format", "guided_decoding.json_object", "guided_decoding.json_schema"),
+        *vllm.FIELDS,
     )
 )
 
@@ -86,6 +90,11 @@ def to_generate_requests(req: CompletionRequest, *, completion_id: str) -> list[
         base.output.prompt_logprobs = req.prompt_alternatives
     if req.score_only:
         base.stopping.max_new_tokens = 1
+    guide = response_format_guide(req.response_format) or vllm.guide(req)  # the schema allows one
+    if guide is not None:
+        base.guided_decoding.CopyFrom(guide)
+    if req.stream and req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        base.output.tokens = True  # counted for the usage of each chunk
     out = []
     for i, prompt in enumerate(req.prompts):
         one = spb.GenerateRequest()
@@ -119,6 +128,10 @@ class CompletionState:
         score_only: the generated token is left out (`echo` with `max_tokens: 0`).
         echo: prompt index -> its text while it waits to lead each of its choices' text.
         prompt_tokens: prompt index -> its tokens with logprobs, once they arrived.
+        continuous_usage: whether every chunk carries the usage so far, summed over the
+            prompts (vLLM's `continuous_usage_stats`, with `include_usage`).
+        prompt_counts: prompt index -> its prompt tokens (from its QUEUED message).
+        generated: the tokens generated so far, over every prompt.
         started: choice indexes whose first chunk was sent.
         offsets: choice index -> characters of its text so far (logprobs' text_offset).
         usage: prompt index -> its final usage, once it arrived.
@@ -135,6 +148,9 @@ class CompletionState:
     score_only: bool = False
     echo: dict[int, str] = field(default_factory=dict)
     prompt_tokens: dict[int, list[pb.Token]] = field(default_factory=dict)
+    continuous_usage: bool = False
+    prompt_counts: dict[int, int] = field(default_factory=dict)
+    generated: int = 0
     started: set[int] = field(default_factory=set)
     offsets: dict[int, int] = field(default_factory=dict)
     usage: dict[int, pb.Usage] = field(default_factory=dict)
@@ -152,6 +168,8 @@ def state_for(req: CompletionRequest, *, completion_id: str, created: int, model
         echo_logprobs=bool(req.echo) and req.logprobs is not None,
         prompt_logprobs=req.prompt_logprobs,
         score_only=req.score_only,
+        continuous_usage=bool(req.stream and req.stream_options and req.stream_options.continuous_usage_stats)
+        and req.include_usage,
     )
 
 
@@ -199,8 +217,11 @@ def _choices(
         state.echo[prompt] = msg.prompt_text
     if msg.prompt_tokens:
         state.prompt_tokens[prompt] = list(msg.prompt_tokens)
+    if msg.HasField("prompt_token_count"):
+        state.prompt_counts[prompt] = msg.prompt_token_count
     choices = []
     for out in msg.outputs:
+        state.generated += len(out.tokens)
         index = prompt * state.n + out.index
         if state.score_only:  # the token generated is not the client's: its end is the budget's
             generated = out.finish_reason in (pb.FINISH_REASON_EOS, pb.FINISH_REASON_STOP_SEQUENCE)
@@ -281,7 +302,14 @@ def _chunk(state: CompletionState, choices: list[dict[str, Any]]) -> dict[str, A
         "model": state.model,
         "choices": choices,
     }
-    if state.include_usage:
+    if state.continuous_usage:
+        prompt = sum(state.prompt_counts.values())
+        chunk["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": state.generated,
+            "total_tokens": prompt + state.generated,
+        }
+    elif state.include_usage:
         chunk["usage"] = None
     return chunk
 

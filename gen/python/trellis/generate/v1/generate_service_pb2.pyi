@@ -33,7 +33,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., guided_decoding: _Optional[_Union[_generate_pb2.GuidedDecoding, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued")
+    __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued", "prompt_token_count")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class GenerateResponse(_message.Message):
     EFFECTIVE_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     SESSION_CONTINUED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     state: _generate_pb2.GenerateState
     outputs: _containers.RepeatedCompositeFieldContainer[_generate_pb2.SequenceOutput]
@@ -54,7 +55,8 @@ class GenerateResponse(_message.Message):
     effective_sampling: _generate_pb2.SamplingParams
     timing: _generate_pb2.Timing
     session_continued: bool
-    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[_generate_pb2.GenerateState, str]] = ..., outputs: _Optional[_Iterable[_Union[_generate_pb2.SequenceOutput, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[_Union[_generate_pb2.Token, _Mapping]]] = ..., usage: _Optional[_Union[_generate_pb2.Usage, _Mapping]] = ..., seed: _Optional[int] = ..., effective_sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., timing: _Optional[_Union[_generate_pb2.Timing, _Mapping]] = ..., session_continued: _Optional[bool] = ...) -> None: ...
+    prompt_token_count: int
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[_generate_pb2.GenerateState, str]] = ..., outputs: _Optional[_Iterable[_Union[_generate_pb2.SequenceOutput, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[_Union[_generate_pb2.Token, _Mapping]]] = ..., usage: _Optional[_Union[_generate_pb2.Usage, _Mapping]] = ..., seed: _Optional[int] = ..., effective_sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., timing: _Optional[_Union[_generate_pb2.Timing, _Mapping]] = ..., session_continued: _Optional[bool] = ..., prompt_token_count: _Optional[int] = ...) -> None: ...
 
 class MultiplexGenerateRequest(_message.Message):
     __slots__ = ("starts", "cancels")
