@@ -95,6 +95,7 @@ def to_generation_request(req: spb.GenerateRequest, request_id: str) -> Generati
             include_stop_str_in_output=_opt(st, "include_stop_str_in_output"),
             time_limit_ms=_opt(st, "time_limit_ms"),
             truncate_input_tokens=_opt(st, "truncate_input_tokens"),
+            fill_context=_opt(st, "fill_context"),
         ),
         output=OutputOptions(
             logprobs=o.logprobs,

@@ -136,6 +136,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         sampling_pb.ClearField("seed")
         return spb.GetModelInfoResponse(
             model_name=cfg.served_model_name,
+            model_aliases=cfg.model_aliases,
             model_version=cfg.model_version,
             engine=info.engine,
             max_context_length=info.max_context_length,

@@ -321,6 +321,7 @@ class StoppingOptions:
     include_stop_str_in_output: bool | None = None
     time_limit_ms: int | None = None
     truncate_input_tokens: int | None = None
+    fill_context: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class Limits:
     max_new_tokens: int
     max_stop_sequences: int
     max_n: int
+    #: Other names requests may use for the served model (--served-model-name).
+    model_aliases: tuple[str, ...] = ()
     #: Longest prompt text, in characters, that can possibly fit the context: a prompt longer
     #: than this is refused before tokenization (see `check_prompt_size`). None: no bound.
     max_prompt_chars: int | None = None
@@ -57,7 +59,7 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
         ModelNotFound: req.model names another model.
         InvalidArgument: any value out of range or contradicting another field.
     """
-    if req.model and req.model != limits.served_model:
+    if req.model and req.model != limits.served_model and req.model not in limits.model_aliases:
         raise ModelNotFound(
             f"The model '{clip(req.model)}' is not served here; this server serves '{limits.served_model}'.",
             field="model",
@@ -128,8 +130,9 @@ def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, 
 def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limits, default: int) -> int:
     """The max_new_tokens to use for a prompt of prompt_len tokens.
 
-    An unset value takes `default`, lowered to fit the context and the configured bound. A set
-    value must fit. min_new_tokens must not exceed the result (StoppingParams.min_new_tokens).
+    An unset value takes `default` (or, with StoppingParams.fill_context, the rest of the
+    context), lowered to fit the context and the configured bound. A set value must fit.
+    min_new_tokens must not exceed the result (StoppingParams.min_new_tokens).
 
     Raises:
         ContextLengthExceeded: the prompt is longer than the engine accepts or leaves no room,
@@ -153,7 +156,8 @@ def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limi
         )
     asked = req.stopping.max_new_tokens
     if asked is None:
-        max_new = max(1, min(default, limits.max_new_tokens, ctx - prompt_len))
+        wanted = ctx if req.stopping.fill_context else default
+        max_new = max(1, min(wanted, limits.max_new_tokens, ctx - prompt_len))
     elif prompt_len + asked > ctx:
         raise ContextLengthExceeded(
             f"The prompt has {prompt_len} tokens and max_new_tokens is {asked}, which exceeds the model's "

@@ -17,6 +17,7 @@ from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors
 from gateways.common.chat.completion_route import handle_completion
 from gateways.common.chat.route import handle_chat
+from gateways.common.chat.schema import any_model
 from gateways.common.status import GatewayError
 from gateways.openai import messages_errors, responses_route, translate
 from gateways.openai.config import SETTINGS_KEY
@@ -53,7 +54,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request, json_only=True)
     except GatewayError as err:
         return errors.render_before_stream(err)
-    return await handle_chat(request, body, reasoning_parser=request.app[SETTINGS_KEY].reasoning_parser)
+    settings = request.app[SETTINGS_KEY]
+    if settings.accept_any_model:
+        body = any_model(body)
+    return await handle_chat(
+        request,
+        body,
+        reasoning_parser=settings.reasoning_parser,
+        fill_context=settings.default_max_tokens == "context",
+    )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -62,6 +71,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
     except GatewayError as err:
         return errors.render_before_stream(err)
+    if request.app[SETTINGS_KEY].accept_any_model:
+        body = any_model(body)
     return await handle_completion(request, body)
 
 
@@ -108,14 +119,16 @@ async def retrieve_model(request: web.Request) -> web.Response:
     except GatewayError as err:
         return errors.render_before_stream(err)
     name = request.match_info["model"]
-    if name != info.model_name:
+    known = name == info.model_name or name in info.model_aliases
+    if not known and not request.app[SETTINGS_KEY].accept_any_model:
         return errors.error_response(
             404,
             f"The model '{name}' does not exist; this server serves '{info.model_name}'.",
             param="model",
             code="model_not_found",
         )
-    return web.json_response(translate.model_card(info, request.app[SETTINGS_KEY].created), dumps=wire.dumps)
+    card = translate.model_card(info, request.app[SETTINGS_KEY].created, name if known else None)
+    return web.json_response(card, dumps=wire.dumps)
 
 
 async def health(request: web.Request) -> web.Response:

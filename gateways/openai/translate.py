@@ -9,11 +9,13 @@ from typing import Any
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 
-def model_card(info: spb.GetModelInfoResponse, created: int) -> dict[str, Any]:
-    """`{"id", "object": "model", "created", "owned_by"}` for the served model."""
-    return {"id": info.model_name, "object": "model", "created": created, "owned_by": "trellis"}
+def model_card(info: spb.GetModelInfoResponse, created: int, name: str | None = None) -> dict[str, Any]:
+    """`{"id", "object": "model", "created", "owned_by"}` for the served model under `name` (its
+    reported name, or one of its aliases)."""
+    return {"id": name or info.model_name, "object": "model", "created": created, "owned_by": "trellis"}
 
 
 def model_list(info: spb.GetModelInfoResponse, created: int) -> dict[str, Any]:
-    """`{"object": "list", "data": [card]}`: the one served model."""
-    return {"object": "list", "data": [model_card(info, created)]}
+    """`{"object": "list", "data": [card, ...]}`: the served model under its name, then under
+    each alias (the core's --served-model-name), as vLLM lists its served names."""
+    return {"object": "list", "data": [model_card(info, created, n) for n in (info.model_name, *info.model_aliases)]}

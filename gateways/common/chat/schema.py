@@ -261,6 +261,14 @@ class ChatCompletionRequest(VllmExtras, Wire):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+def any_model(body: Any) -> Any:
+    """`body` without its `model` (a gateway's --accept-any-model: one model is served, so
+    whatever name a client sends means it, as TGI answers any name); any other value as it is."""
+    if isinstance(body, dict) and "model" in body:
+        return {k: v for k, v in body.items() if k != "model"}
+    return body
+
+
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
     """Check a parsed JSON body and return it as a ChatCompletionRequest.
 

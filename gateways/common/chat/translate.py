@@ -93,7 +93,9 @@ FIELDS = FieldTable(
 )
 
 
-def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.GenerateRequest:
+def to_generate_request(
+    req: ChatCompletionRequest, *, request_id: str, fill_context: bool = False
+) -> spb.GenerateRequest:
     """The GenerateRequest for a chat completion request.
 
     Rules (OpenAI's API and the schema's "Request Schema"): `do_sample` is set explicitly, true
@@ -112,6 +114,9 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
     Args:
         req: a request checked by `schema.parse_chat_request`.
         request_id: the id the core logs and echoes (the completion id).
+        fill_context: without max_tokens / max_completion_tokens, ask for the rest of the
+            context (`stopping.fill_context`; OpenAI's and vLLM's default) rather than the
+            core's default.
     """
     out = spb.GenerateRequest(
         request_id=request_id,
@@ -121,6 +126,8 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
         output=pb.OutputOptions(),
     )
     FIELDS.apply(vars(req), out)
+    if fill_context and req.max_tokens is None and req.max_completion_tokens is None:
+        out.stopping.fill_context = True
     mode = tool_mode(req)
     if mode is not None:
         out.messages.tools.extend(

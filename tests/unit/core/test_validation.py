@@ -321,3 +321,18 @@ def test_chat_template_options_are_checked(template, messages, words):
 def test_valid_chat_template_options_pass():
     template = ChatTemplateOptions(add_generation_prompt=False, continue_final_message=True, kwargs='{"x": 1}')
     validate_request(req(text=None, messages=USER_AND_ASSISTANT, template=template), LIMITS)
+
+
+def test_model_aliases_are_served_names():
+    aliased = dataclasses.replace(LIMITS, model_aliases=("gpt-4o",))
+    validate_request(req(model="gpt-4o"), aliased)
+    with pytest.raises(ModelNotFound):
+        validate_request(req(model="gpt-4o"), LIMITS)
+
+
+def test_fill_context_takes_the_rest_of_the_context():
+    filled = req(stopping=T(fill_context=True))
+    assert resolve_max_new_tokens(filled, 10, LIMITS, default=30) == 90
+    assert resolve_max_new_tokens(req(), 10, LIMITS, default=30) == 30
+    bounded = dataclasses.replace(LIMITS, max_new_tokens=50)
+    assert resolve_max_new_tokens(filled, 10, bounded, default=30) == 50
