@@ -240,3 +240,44 @@ def test_chat_prompt_logprobs_are_top_level():
     assert "prompt_logprobs" not in translate.to_completion(
         [message(out("x", 1, pb.FINISH_REASON_LENGTH), usage=(2, 1))], state({"messages": USER})
     )
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+@pytest.mark.parametrize(
+    "fields, guide",
+    [
+        ({"response_format": {"type": "json", "value": SCHEMA}}, pb.GuidedDecoding(json_schema=json.dumps(SCHEMA))),
+        (
+            {"response_format": {"type": "json_schema", "value": {"name": "a", "schema": SCHEMA}}},
+            pb.GuidedDecoding(json_schema=json.dumps(SCHEMA)),
+        ),
+        ({"response_format": {"type": "regex", "value": "a+"}}, pb.GuidedDecoding(regex="a+")),
+        ({"grammar": {"type": "json", "value": SCHEMA}}, pb.GuidedDecoding(json_schema=json.dumps(SCHEMA))),
+        ({"grammar": {"type": "json_object", "value": None}}, None),
+    ],
+)
+def test_tgi_structured_output_shapes_on_chat(fields, guide):
+    if guide is None:
+        with pytest.raises(GatewayError) as info:
+            parse_chat_request({"messages": USER, **fields})
+        assert info.value.param == "grammar"
+        return
+    g = translate.to_generate_request(parse_chat_request({"messages": USER, **fields}), request_id="r")
+    assert g.guided_decoding == guide
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"response_format": {"type": "json", "value": 5}}, "response_format"),
+        ({"response_format": {"type": "grammar", "value": "x"}}, "response_format"),
+        ({"grammar": "x"}, "grammar"),
+        ({"grammar": {"type": "regex", "value": "a"}, "guided_regex": "b"}, "guided_regex"),
+    ],
+)
+def test_tgi_shapes_that_are_not_one(fields, param):
+    with pytest.raises(GatewayError) as info:
+        parse_chat_request({"messages": USER, **fields})
+    assert info.value.param == param

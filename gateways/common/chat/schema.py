@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateways.common.chat import vllm
 from gateways.common.chat.vllm import VllmExtras
-from gateways.common.guided import NAME_PATTERN, ResponseFormat
-from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path, screen_fields
+from gateways.common.guided import NAME_PATTERN, ResponseFormat, tgi_grammar_guide
+from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path, json_type, screen_fields
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -269,6 +269,42 @@ def any_model(body: Any) -> Any:
     return body
 
 
+def _tgi_formats(body: Any) -> Any:
+    """TGI's shapes of structured output on chat (text-generation-inference router/src/lib.rs
+    `GrammarType`, 3.x: `{"type": "json" | "json_object" | "json_schema" | "regex", "value":
+    ...}`, in `response_format` as huggingface_hub's InferenceClient sends it, or in
+    `grammar`) as vLLM's guided fields, which the chat table maps (OpenAI's response_format
+    shapes, which carry no `value`, are left as they are).
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT naming `response_format` or `grammar` for a TGI shape
+            that is not one (gateways.common.guided.tgi_grammar_guide).
+    """
+    if not isinstance(body, dict):
+        return body
+    out = body
+    for name in ("response_format", "grammar"):
+        value = body.get(name)
+        if value is None or (name == "response_format" and not (isinstance(value, dict) and "value" in value)):
+            continue
+        if not isinstance(value, dict):
+            raise GatewayError.invalid(f"Invalid value for '{name}': expected an object, got {json_type(value)}.", name)
+        guide = tgi_grammar_guide(value, name)
+        kind = guide.WhichOneof("guide")
+        as_vllm: dict[str, Any] = (
+            {"guided_json": guide.json_schema}
+            if kind == "json_schema"
+            else {"guided_regex": guide.regex}
+            if kind == "regex"
+            else {"structured_outputs": {"json_object": True}}
+        )
+        (key,) = as_vllm
+        if key in out:
+            raise GatewayError.invalid(f"Only one guided decoding parameter may be given; got {name} and {key}.", key)
+        out = {**{k: v for k, v in out.items() if k != name}, **as_vllm}
+    return out
+
+
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
     """Check a parsed JSON body and return it as a ChatCompletionRequest.
 
@@ -277,7 +313,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
             UNKNOWN_PARAMETER, UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
     """
     checked = screen_fields(
-        body,
+        _tgi_formats(body),
         ChatCompletionRequest.model_fields,
         ignored=IGNORED_FIELDS | vllm.IGNORED,
         unsupported={**UNSUPPORTED_FIELDS, **_CHAT_UNSUPPORTED},
