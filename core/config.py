@@ -100,6 +100,7 @@ class CoreConfig:
     model: str
     engine: str = "hf"
     model_name: str = ""
+    served_model_name_list: tuple[str, ...] = ()
     model_version: str = "1"
     tokenizer: str | None = None
     host: str = "127.0.0.1"
@@ -179,8 +180,17 @@ class CoreConfig:
 
     @property
     def served_model_name(self) -> str:
-        """The name clients must use: --model-name, else the model directory's name."""
+        """The name the core reports: the first --served-model-name, else --model-name, else
+        the model directory's name."""
+        if self.served_model_name_list:
+            return self.served_model_name_list[0]
         return self.model_name or Path(self.model.rstrip("/")).name
+
+    @property
+    def model_aliases(self) -> tuple[str, ...]:
+        """Other names requests may use for the model: the further --served-model-name values
+        (vLLM's flag: the first is reported, all are accepted)."""
+        return tuple(dict.fromkeys(n for n in self.served_model_name_list[1:] if n != self.served_model_name))
 
     def redacted(self) -> dict[str, object]:
         """The configuration as a dict for the start-up log, API keys replaced by their count."""
@@ -201,6 +211,15 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
     p.add_argument("--model", required=True, help="HF checkpoint directory, or TensorRT-LLM engine directory")
     p.add_argument("--engine", default=d.engine, choices=list(ENGINES), help="engine kind")
     p.add_argument("--model-name", default=d.model_name, help="served model name (default: directory name)")
+    p.add_argument(
+        "--served-model-name",
+        dest="served_model_name_list",
+        action=ListAction,
+        type=comma_list,
+        default=[],
+        help="names requests may use for the model (repeatable, or comma-separated; vLLM's flag): the first is "
+        "reported and replaces --model-name, the others are aliases",
+    )
     p.add_argument("--model-version", default=d.model_version, help="version label reported by GetModelInfo")
     p.add_argument("--tokenizer", default=d.tokenizer, help="tokenizer directory (default: from the model)")
     p.add_argument("--host", default=d.host, help="address to listen on (0.0.0.0 for all interfaces)")
@@ -568,4 +587,5 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     ns["api_key"] = tuple(ns["api_key"])
     ns["tenant_weight"] = tuple(ns["tenant_weight"])
     ns["lora_modules"] = tuple(ns["lora_modules"])
+    ns["served_model_name_list"] = tuple(ns["served_model_name_list"])
     return CoreConfig(**ns)

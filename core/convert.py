@@ -14,7 +14,9 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.types import (
+    DEFAULT_TEMPLATE,
     ChatMessage,
+    ChatTemplateOptions,
     ContentPart,
     FinishReason,
     GenerationRequest,
@@ -98,6 +100,7 @@ def to_generation_request(
             include_stop_str_in_output=_opt(st, "include_stop_str_in_output"),
             time_limit_ms=_opt(st, "time_limit_ms"),
             truncate_input_tokens=_opt(st, "truncate_input_tokens"),
+            fill_context=_opt(st, "fill_context"),
         ),
         output=OutputOptions(
             logprobs=o.logprobs,
@@ -117,6 +120,15 @@ def to_generation_request(
         priority=req.priority,
         tenant=req.tenant if key_tenant is None else key_tenant,
         adapter=req.adapter,
+        template=ChatTemplateOptions(
+            add_generation_prompt=req.messages.add_generation_prompt
+            if req.messages.HasField("add_generation_prompt")
+            else True,
+            continue_final_message=req.messages.continue_final_message,
+            kwargs=req.messages.template_kwargs,
+        )
+        if which == "messages"
+        else DEFAULT_TEMPLATE,
     )
 
 
@@ -177,6 +189,8 @@ def fill_response(msg: spb.GenerateResponse, delta: ResponseDelta, request_id: s
     msg.request_id = request_id
     if delta.session_continued:
         msg.session_continued = True
+    if delta.prompt_token_count is not None:
+        msg.prompt_token_count = delta.prompt_token_count
     if delta.state is not None:
         msg.state = STATES[delta.state]
     if delta.prompt_text is not None:

@@ -14,6 +14,12 @@ with INVALID_ARGUMENT before the first message):
 the check and by the HF engine's matchers, core.engine.hf_guided); `ebnf_choice` writes a
 choice list as the EBNF TensorRT-LLM's XGrammar backend takes.
 
+Object schemas are closed by default: an object schema with `properties` and neither
+`additionalProperties` nor `unevaluatedProperties` gets `"additionalProperties": false`
+(`strict_schema`), so the output has only the properties the schema declares, as XGrammar's
+strict mode (TensorRT-LLM's backend, and vLLM's default) has it; a schema that allows more says
+so with `"additionalProperties": true` (or a schema for them).
+
 JSON output is compact by default: `", "` and `": "` separators and no other whitespace, as
 Python's json.dumps writes it. Free whitespace lets a model pad a JSON value without end (an
 untrained model does); a schema may still ask for it with llguidance's
@@ -137,7 +143,7 @@ def llguidance_grammar(guide: Guide) -> str:
     if guide.kind == "json_object":
         return LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=JSON_DEFAULTS)
     if guide.kind == "json_schema":
-        return LLMatcher.grammar_from_json_schema(guide.spec, defaults=JSON_DEFAULTS)
+        return LLMatcher.grammar_from_json_schema(strict_schema(guide.spec), defaults=JSON_DEFAULTS)
     if guide.kind == "regex":
         return LLMatcher.grammar_from_regex(guide.spec)
     if guide.kind == "ebnf_grammar":
@@ -147,6 +153,63 @@ def llguidance_grammar(guide: Guide) -> str:
     if guide.kind == "choice":
         return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in guide.choices))
     raise ValueError(f"unknown guide kind {guide.kind!r}")
+
+
+#: JSON Schema keywords whose value is a schema, a list of schemas, or a map of name -> schema
+#: (JSON Schema 2020-12 "Core" and "Applicator" vocabularies, with draft-07's definitions,
+#: additionalItems and dependencies).
+_SCHEMA_KEYWORDS = frozenset(
+    {
+        "items",
+        "additionalItems",
+        "unevaluatedItems",
+        "contains",
+        "additionalProperties",
+        "unevaluatedProperties",
+        "propertyNames",
+        "not",
+        "if",
+        "then",
+        "else",
+    }
+)
+_SCHEMA_LIST_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems", "items"})
+_SCHEMA_MAP_KEYWORDS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
+)
+
+
+def strict_schema(text: str) -> str:
+    """A JSON Schema's text with every object schema that declares `properties` closed:
+    `"additionalProperties": false` where neither it nor `unevaluatedProperties` is given (the
+    default of XGrammar's strict mode, `xgrammar.Grammar.from_json_schema(strict_mode=True)`).
+    Text that is not a JSON object is returned as it is (check_guide refuses it first)."""
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(schema, dict):
+        return text
+    return json.dumps(_closed(schema))
+
+
+def _closed(node: object) -> object:
+    """A schema node with its object schemas closed (see `strict_schema`); a new value."""
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, object] = {}
+    for key, value in node.items():
+        if key in _SCHEMA_MAP_KEYWORDS and isinstance(value, dict):
+            out[key] = {name: _closed(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LIST_KEYWORDS and isinstance(value, list):
+            out[key] = [_closed(sub) for sub in value]
+        elif key in _SCHEMA_KEYWORDS:
+            out[key] = _closed(value)
+        else:
+            out[key] = value
+    if "properties" in node and "additionalProperties" not in node and "unevaluatedProperties" not in node:
+        out["additionalProperties"] = False
+    return out
 
 
 def ebnf_choice(choices: tuple[str, ...]) -> str:

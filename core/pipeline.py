@@ -38,7 +38,9 @@ from core.stops import StopMatcher
 from core.tenants import Tenants
 from core.tokenizer import Tokenizer
 from core.types import (
+    DEFAULT_TEMPLATE,
     ChatMessage,
+    ChatTemplateOptions,
     EngineOutput,
     EngineRequest,
     FinalInfo,
@@ -165,12 +167,17 @@ class RequestPipeline:
     # ------------------------------------------------------------------ prepare
 
     def tokenize(
-        self, text: str | None, messages: Sequence[ChatMessage] | None, tools: Sequence[Tool] = ()
+        self,
+        text: str | None,
+        messages: Sequence[ChatMessage] | None,
+        tools: Sequence[Tool] = (),
+        template: ChatTemplateOptions = DEFAULT_TEMPLATE,
     ) -> tuple[list[int], str]:
-        """Token ids of a text prompt or a chat with its tools (and the rendered chat text);
-        special-token text from the client is ordinary text unless `split_special` is off."""
+        """Token ids of a text prompt or a chat with its tools and template options (and the
+        rendered chat text); special-token text from the client is ordinary text unless
+        `split_special` is off."""
         if messages is not None:
-            rendered, ids = self.tokenizer.render_chat(messages, tools, split_special=self.split_special)
+            rendered, ids = self.tokenizer.render_chat(messages, tools, template, split_special=self.split_special)
             return ids, rendered
         return self.tokenizer.encode(text or "", split_special=self.split_special), ""
 
@@ -254,7 +261,7 @@ class RequestPipeline:
         truncate = req.stopping.truncate_input_tokens
         if req.text is not None and truncate is not None:
             return self.tokenize(tail_for_truncation(req.text, truncate, self.tokenizer.max_token_chars), None)[0]
-        return self.tokenize(req.text, req.messages, req.tools)[0]
+        return self.tokenize(req.text, req.messages, req.tools, req.template)[0]
 
     def discard(self, prep: PreparedRequest) -> None:
         """Give up a prepared request without running it (restores its session)."""
@@ -585,6 +592,7 @@ class Job:
             d = ResponseDelta(state=s)
             if s is RequestState.QUEUED:
                 d.session_continued = self.prep.session_continued
+                d.prompt_token_count = len(self.prep.engine_request.prompt_ids)
                 if self.prep.echo:
                     d.prompt_text = self.p._decode_fn(self.prep)(self.prep.engine_request.prompt_ids)
             deltas.append(d)

@@ -157,6 +157,7 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     info = engine.info
     limits = Limits(
         served_model=config.served_model_name,
+        model_aliases=config.model_aliases,
         engine=info,
         max_new_tokens=min(config.max_new_tokens or info.max_context_length, info.max_context_length),
         max_stop_sequences=config.max_stop_sequences,

@@ -164,6 +164,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         sampling_pb.ClearField("seed")
         return spb.GetModelInfoResponse(
             model_name=cfg.served_model_name,
+            model_aliases=cfg.model_aliases,
             model_version=cfg.model_version,
             engine=info.engine,
             max_context_length=info.max_context_length,
@@ -284,7 +285,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
                 body = spb.GenerateRequest(text=request.text)
             req = convert.to_generation_request(body, "tokenize")
             validate_request(req, self.pipeline.limits)
-            ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools)
+            ids, rendered = self.pipeline.tokenize(req.text, req.messages, req.tools, req.template)
         except CoreError as e:
             await context.abort_with_status(e.to_status())
         p = self.pipeline

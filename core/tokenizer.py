@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from core.errors import InvalidArgument
-from core.types import ChatMessage, Tool
+from core.types import DEFAULT_TEMPLATE, ChatMessage, ChatTemplateOptions, Tool
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -171,9 +171,15 @@ class Tokenizer:
         return [(byte_at[start], byte_at[stop]) for start, stop in offsets]
 
     def render_chat(
-        self, messages: Sequence[ChatMessage], tools: Sequence[Tool] = (), *, split_special: bool = False
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Tool] = (),
+        template: ChatTemplateOptions = DEFAULT_TEMPLATE,
+        *,
+        split_special: bool = False,
     ) -> tuple[str, list[int]]:
-        """Render a chat with the model's template and a generation prompt.
+        """Render a chat with the model's template and (unless `template` says otherwise) a
+        generation prompt.
 
         Messages are passed in the shape Hugging Face chat templates take (transformers' chat
         templating docs, "Tool use"): `{"role", "content"[, "name"][, "tool_calls"][,
@@ -181,7 +187,10 @@ class Tokenizer:
         {"name", "arguments"}}` with the arguments as a JSON object (the templates apply
         `tojson` to them; text that is not a JSON object is passed as it is, as vLLM does). A
         message without content parts has content "". `tools` go to the template as OpenAI's
-        function tools; templates that do not use them ignore them.
+        function tools; templates that do not use them ignore them. `template` sets
+        add_generation_prompt and continue_final_message (transformers' apply_chat_template
+        arguments) and extra template variables (a JSON object's text, checked by
+        core.validation).
 
         Returns the rendered text and its token ids (the template supplies any special
         tokens, so none are added). `split_special`: special-token text in the client's strings
@@ -202,10 +211,19 @@ class Tokenizer:
         # Messages and tools are JSON-like dicts, wider than transformers' annotations say.
         convo: Any = [_template_message(m, mask) for m in messages]
         template_tools: Any = [_template_tool(t, mask) for t in tools] or None
+        extra: dict[str, Any] = json.loads(template.kwargs) if template.kwargs else {}
+        extra = {k: mask(v) if isinstance(v, str) else v for k, v in extra.items()}
         try:
             text = cast(
                 str,
-                self.hf.apply_chat_template(convo, tools=template_tools, tokenize=False, add_generation_prompt=True),
+                self.hf.apply_chat_template(
+                    convo,
+                    tools=template_tools,
+                    tokenize=False,
+                    add_generation_prompt=template.add_generation_prompt,
+                    continue_final_message=template.continue_final_message,
+                    **extra,
+                ),
             )
         except Exception as e:  # jinja raises TemplateError (or anything raise_exception() throws)
             raise InvalidArgument(f"The model's chat template rejected the messages: {e}", field="messages") from e

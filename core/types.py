@@ -293,6 +293,21 @@ class Tool:
 
 
 @dataclass(frozen=True, slots=True)
+class ChatTemplateOptions:
+    """How a chat is rendered (trellis.generate.v1.ChatMessages fields 3-5): whether the
+    assistant's turn is opened, whether the last message is left open to be continued, and
+    extra template variables as a JSON object's text ("" for none)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    kwargs: str = ""
+
+
+#: The rendering a chat gets when the request says nothing about it.
+DEFAULT_TEMPLATE = ChatTemplateOptions()
+
+
+@dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One chat message; `content` parts in order; `tool_calls` on assistant turns that called
     tools, `tool_call_id` on a "tool" message answering one."""
@@ -316,6 +331,7 @@ class StoppingOptions:
     include_stop_str_in_output: bool | None = None
     time_limit_ms: int | None = None
     truncate_input_tokens: int | None = None
+    fill_context: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +371,7 @@ class GenerationRequest:
     priority: int = 0
     tenant: str = ""
     adapter: str = ""
+    template: ChatTemplateOptions = DEFAULT_TEMPLATE
 
 
 # ---------------------------------------------------------------------------------------
@@ -435,3 +452,4 @@ class ResponseDelta:
     prompt_tokens: list[TokenInfo] | None = None
     final: FinalInfo | None = None
     session_continued: bool = False
+    prompt_token_count: int | None = None

@@ -47,6 +47,8 @@ class Limits:
     max_new_tokens: int
     max_stop_sequences: int
     max_n: int
+    #: Other names requests may use for the served model (--served-model-name).
+    model_aliases: tuple[str, ...] = ()
     #: Longest prompt text, in characters, that can possibly fit the context: a prompt longer
     #: than this is refused before tokenization (see `check_prompt_size`). None: no bound.
     max_prompt_chars: int | None = None
@@ -63,7 +65,7 @@ def validate_request(req: GenerationRequest, limits: Limits) -> None:
         ModelNotFound: req.model names another model.
         InvalidArgument: any value out of range or contradicting another field.
     """
-    if req.model and req.model != limits.served_model:
+    if req.model and req.model != limits.served_model and req.model not in limits.model_aliases:
         raise ModelNotFound(
             f"The model '{clip(req.model)}' is not served here; this server serves '{limits.served_model}'.",
             field="model",
@@ -141,8 +143,9 @@ def validate_engine_support(resolved: ResolvedSampling, req: GenerationRequest, 
 def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limits, default: int) -> int:
     """The max_new_tokens to use for a prompt of prompt_len tokens.
 
-    An unset value takes `default`, lowered to fit the context and the configured bound. A set
-    value must fit. min_new_tokens must not exceed the result (StoppingParams.min_new_tokens).
+    An unset value takes `default` (or, with StoppingParams.fill_context, the rest of the
+    context), lowered to fit the context and the configured bound. A set value must fit.
+    min_new_tokens must not exceed the result (StoppingParams.min_new_tokens).
 
     Raises:
         ContextLengthExceeded: the prompt is longer than the engine accepts or leaves no room,
@@ -166,7 +169,8 @@ def resolve_max_new_tokens(req: GenerationRequest, prompt_len: int, limits: Limi
         )
     asked = req.stopping.max_new_tokens
     if asked is None:
-        max_new = max(1, min(default, limits.max_new_tokens, ctx - prompt_len))
+        wanted = ctx if req.stopping.fill_context else default
+        max_new = max(1, min(wanted, limits.max_new_tokens, ctx - prompt_len))
     elif prompt_len + asked > ctx:
         raise ContextLengthExceeded(
             f"The prompt has {prompt_len} tokens and max_new_tokens is {asked}, which exceeds the model's "
@@ -289,7 +293,62 @@ def _check_input(req: GenerationRequest, limits: Limits) -> None:
                     f"messages[{i}] is a tool message without tool_call_id; name the call it answers.",
                     field=f"messages[{i}].tool_call_id",
                 )
+        _check_template(req)
     _check_tools(req)
+
+
+#: apply_chat_template's own arguments and the variables it sets (transformers 4.5x
+#: `PreTrainedTokenizerBase.apply_chat_template`): template kwargs must not replace them.
+RESERVED_TEMPLATE_NAMES = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
+
+
+def _check_template(req: GenerationRequest) -> None:
+    """Template kwargs are a JSON object without reserved names; continuing the final message
+    needs it to be the assistant's and no generation prompt."""
+    t = req.template
+    field = "messages.template_kwargs"
+    if t.kwargs:
+        try:
+            kwargs = json.loads(t.kwargs)
+        except ValueError:
+            raise InvalidArgument("template_kwargs is not valid JSON.", field=field) from None
+        if not isinstance(kwargs, dict):
+            raise InvalidArgument("template_kwargs must be a JSON object.", field=field)
+        reserved = sorted(RESERVED_TEMPLATE_NAMES.intersection(kwargs))
+        if reserved:
+            raise InvalidArgument(
+                f"template_kwargs must not set the template call's own argument '{reserved[0]}'.", field=field
+            )
+    if t.continue_final_message:
+        if t.add_generation_prompt:
+            raise InvalidArgument(
+                "continue_final_message needs add_generation_prompt false: the final message cannot be continued "
+                "after a new turn is opened.",
+                field="messages.continue_final_message",
+            )
+        if req.messages and req.messages[-1].role != "assistant":
+            raise InvalidArgument(
+                "continue_final_message continues the final message, which must be the assistant's.",
+                field="messages.continue_final_message",
+            )
 
 
 def _check_tools(req: GenerationRequest) -> None:

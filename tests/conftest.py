@@ -170,6 +170,10 @@ async def start_gateway(core) -> AsyncIterator[GatewayFactory]:
         module = importlib.import_module(f"gateways.{name}")
         common = {k: options.pop(k) for k in list(options) if k in GatewayConfig.__dataclass_fields__}
         defaults = _default_options(module)
+        if name == "openai":
+            # Requests without max_tokens keep the core's small default here: the gateway's own
+            # default (the rest of a 1024-token context) is checked in test_gateway_openai_defaults.
+            defaults["default_max_tokens"] = "core"
         defaults.update(options)
         config = GatewayConfig(
             name=name, core=common.pop("core", core.address), host="127.0.0.1", port=0, options=defaults, **common

@@ -27,12 +27,15 @@ class LmiSettings:
         output_formatter: framing of streamed responses, "jsonlines" or "sse" (None: jsonlines,
             or sse with tgi_compat); a request's Accept header wins.
         enable_streaming: dynamic batching streams unless the request sets `stream`.
+        accept_any_model: TGI's OpenAI routes (`/v1/chat/completions`, `/v1/completions`)
+            answer whatever `model` a request names with the served model, as TGI does.
     """
 
     batching: str = "rolling"
     tgi_compat: bool = False
     output_formatter: str | None = None
     enable_streaming: bool = False
+    accept_any_model: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -58,6 +61,13 @@ def add_arguments(parser: EnvArgumentParser) -> None:
         default=d.tgi_compat,
         env_aliases=("OPTION_TGI_COMPAT",),
         help="answer in HF TGI's shapes (JSON array, SSE streaming, TGI token records)",
+    )
+    parser.add_argument(
+        "--accept-any-model",
+        action=argparse.BooleanOptionalAction,
+        default=d.accept_any_model,
+        help="TGI's /v1/chat/completions and /v1/completions answer any model name with the served model (TGI's "
+        "behaviour; HF's InferenceClient sends a placeholder); off: another name is 404",
     )
     parser.add_argument(
         "--output-formatter",

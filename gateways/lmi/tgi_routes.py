@@ -37,9 +37,11 @@ from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors as chat_errors
 from gateways.common.chat.completion_route import handle_completion
 from gateways.common.chat.route import handle_chat
+from gateways.common.chat.schema import any_model
 from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
 from gateways.lmi import tgi_errors
+from gateways.lmi.config import SETTINGS_KEY
 from gateways.lmi.routes import Dialect, answer_rolling
 from gateways.lmi.schema import parse_rolling
 from gateways.lmi.translate import tgi_info, tgi_tokens
@@ -140,6 +142,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request, json_only=True)
     except GatewayError as err:
         return chat_errors.render_before_stream(err)
+    if request.app[SETTINGS_KEY].accept_any_model:
+        body = any_model(body)
     return await handle_chat(request, body)
 
 
@@ -149,4 +153,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
     except GatewayError as err:
         return chat_errors.render_before_stream(err)
+    if request.app[SETTINGS_KEY].accept_any_model:
+        body = any_model(body)
     return await handle_completion(request, body)

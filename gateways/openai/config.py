@@ -32,6 +32,12 @@ class OpenAISettings:
         response_store_max: how many responses the memory store keeps (least recently used
             dropped first).
         response_store_ttl: seconds a Redis store keeps a response.
+        default_max_tokens: a chat request without max_tokens generates up to "context" (the rest
+            of the model's context, OpenAI's and vLLM's default) or the "core"'s default
+            (GetModelInfo default_max_new_tokens).
+        accept_any_model: chat and legacy completions answer whatever `model` a request names
+            (and `GET /v1/models/{model}` any name) with the served model, as TGI does; off:
+            another name is 404.
     """
 
     created: int = field(default_factory=lambda: int(time.time()))
@@ -39,6 +45,8 @@ class OpenAISettings:
     response_store: str = "memory"
     response_store_max: int = 1000
     response_store_ttl: int = 30 * 24 * 3600
+    accept_any_model: bool = False
+    default_max_tokens: str = "context"
 
 
 SETTINGS_KEY = web.AppKey("openai_settings", OpenAISettings)
@@ -68,6 +76,20 @@ def add_arguments(parser: EnvArgumentParser) -> None:
         help="read the model's <think> reasoning out of its text (vLLM's parser names): chat completions "
         "return it as message.reasoning / delta.reasoning, /v1/responses as reasoning items, /v1/messages as "
         "thinking blocks; empty: none",
+    )
+    parser.add_argument(
+        "--default-max-tokens",
+        choices=["context", "core"],
+        default=d.default_max_tokens,
+        help="what a chat request without max_tokens gets: the rest of the context (OpenAI's and vLLM's default) "
+        "or the core's --default-max-new-tokens",
+    )
+    parser.add_argument(
+        "--accept-any-model",
+        action=argparse.BooleanOptionalAction,
+        default=d.accept_any_model,
+        help="chat and completions requests may name any model: the served one answers (TGI's behaviour, for "
+        "clients that send a placeholder name), so a LoRA adapter cannot be chosen by name; off: another name is 404",
     )
     parser.add_argument(
         "--response-store",

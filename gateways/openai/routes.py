@@ -18,6 +18,7 @@ from gateways.common.app import core_client, read_json
 from gateways.common.chat import errors
 from gateways.common.chat.completion_route import handle_completion
 from gateways.common.chat.route import handle_chat
+from gateways.common.chat.schema import any_model
 from gateways.common.status import GatewayError
 from gateways.openai import messages_errors, responses_route, translate
 from gateways.openai.config import SETTINGS_KEY
@@ -56,7 +57,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request, json_only=True)
     except GatewayError as err:
         return errors.render_before_stream(err)
-    return await handle_chat(request, body, reasoning_parser=request.app[SETTINGS_KEY].reasoning_parser)
+    settings = request.app[SETTINGS_KEY]
+    if settings.accept_any_model:
+        body = any_model(body)
+    return await handle_chat(
+        request,
+        body,
+        reasoning_parser=settings.reasoning_parser,
+        fill_context=settings.default_max_tokens == "context",
+    )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -65,6 +74,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
     except GatewayError as err:
         return errors.render_before_stream(err)
+    if request.app[SETTINGS_KEY].accept_any_model:
+        body = any_model(body)
     return await handle_completion(request, body)
 
 
@@ -109,20 +120,22 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    """`GET /v1/models/{model}`: the served model's or an adapter's card, or 404 for any other
-    name."""
+    """`GET /v1/models/{model}`: the card of the served model (by its name or an alias) or of
+    an adapter; any other name is 404, or the served model's card with --accept-any-model."""
     client = core_client(request)
     name = request.match_info["model"]
     try:
         info = await client.model_info()
         created = request.app[SETTINGS_KEY].created
-        if name == info.model_name:
-            return web.json_response(translate.model_card(info, created), dumps=wire.dumps)
+        if name == info.model_name or name in info.model_aliases:
+            return web.json_response(translate.model_card(info, created, name), dumps=wire.dumps)
         for adapter in (await client.list_adapters()).adapters:
             if adapter.name == name:
                 return web.json_response(translate.adapter_card(adapter, info.model_name, created), dumps=wire.dumps)
     except GatewayError as err:
         return errors.render_before_stream(err)
+    if request.app[SETTINGS_KEY].accept_any_model:
+        return web.json_response(translate.model_card(info, created), dumps=wire.dumps)
     return errors.error_response(
         404,
         f"The model '{name}' does not exist; this server serves '{info.model_name}'.",

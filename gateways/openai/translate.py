@@ -16,9 +16,10 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from gateways.common.status import GatewayError
 
 
-def model_card(info: spb.GetModelInfoResponse, created: int) -> dict[str, Any]:
-    """`{"id", "object": "model", "created", "owned_by"}` for the served model."""
-    return {"id": info.model_name, "object": "model", "created": created, "owned_by": "trellis"}
+def model_card(info: spb.GetModelInfoResponse, created: int, name: str | None = None) -> dict[str, Any]:
+    """`{"id", "object": "model", "created", "owned_by"}` for the served model under `name` (its
+    reported name, or one of its aliases)."""
+    return {"id": name or info.model_name, "object": "model", "created": created, "owned_by": "trellis"}
 
 
 def adapter_card(adapter: spb.AdapterInfo, base: str, created: int) -> dict[str, Any]:
@@ -36,9 +37,11 @@ def adapter_card(adapter: spb.AdapterInfo, base: str, created: int) -> dict[str,
 def model_list(
     info: spb.GetModelInfoResponse, created: int, adapters: Sequence[spb.AdapterInfo] = ()
 ) -> dict[str, Any]:
-    """`{"object": "list", "data": [card, ...]}`: the served model, then its adapters."""
-    cards = [model_card(info, created)] + [adapter_card(a, info.model_name, created) for a in adapters]
-    return {"object": "list", "data": cards}
+    """`{"object": "list", "data": [card, ...]}`: the served model under its name, then under
+    each alias (the core's --served-model-name), as vLLM lists its served names, then its
+    LoRA adapters."""
+    cards = [model_card(info, created, n) for n in (info.model_name, *info.model_aliases)]
+    return {"object": "list", "data": cards + [adapter_card(a, info.model_name, created) for a in adapters]}
 
 
 def adapter_request(body: Any, *, load: bool) -> tuple[str, str]:

@@ -36,6 +36,7 @@ KINDS: dict[Kind, oa.Schema] = {
     Kind.STRING: {"type": "string"},
     Kind.STRINGS: _STRINGS,
     Kind.JSON: {"type": ["object", "string"], "description": "A JSON Schema, or its JSON text."},
+    Kind.INT32S: {"type": "array", "items": {"type": "integer", "minimum": INT32_MIN, "maximum": INT32_MAX}},
 }
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}

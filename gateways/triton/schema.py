@@ -45,6 +45,7 @@ class Kind(enum.Enum):
     STRING = "string"  # a string
     STRINGS = "strings"  # an array of strings
     JSON = "json"  # an object, or a string holding one (a JSON Schema)
+    INT32S = "int32s"  # an array of INT32 values
 
 
 #: TensorRT-LLM ensemble / BLS inputs this server cannot honour. The value is the one setting
@@ -157,6 +158,12 @@ def check_value(name: str, kind: Kind, value: Any) -> Any:
                 f"Parameter '{name}' must be a JSON Schema (an object or its JSON text), got {json_type(value)}.", name
             )
         return value
+    if kind is Kind.INT32S:
+        if not isinstance(value, list):
+            raise GatewayError.invalid(
+                f"Parameter '{name}' must be an array of integers, got {json_type(value)}.", name
+            )
+        return [check_value(name, Kind.INT32, v) for v in value]
     if kind is Kind.WORDS:
         if isinstance(value, str):
             return [value] if value else []

@@ -95,6 +95,12 @@ PARAMETERS: tuple[ParamSpec, ...] = (
     ParamSpec("stream", None, kind=Kind.BOOL, datatype="BOOL"),
     # The LoRA adapter, by the name vLLM's Triton backend gives the parameter.
     ParamSpec("lora_name", "adapter", kind=Kind.STRING, datatype="BYTES"),
+    # The vLLM backend's sampling parameters (vllm/sampling_params.py names), beside TensorRT-LLM's.
+    ParamSpec("ignore_eos", "stopping.ignore_eos", kind=Kind.BOOL, datatype="BOOL"),
+    ParamSpec("min_p", "sampling.min_p", kind=Kind.FLOAT, datatype="FP32"),
+    ParamSpec("stop_token_ids", "stopping.stop_token_ids", _WORDS, kind=Kind.INT32S, datatype="INT32", shape=(-1,)),
+    ParamSpec("skip_special_tokens", "output.skip_special_tokens", kind=Kind.BOOL, datatype="BOOL"),
+    ParamSpec("spaces_between_special_tokens", "output.spaces_between_special_tokens", kind=Kind.BOOL, datatype="BOOL"),
     # Guided decoding: vLLM's names, and TensorRT-LLM's ensemble inputs (gateways.common.guided).
     ParamSpec("guided_json", "guided_decoding.json_schema", None, kind=Kind.JSON, datatype="BYTES"),
     ParamSpec("guided_regex", "guided_decoding.regex", None, kind=Kind.STRING, datatype="BYTES"),
@@ -214,6 +220,8 @@ def to_generate_request(body: object, *, model: str, request_id: str, ignore_unk
     pad_id and stream have no effect (text output has no padding; the route decides streaming).
     guided_json / guided_regex / guided_choice / guided_grammar (vLLM) or
     guided_decoding_guide_type with guided_decoding_guide (TensorRT-LLM) -> guided_decoding.
+    The vLLM backend's names: ignore_eos, min_p, stop_token_ids (with end_id's id after them),
+    skip_special_tokens, spaces_between_special_tokens; min_tokens, seed and stop are aliases.
 
     Raises:
         GatewayError: INVALID_ARGUMENT for a wrong shape or JSON type, an unknown parameter

@@ -13,6 +13,8 @@ from __future__ import annotations
 import aiohttp
 import openai
 import pytest
+from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
 
 MODEL = "tiny"
 BAN = {str(i): -100 for i in range(8)}
@@ -141,6 +143,55 @@ async def test_echo_leads_the_text_with_the_prompt(aclient):
     assert "".join(c.choices[0].text for c in [c async for c in stream]) == echoed.choices[0].text
 
 
+async def test_echo_with_logprobs_scores_the_prompt(aclient, core, stub):
+    """lm-eval's loglikelihood request (`echo`, `logprobs: 1`, `max_tokens: 1`, token ids): the
+    prompt's tokens lead the logprobs, the first with null; scoring a greedy continuation gives
+    the logprobs it was generated with, each its position's top (lm-eval's is_greedy)."""
+    ids = core.servicer.pipeline.tokenizer.encode(PROMPT)
+    request = spb.GenerateRequest(
+        token_ids=pb.TokenIds(ids=ids),
+        sampling=pb.SamplingParams(do_sample=False),
+        stopping=pb.StoppingParams(max_new_tokens=4, ignore_eos=True),
+        output=pb.OutputOptions(logprobs=True, tokens=True),
+    )
+    generated = [t for m in [m async for m in stub.Generate(request)] for o in m.outputs for t in o.tokens]
+    cont = [t.id for t in generated]
+    scored = await aclient.completions.create(
+        model=MODEL, prompt=[ids + cont], max_tokens=1, logprobs=1, echo=True, temperature=0
+    )
+    lp = scored.choices[0].logprobs
+    whole = len(ids) + len(cont)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == whole + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.tokens[len(ids) : whole] == [t.text for t in generated]
+    assert lp.token_logprobs[len(ids) : whole] == pytest.approx([t.logprob for t in generated], abs=1e-3)
+    for token, top in zip(lp.token_logprobs[len(ids) : whole], lp.top_logprobs[len(ids) : whole], strict=True):
+        assert token == max(top.values())
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(whole + 1)]
+    only = await aclient.completions.create(prompt=PROMPT, max_tokens=0, logprobs=0, echo=True, **greedy())
+    assert only.choices[0].text == PROMPT and only.choices[0].finish_reason == "length"
+    assert len(only.choices[0].logprobs.tokens) == len(ids) and only.usage.completion_tokens == 0
+    assert only.usage.total_tokens == only.usage.prompt_tokens == len(ids)
+    stream = await aclient.completions.create(
+        prompt=PROMPT, max_tokens=2, logprobs=1, echo=True, stream=True, **greedy()
+    )
+    streamed = [t for c in [c async for c in stream] for t in c.choices[0].logprobs.tokens]
+    assert streamed[: len(ids)] == only.choices[0].logprobs.tokens and len(streamed) == len(ids) + 2
+
+
+async def test_vllm_prompt_logprobs(base_url, core):
+    ids = core.servicer.pipeline.tokenizer.encode(PROMPT)
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 2}
+    async with aiohttp.ClientSession() as s, s.post(f"{base_url}/v1/completions", json=body) as r:
+        assert r.status == 200
+        choice = (await r.json())["choices"][0]
+    entries = choice["prompt_logprobs"]
+    assert len(entries) == len(ids) and entries[0] is None
+    for token_id, entry in zip(ids[1:], entries[1:], strict=True):
+        assert str(token_id) in entry and 2 <= len(entry) <= 3
+        assert sorted(e["rank"] for e in entry.values() if e["rank"] is not None)[:2] == [1, 2]
+
+
 async def test_stop_string_is_left_out(aclient):
     plain = await aclient.completions.create(prompt=PROMPT, max_tokens=8, **greedy())
     stop = plain.choices[0].text[3:6]
@@ -153,7 +204,8 @@ async def test_stop_string_is_left_out(aclient):
     "extra, param, message",
     [
         ({"suffix": "end"}, "suffix", "not supported"),
-        ({"echo": True, "logprobs": 1}, "echo", "not supported"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available when 'stream'"),
+        ({"max_tokens": 0}, "max_tokens", "must be in"),
         ({"temperature": 3}, "temperature", "less than or equal to 2"),
         ({"top_p": 0}, "top_p", "top_p"),
         ({"prompt": []}, "prompt", "empty"),

@@ -63,7 +63,7 @@ def test_chunks_number_choices_by_prompt_and_echo_leads():
 
 
 def test_logprobs_offsets_follow_the_text_and_echo():
-    s = state(logprobs=True)
+    s = state(logprobs=2)
     t.to_chunks(0, msg(prompt_text="ab"), s)
     first = t.to_chunks(0, msg(out(0, "cd", tokens=[("c", -1.0), ("d", -2.0)])), s)[0]["choices"][0]
     assert first["text"] == "abcd" and first["logprobs"]["text_offset"] == [2, 3]
@@ -115,3 +115,100 @@ def test_a_stream_without_its_final_message_is_an_error():
         "choices": [],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
+
+
+def prompt_msg(*tokens: tuple[int, str, float | None, list[tuple[int, str, float]]]) -> spb.GenerateResponse:
+    m = spb.GenerateResponse(state=pb.GENERATE_STATE_PREFILLED)
+    for tid, text, lp, top in tokens:
+        tok = m.prompt_tokens.add(id=tid, text=text)
+        if lp is not None:
+            tok.logprob = lp
+        for aid, atext, alp in top:
+            tok.top_logprobs.add(id=aid, text=atext, logprob=alp)
+    return m
+
+
+PROMPT_TOKENS = (
+    (1, "The", None, []),
+    (2, " cat", -1.5, [(9, " dog", -0.5), (2, " cat", -1.5)]),
+    (3, " sat", -0.25, [(3, " sat", -0.25), (8, " ran", -2.0)]),
+)
+
+
+def test_echo_with_logprobs_leads_with_the_prompt_tokens():
+    req = parse_completion_request({"prompt": "The cat sat", "echo": True, "logprobs": 1, "max_tokens": 2})
+    (g,) = t.to_generate_requests(req, completion_id="c")
+    assert g.output.prompt_logprobs == 1 and g.output.echo and g.stopping.max_new_tokens == 2
+    s = t.state_for(req, completion_id="c", created=1, model="m")
+    assert t.to_chunks(0, msg(prompt_text="The cat sat"), s) == []
+    assert t.to_chunks(0, prompt_msg(*PROMPT_TOKENS), s) == []
+    done = t.to_completion([[msg(out(0, " on", pb.FINISH_REASON_LENGTH, [(" on", -0.75)]), usage=(3, 1))]], s)
+    lp = done["choices"][0]["logprobs"]
+    assert done["choices"][0]["text"] == "The cat sat on"
+    assert lp["tokens"] == ["The", " cat", " sat", " on"]
+    assert lp["token_logprobs"] == [None, -1.5, -0.25, -0.75]
+    assert lp["top_logprobs"] == [None, {" dog": -0.5}, {" sat": -0.25}, {}]
+    assert lp["text_offset"] == [0, 3, 7, 11]
+    assert "prompt_logprobs" not in done["choices"][0]
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt_only():
+    req = parse_completion_request({"prompt": "The cat sat", "echo": True, "logprobs": 0, "max_tokens": 0})
+    (g,) = t.to_generate_requests(req, completion_id="c")
+    assert g.stopping.max_new_tokens == 1 and g.output.prompt_logprobs == 0
+    s = t.state_for(req, completion_id="c", created=1, model="m")
+    stream = [
+        msg(prompt_text="The cat sat"),
+        prompt_msg(*PROMPT_TOKENS),
+        msg(out(0, "!", pb.FINISH_REASON_EOS, [("!", -3.0)]), usage=(3, 1)),
+    ]
+    done = t.to_completion([stream], s)
+    choice = done["choices"][0]
+    assert choice["text"] == "The cat sat" and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["tokens"] == ["The", " cat", " sat"]
+    assert choice["logprobs"]["top_logprobs"] == [None, {}, {}]
+    assert done["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+
+
+def test_vllm_prompt_logprobs_per_choice():
+    req = parse_completion_request({"prompt": "The cat sat", "prompt_logprobs": 2, "max_tokens": 1, "n": 2})
+    (g,) = t.to_generate_requests(req, completion_id="c")
+    assert g.output.prompt_logprobs == 2 and not g.output.HasField("echo")
+    s = t.state_for(req, completion_id="c", created=1, model="m")
+    stream = [prompt_msg(*PROMPT_TOKENS), msg(out(0, " on", 1), out(1, " in", 1), usage=(3, 2))]
+    choices = t.to_completion([stream], s)["choices"]
+    assert choices[0]["text"] == " on" and choices[0]["logprobs"] is None
+    expected = [
+        None,
+        {
+            "2": {"logprob": -1.5, "rank": 2, "decoded_token": " cat"},
+            "9": {"logprob": -0.5, "rank": 1, "decoded_token": " dog"},
+        },
+        {
+            "3": {"logprob": -0.25, "rank": 1, "decoded_token": " sat"},
+            "8": {"logprob": -2.0, "rank": 2, "decoded_token": " ran"},
+        },
+    ]
+    assert choices[0]["prompt_logprobs"] == choices[1]["prompt_logprobs"] == expected
+    one = t.state_for(
+        parse_completion_request({"prompt": "x", "prompt_logprobs": 1}), completion_id="c", created=1, model="m"
+    )
+    stream = [prompt_msg(*PROMPT_TOKENS), msg(out(0, " on", 1), usage=(3, 1))]
+    ranks = t.to_completion([stream], one)["choices"][0]["prompt_logprobs"][1]
+    assert ranks == {
+        "2": {"logprob": -1.5, "rank": None, "decoded_token": " cat"},
+        "9": {"logprob": -0.5, "rank": 1, "decoded_token": " dog"},
+    }
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ({"prompt": "x", "prompt_logprobs": -1}, "prompt_logprobs"),
+    ],
+)
+def test_prompt_logprobs_errors(body, param):
+    with pytest.raises(GatewayError) as info:
+        parse_completion_request(body)
+    assert info.value.param == param

@@ -206,8 +206,8 @@ REFUSED = [
     ),
     (
         "stream_options_unknown",
-        body(stream=True, stream_options={"continuous_usage_stats": True}),
-        "stream_options.continuous_usage_stats",
+        body(stream=True, stream_options={"continuous_usage": True}),
+        "stream_options.continuous_usage",
         "UNKNOWN_PARAMETER",
     ),
     (

@@ -130,7 +130,13 @@ PARAMS = [
     ("messages", {}, "messages"),
     ("text", {}, "messages"),
     ("messages[2].content", {}, "messages[2].content"),
-    ("sampling.top_k", {}, "sampling.top_k"),
+    ("sampling.top_k", {}, "top_k"),
+    ("stopping.min_new_tokens", {}, "min_tokens"),
+    ("stopping.truncate_input_tokens", {}, "truncate_prompt_tokens"),
+    ("guided_decoding.regex", {}, "guided_regex"),
+    ("messages.template_kwargs", {}, "chat_template_kwargs"),
+    ("messages.continue_final_message", {}, "continue_final_message"),
+    ("sampling.typical_p", {}, "sampling.typical_p"),
     (None, {}, None),
 ]
 

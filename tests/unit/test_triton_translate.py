@@ -74,6 +74,19 @@ def _expected(**fields) -> spb.GenerateRequest:
         ),
         ({"stream": True}, _expected()),
         ({"stream": False}, _expected()),
+        # The vLLM backend's names.
+        ({"ignore_eos": True}, _expected(stopping=pb.StoppingParams(ignore_eos=True))),
+        ({"min_p": 0.5}, _expected(sampling=pb.SamplingParams(min_p=0.5))),
+        ({"stop_token_ids": [4, 5.0]}, _expected(stopping=pb.StoppingParams(stop_token_ids=[4, 5]))),
+        (
+            {"stop_token_ids": [4], "end_id": 2},
+            _expected(stopping=pb.StoppingParams(stop_token_ids=[4, 2], ignore_eos=True)),
+        ),
+        ({"skip_special_tokens": False}, _expected(output=pb.OutputOptions(skip_special_tokens=False))),
+        (
+            {"spaces_between_special_tokens": False},
+            _expected(output=pb.OutputOptions(spaces_between_special_tokens=False)),
+        ),
         ({"num_return_sequences": 1}, _expected()),
         ({"return_context_logits": False, "return_generation_logits": False}, _expected()),
         (
@@ -134,6 +147,9 @@ def test_id_logprobs_and_names_are_kept():
         ({"text_input": "x", "parameters": {"exclude_input_in_output": 0}}, "exclude_input_in_output", "boolean"),
         ({"text_input": "x", "parameters": {"stop_words": 5}}, "stop_words", "a string or an array of strings"),
         ({"text_input": "x", "parameters": {"bad_words": ["a", 1]}}, "bad_words", "array of strings"),
+        ({"text_input": "x", "parameters": {"stop_token_ids": 4}}, "stop_token_ids", "array of integers"),
+        ({"text_input": "x", "parameters": {"stop_token_ids": [2**31]}}, "stop_token_ids", "32-bit integer"),
+        ({"text_input": "x", "parameters": {"ignore_eos": 1}}, "ignore_eos", "must be a boolean"),
         ({"text_input": "x", "parameters": {"foo": 1}}, "foo", "Unknown parameter 'foo'"),
         ({"text_input": "x", "foo": 1}, "foo", "Unknown parameter 'foo'"),
         ({"text_input": "x", "parameters": {"max_tokens": 1, "max_new_tokens": 2}}, "max_new_tokens", "same thing"),

@@ -55,14 +55,9 @@ async def handle_completion(request: web.Request, body: Any) -> web.StreamRespon
         )
         client = core_client(request)
         info = await client.model_info()
-        state = translate.CompletionState(
-            completion_id=completion_id,
-            created=int(time.time()),
-            model=generate_requests[0].model or info.model_name,  # an adapter chosen by model is echoed
-            n=req.n or 1,
-            logprobs=req.logprobs is not None,
-            include_usage=bool(req.stream) and req.include_usage,
-        )
+        # An adapter chosen by model is echoed (the core reports the base model's name).
+        model = generate_requests[0].model or info.model_name
+        state = translate.state_for(req, completion_id=completion_id, created=int(time.time()), model=model)
         calls = [client.generate(g) for g in generate_requests]
         if not req.stream:
             streams = await collect_all(calls)

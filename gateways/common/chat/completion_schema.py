@@ -7,8 +7,13 @@ The field table is the openai SDK's `CompletionCreateParams` (openai-python 3.x,
 included) left to the core. `prompt` is a string, a list of strings, a list of token ids or a list of token-id
 lists; each prompt is one request to the core.
 
-Refused with the field named: `suffix` (insertion needs a fill-in-the-middle model), and `echo`
-together with `logprobs` (the prompt's logprobs are not rendered). `echo` alone is supported.
+Refused with the field named: `suffix` (insertion needs a fill-in-the-middle model), and
+`prompt_logprobs` with `stream` (vLLM refuses it too: the prompt's logprobs are not streamed).
+
+Prompt scoring, as vLLM serves it (vllm/entrypoints/openai/serving_completion.py, 0.10/0.11):
+`echo` with `logprobs` renders the prompt's tokens before the generated ones in `logprobs`;
+`max_tokens: 0` with `echo` scores the prompt without generating (lm-eval's loglikelihood
+requests); `prompt_logprobs: k` (vLLM's extension) adds the per-choice `prompt_logprobs` list.
 
 `parse_completion_request(body)` is the entry point; it raises GatewayError
 (INVALID_ARGUMENT) with `param` set to the offending field.
@@ -21,6 +26,7 @@ from typing import Annotated, Any
 import grpc
 from pydantic import Field, ValidationError, field_validator
 
+from gateways.common.chat import vllm
 from gateways.common.chat.schema import (
     IGNORED_FIELDS,
     MAX_TEMPERATURE,
@@ -29,7 +35,8 @@ from gateways.common.chat.schema import (
     check_logit_bias,
     to_gateway_error,
 )
-from gateways.common.schema import Int32, Int64
+from gateways.common.guided import ResponseFormat
+from gateways.common.schema import Int32, Int64, screen_fields
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -41,8 +48,10 @@ DEFAULT_MAX_TOKENS = 16
 Prompt = str | list[str] | list[Int32] | list[list[Int32]]
 
 
-class CompletionRequest(Wire):
-    """A completions request body (openai SDK `CompletionCreateParams`).
+class CompletionRequest(vllm.VllmExtras, Wire):
+    """A completions request body (openai SDK `CompletionCreateParams`), with vLLM's extras
+    (gateways.common.chat.vllm) and its completions-only ones: `prompt_logprobs`,
+    `response_format` (as on chat).
 
     Unset fields are None (the core's engine defaults apply), except `max_tokens`
     (DEFAULT_MAX_TOKENS, OpenAI's) and sampling, which is on unless temperature is 0.
@@ -57,6 +66,7 @@ class CompletionRequest(Wire):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    prompt_logprobs: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
     max_tokens: Int32 | None = None
     n: Int32 | None = None
     seed: Int64 | None = None
@@ -70,6 +80,7 @@ class CompletionRequest(Wire):
     top_p: float | None = None
     user: str | None = None
     ignore_eos: bool | None = None
+    response_format: ResponseFormat | None = None
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
@@ -84,6 +95,19 @@ class CompletionRequest(Wire):
         return [x for x in p if isinstance(x, str | list)]
 
     @property
+    def score_only(self) -> bool:
+        """Whether the prompt is scored without generating (`echo` with `max_tokens: 0`, vLLM's
+        rule); the core then generates one token, which the response leaves out."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    @property
+    def prompt_alternatives(self) -> int | None:
+        """Alternatives per prompt token the core is asked for: the larger of `prompt_logprobs`
+        and, with `echo`, `logprobs`; None: the prompt's logprobs are not needed."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(wanted) if wanted else None
+
+    @property
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -96,17 +120,13 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         GatewayError: INVALID_ARGUMENT, `param` naming the field, `reason` UNKNOWN_PARAMETER,
             UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
     """
-    if not isinstance(body, dict):
-        raise GatewayError.invalid("The request body must be a JSON object.", param=None)
-    known = CompletionRequest.model_fields
-    checked = {}
-    for name, value in body.items():
-        if name in known:
-            checked[name] = value
-        elif name not in IGNORED_FIELDS:
-            raise GatewayError(
-                _INVALID, f"Unrecognized request argument supplied: {name}", param=name, reason="UNKNOWN_PARAMETER"
-            )
+    checked = screen_fields(
+        body,
+        CompletionRequest.model_fields,
+        ignored=IGNORED_FIELDS | vllm.IGNORED,
+        unsupported=_UNSUPPORTED,
+        neutral=_neutral,
+    )
     if "prompt" not in checked:
         raise GatewayError.invalid("Missing required parameter: 'prompt'.", param="prompt")
     try:
@@ -117,13 +137,35 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise GatewayError.invalid("The prompt must not be an empty list.", param="prompt")
     if req.suffix:
         raise _unsupported("suffix", "inserting text before a suffix is not supported")
-    if req.echo and req.logprobs is not None:
-        raise _unsupported("echo", "echo together with logprobs is not supported")
+    if req.prompt_logprobs is not None and req.stream:
+        raise GatewayError.invalid(
+            "The parameter 'prompt_logprobs' is not available when 'stream' is true.", param="prompt_logprobs"
+        )
+    guided = vllm.guide(req) is not None  # two guides are refused here
+    if guided and req.response_format is not None and req.response_format.type != "text":
+        given = next(name for name in (*vllm.VLLM_GUIDES, "structured_outputs") if getattr(req, name) is not None)
+        raise GatewayError.invalid(
+            f"{given} cannot be combined with a response_format: both would constrain the output.", param=given
+        )
     if req.stream_options is not None and not req.stream:
         raise GatewayError.invalid(
             "The parameter 'stream_options' is only allowed when 'stream' is true.", param="stream_options"
         )
     return req
+
+
+#: vLLM's parameters the core cannot honour (add_special_tokens false: the core always adds
+#: the tokenizer's special tokens to a text prompt; true is vLLM's default for completions).
+_UNSUPPORTED = {
+    **vllm.UNSUPPORTED,
+    "add_special_tokens": "leaving out the tokenizer's special tokens is not supported; send token ids",
+}
+
+
+def _neutral(name: str, value: Any) -> bool:
+    if name == "add_special_tokens":
+        return value is None or value is True
+    return vllm.neutral(name, value)
 
 
 def _unsupported(name: str, why: str) -> GatewayError:

@@ -14,10 +14,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateways.common.chat import vllm
 from gateways.common.chat.schema import IGNORED_FIELDS, ChatCompletionRequest
 from gateways.common.openapi import Components, Schema
 
 _NULLABLE_STRING = {"type": ["string", "null"]}
+
+#: vLLM's `prompt_logprobs` (gateways.common.chat.translate.prompt_logprobs_list), when asked for.
+PROMPT_LOGPROBS = {
+    "type": "array",
+    "description": "vLLM's prompt_logprobs: null for the first prompt token, then token id -> its logprob, rank and "
+    "text, for the token and its top alternatives.",
+    "items": {
+        "type": ["object", "null"],
+        "additionalProperties": {
+            "type": "object",
+            "required": ["logprob", "rank", "decoded_token"],
+            "properties": {
+                "logprob": {"type": "number"},
+                "rank": {"type": ["integer", "null"], "minimum": 1},
+                "decoded_token": {"type": "string"},
+            },
+        },
+    },
+}
 
 #: OpenAI's error object, before the stream (the body) and in it (one event or line).
 ERROR = {
@@ -154,6 +174,7 @@ def completion(words: list[str]) -> Schema:
                 },
             },
             "usage": USAGE,
+            "prompt_logprobs": PROMPT_LOGPROBS,
         },
     }
 
@@ -194,8 +215,9 @@ def chunk(words: list[str]) -> Schema:
 
 
 def ignored_fields() -> dict[str, Schema]:
-    """The OpenAI fields a request may carry that are read and ignored (`IGNORED_FIELDS`)."""
-    return {name: {"description": "Accepted and ignored."} for name in sorted(IGNORED_FIELDS)}
+    """The OpenAI and vLLM fields a request may carry that are read and ignored (`IGNORED_FIELDS`,
+    gateways.common.chat.vllm.IGNORED)."""
+    return {name: {"description": "Accepted and ignored."} for name in sorted(IGNORED_FIELDS | vllm.IGNORED)}
 
 
 def add_chat(components: Components, words: list[str]) -> dict[str, Any]:
@@ -225,12 +247,14 @@ def completion_choice(words: list[str]) -> Schema:
                     "token_logprobs": {"type": "array", "items": {"type": ["number", "null"]}},
                     "top_logprobs": {
                         "type": "array",
-                        "items": {"type": "object", "additionalProperties": {"type": "number"}},
+                        "items": {"type": ["object", "null"], "additionalProperties": {"type": "number"}},
+                        "description": "null for an echoed prompt's first token",
                     },
                     "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}},
                 },
             },
             "finish_reason": {"enum": [*words, None]},
+            "prompt_logprobs": PROMPT_LOGPROBS,
         },
     }
 

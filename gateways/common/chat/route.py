@@ -79,6 +79,7 @@ async def handle_chat(
     finish_words: Mapping[int, str] = translate.FINISH_REASONS,
     status_overrides: Mapping[grpc.StatusCode, int] | None = None,
     reasoning_parser: str = "",
+    fill_context: bool = False,
 ) -> web.StreamResponse:
     """Answer one chat completion request.
 
@@ -94,6 +95,8 @@ async def handle_chat(
             `gateways.common.status.GRPC_TO_HTTP` ones (e.g. LMI's 503 for RESOURCE_EXHAUSTED).
         reasoning_parser: a name in gateways.common.reasoning.PARSERS to answer the model's
             reasoning in `reasoning` apart from `content`; "" for none.
+        fill_context: a request without max_tokens generates up to the rest of the context
+            (translate.to_generate_request); False: the core's default applies.
 
     Returns:
         A `chat.completion` JSON response, a streamed response of `chat.completion.chunk`
@@ -112,7 +115,7 @@ async def handle_chat(
     req: schema.ChatCompletionRequest | None = None
     try:
         req = schema.parse_chat_request(body)
-        generate_request = translate.to_generate_request(req, request_id=completion_id)
+        generate_request = translate.to_generate_request(req, request_id=completion_id, fill_context=fill_context)
         log.info("chat completion %s: stream=%s n=%s user=%s", completion_id, bool(req.stream), req.n or 1, req.user)
         client = core_client(request)
         info = await client.model_info()

@@ -29,8 +29,10 @@ from typing import Annotated, Any, Literal
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gateways.common.guided import NAME_PATTERN, ResponseFormat
-from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path, screen_fields
+from gateways.common.chat import vllm
+from gateways.common.chat.vllm import VllmExtras
+from gateways.common.guided import NAME_PATTERN, ResponseFormat, tgi_grammar_guide
+from gateways.common.schema import INT32_MAX, INT32_MIN, Int32, Int64, field_path, json_type, screen_fields
 from gateways.common.status import GatewayError
 
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -60,6 +62,15 @@ UNSUPPORTED_FIELDS = {
     "verbosity": "verbosity is not supported",
 }
 
+# vLLM's chat-only parameters the core cannot honour (add_special_tokens: the chat template
+# supplies the special tokens; neutral when false, vLLM's default for chat).
+_CHAT_UNSUPPORTED = {
+    **vllm.UNSUPPORTED,
+    "add_special_tokens": "adding the tokenizer's special tokens to a rendered chat is not supported",
+    "chat_template": "a chat template in the request is not supported; the model's own is used",
+    "documents": "documents for retrieval-augmented templates are not supported",
+}
+
 
 def _neutral(name: str, value: Any) -> bool:
     """Whether an unsupported field's value asks for nothing (so it can be accepted)."""
@@ -71,7 +82,11 @@ def _neutral(name: str, value: Any) -> bool:
         return bool(value == "none")
     if name == "modalities":
         return bool(value == ["text"])
-    return False
+    if name == "add_special_tokens":
+        return value is False
+    if name == "documents":
+        return bool(value == [])
+    return vllm.neutral(name, value)
 
 
 def check_logit_bias(cls: type, value: dict[str, float] | None) -> dict[str, float] | None:
@@ -190,14 +205,20 @@ class StreamOptions(Wire):
     """`stream_options`: `include_usage` adds a final chunk with usage and empty choices.
 
     `include_obfuscation` is accepted and has no effect (this server pads nothing).
+    `continuous_usage_stats` (vLLM's) puts the usage so far on every chunk.
     """
 
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
-class ChatCompletionRequest(Wire):
-    """A chat completion request body (seed "Request Schema").
+class ChatCompletionRequest(VllmExtras, Wire):
+    """A chat completion request body (seed "Request Schema"), with vLLM's extras
+    (gateways.common.chat.vllm) and its chat-only ones: `echo` (the reply's text is led by the
+    final message's when that is the assistant's), `add_generation_prompt`,
+    `continue_final_message`, `chat_template_kwargs` (to the model's chat template),
+    `prompt_logprobs`.
 
     Unset fields are None: the core's (engine's) defaults then apply, except that sampling is
     on unless temperature is 0 (OpenAI samples by default). `logit_bias` keys are token ids as
@@ -228,6 +249,11 @@ class ChatCompletionRequest(Wire):
     parallel_tool_calls: bool | None = None
     # vLLM's extension: the scheduling priority, lower first (the core's --scheduling-policy).
     priority: Int32 | None = None
+    echo: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_logprobs: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = None
 
     _logit_bias = field_validator("logit_bias")(check_logit_bias)
 
@@ -235,6 +261,50 @@ class ChatCompletionRequest(Wire):
     def include_usage(self) -> bool:
         """Whether a streamed response ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def any_model(body: Any) -> Any:
+    """`body` without its `model` (a gateway's --accept-any-model: one model is served, so
+    whatever name a client sends means it, as TGI answers any name); any other value as it is."""
+    if isinstance(body, dict) and "model" in body:
+        return {k: v for k, v in body.items() if k != "model"}
+    return body
+
+
+def _tgi_formats(body: Any) -> Any:
+    """TGI's shapes of structured output on chat (text-generation-inference router/src/lib.rs
+    `GrammarType`, 3.x: `{"type": "json" | "json_object" | "json_schema" | "regex", "value":
+    ...}`, in `response_format` as huggingface_hub's InferenceClient sends it, or in
+    `grammar`) as vLLM's guided fields, which the chat table maps (OpenAI's response_format
+    shapes, which carry no `value`, are left as they are).
+
+    Raises:
+        GatewayError: INVALID_ARGUMENT naming `response_format` or `grammar` for a TGI shape
+            that is not one (gateways.common.guided.tgi_grammar_guide).
+    """
+    if not isinstance(body, dict):
+        return body
+    out = body
+    for name in ("response_format", "grammar"):
+        value = body.get(name)
+        if value is None or (name == "response_format" and not (isinstance(value, dict) and "value" in value)):
+            continue
+        if not isinstance(value, dict):
+            raise GatewayError.invalid(f"Invalid value for '{name}': expected an object, got {json_type(value)}.", name)
+        guide = tgi_grammar_guide(value, name)
+        kind = guide.WhichOneof("guide")
+        as_vllm: dict[str, Any] = (
+            {"guided_json": guide.json_schema}
+            if kind == "json_schema"
+            else {"guided_regex": guide.regex}
+            if kind == "regex"
+            else {"structured_outputs": {"json_object": True}}
+        )
+        (key,) = as_vllm
+        if key in out:
+            raise GatewayError.invalid(f"Only one guided decoding parameter may be given; got {name} and {key}.", key)
+        out = {**{k: v for k, v in out.items() if k != name}, **as_vllm}
+    return out
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
@@ -245,10 +315,10 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
             UNKNOWN_PARAMETER, UNSUPPORTED_PARAMETER or INVALID_ARGUMENT.
     """
     checked = screen_fields(
-        body,
+        _tgi_formats(body),
         ChatCompletionRequest.model_fields,
-        ignored=IGNORED_FIELDS,
-        unsupported=UNSUPPORTED_FIELDS,
+        ignored=IGNORED_FIELDS | vllm.IGNORED,
+        unsupported={**UNSUPPORTED_FIELDS, **_CHAT_UNSUPPORTED},
         neutral=_neutral,
     )
     try:
@@ -261,8 +331,28 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         raise GatewayError.invalid(
             "The parameter 'stream_options' is only allowed when 'stream' is true.", param="stream_options"
         )
+    if req.prompt_logprobs is not None and req.stream:
+        raise GatewayError.invalid(
+            "The parameter 'prompt_logprobs' is not available when 'stream' is true.", param="prompt_logprobs"
+        )
     _check_tools(req)
+    _check_guides(req)
     return req
+
+
+def _check_guides(req: ChatCompletionRequest) -> None:
+    """vLLM's guides exclude each other (gateways.common.chat.vllm.guide), a response_format and
+    a forced tool call."""
+    if vllm.guide(req) is None:
+        return
+    constrained = req.response_format is not None and req.response_format.type != "text"
+    if constrained or req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice):
+        given = next(name for name in (*vllm.VLLM_GUIDES, "structured_outputs") if getattr(req, name) is not None)
+        raise GatewayError.invalid(
+            f"{given} cannot be combined with a response_format or a tool_choice that forces a call: both would "
+            "constrain the output.",
+            param=given,
+        )
 
 
 def _check_message(m: Message, i: int) -> None:

@@ -24,7 +24,7 @@ it in a list) and `top_logprobs[].token` is the token's text (the examples show 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +32,9 @@ from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common import reasoning as thinking
-from gateways.common.chat import tools
-from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message, NamedToolChoice
-from gateways.common.fields import Field, FieldTable, by_rule, same_names
+from gateways.common.chat import tools, vllm
+from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message, NamedToolChoice, TextPart
+from gateways.common.fields import Field, FieldTable, by_rule, same_names, true_or_unset
 from gateways.common.guided import response_format_guide
 from gateways.common.streaming import finish_word, incomplete_stream
 
@@ -85,11 +85,18 @@ FIELDS = FieldTable(
         *same_names("", "output", ("logprobs", "top_logprobs")),
         *by_rule("tools", "tools", "guided_decoding.json_schema"),
         *by_rule("response_format", "guided_decoding.json_object", "guided_decoding.json_schema"),
+        *vllm.FIELDS,
+        Field("prompt_logprobs", "output.prompt_logprobs"),
+        Field("add_generation_prompt", "messages.add_generation_prompt"),
+        Field("continue_final_message", "messages.continue_final_message", true_or_unset),
+        Field("chat_template_kwargs", "messages.template_kwargs", json.dumps),
     )
 )
 
 
-def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.GenerateRequest:
+def to_generate_request(
+    req: ChatCompletionRequest, *, request_id: str, fill_context: bool = False
+) -> spb.GenerateRequest:
     """The GenerateRequest for a chat completion request.
 
     Rules (OpenAI's API and the schema's "Request Schema"): `do_sample` is set explicitly, true
@@ -101,11 +108,16 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
     is not sent. A "developer" message is sent with the "system" role. `response_format` and a
     tool_choice that forces a call set `guided_decoding` (gateways.common.guided,
     gateways.common.chat.tools); `tools` go to the chat template unless tool_choice is "none"
-    (the model is not to call them then).
+    (the model is not to call them then). vLLM's extras map through their rows
+    (gateways.common.chat.vllm); its guides apply when nothing else constrains the output;
+    `stream_options.continuous_usage_stats` asks for tokens (to count them per chunk).
 
     Args:
         req: a request checked by `schema.parse_chat_request`.
         request_id: the id the core logs and echoes (the completion id).
+        fill_context: without max_tokens / max_completion_tokens, ask for the rest of the
+            context (`stopping.fill_context`; OpenAI's and vLLM's default) rather than the
+            core's default.
     """
     out = spb.GenerateRequest(
         request_id=request_id,
@@ -115,6 +127,8 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
         output=pb.OutputOptions(),
     )
     FIELDS.apply(vars(req), out)
+    if fill_context and req.max_tokens is None and req.max_completion_tokens is None:
+        out.stopping.fill_context = True
     mode = tool_mode(req)
     if mode is not None:
         out.messages.tools.extend(
@@ -129,8 +143,12 @@ def to_generate_request(req: ChatCompletionRequest, *, request_id: str) -> spb.G
     if mode is not None and mode != "auto":
         functions = [tools.FunctionSpec(t.function.name, t.function.parameters) for t in req.tools or ()]
         guide = tools.tool_guide(mode, functions, name=_named(req), parallel=req.parallel_tool_calls is not False)
+    if guide is None:
+        guide = vllm.guide(req)  # the schema checked that nothing else constrains the output
     if guide is not None:
         out.guided_decoding.CopyFrom(guide)
+    if req.stream and req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        out.output.tokens = True  # counted for the usage of each chunk
     return out
 
 
@@ -198,6 +216,13 @@ class StreamState:
             gateway's --reasoning-parser), "" for none. With one, the text of each choice is
             split into `reasoning` and `content` before tool calls are read out of the content.
         reasoners: the reasoning parser of each choice, made on its first text.
+        continuous_usage: whether every chunk carries the usage so far (vLLM's
+            `continuous_usage_stats`, with `include_usage`).
+        prompt_count, generated: the prompt's tokens (from the QUEUED message) and the tokens
+            generated so far, for that usage.
+        echo: text that leads each choice's content (vLLM's chat `echo`), "" for none.
+        prompt_logprobs: vLLM's `prompt_logprobs` (alternatives per prompt token), None: none.
+        prompt_tokens: the prompt's tokens with logprobs, once they arrived.
     """
 
     completion_id: str
@@ -211,6 +236,12 @@ class StreamState:
     tool_calls: tools.ToolCalls | None = None
     reasoning: str = ""
     reasoners: dict[int, thinking.ReasoningParser] = field(default_factory=dict)
+    continuous_usage: bool = False
+    prompt_count: int = 0
+    generated: int = 0
+    echo: str = ""
+    prompt_logprobs: int | None = None
+    prompt_tokens: list[pb.Token] = field(default_factory=list)
 
     def split(self, index: int, text: str, *, last: bool) -> tuple[str, str]:
         """`(reasoning, content)` of the next text of choice `index` (`last`: the choice ends
@@ -246,6 +277,27 @@ def logprobs_content(out: pb.SequenceOutput) -> list[dict[str, Any]]:
         }
         for t in tokens
     ]
+
+
+def prompt_logprobs_list(tokens: Sequence[pb.Token], k: int) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's `prompt_logprobs` for the prompt's tokens (the core's `prompt_tokens`): per token
+    None for the first (nothing precedes it), else `{token id: {"logprob", "rank",
+    "decoded_token"}}` with the token itself first and then its `k` top alternatives, ranked
+    1..k (vllm/entrypoints/openai/protocol.py `Logprob`, 0.10/0.11). The token's own rank is
+    its place among the alternatives, or null when it is not one of them (the core does not
+    count ranks further down)."""
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for t in tokens:
+        if not t.HasField("logprob"):
+            out.append(None)
+            continue
+        top = list(t.top_logprobs)[:k]
+        rank = next((i for i, a in enumerate(top, 1) if a.id == t.id), None)
+        entry = {str(t.id): {"logprob": t.logprob, "rank": rank, "decoded_token": t.text}}
+        for i, a in enumerate(top, 1):
+            entry.setdefault(str(a.id), {"logprob": a.logprob, "rank": i, "decoded_token": a.text})
+        out.append(entry)
+    return out
 
 
 def usage_dict(usage: pb.Usage | None) -> dict[str, Any]:
@@ -285,8 +337,11 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
     """
     if msg.HasField("usage"):
         state.usage = msg.usage
+    if msg.HasField("prompt_token_count"):
+        state.prompt_count = msg.prompt_token_count
     chunks = []
     for out in msg.outputs:
+        state.generated += len(out.tokens)
         reason = finish_word(out.finish_reason, state.finish_words)
         entries = logprobs_content(out) if state.logprobs else []
         reasoning, text = state.split(out.index, out.text, last=reason is not None)
@@ -295,7 +350,7 @@ def to_chunks(msg: spb.GenerateResponse, state: StreamState) -> list[dict[str, A
         delta: dict[str, Any] = {}
         if out.index not in state.role_sent:
             state.role_sent.add(out.index)
-            delta = {"role": "assistant", "content": text}
+            delta = {"role": "assistant", "content": state.echo + text}
         elif text or reason is None:
             delta = {"content": text}
         if reasoning:
@@ -326,7 +381,13 @@ def step_chunk(state: StreamState, text: str) -> dict[str, Any] | None:
 def plain_deltas(state: StreamState) -> bool:
     """Whether the stream renders plain decode steps (`step_chunk`): no logprobs to render, no
     tool calls and no reasoning to parse out of the text."""
-    return not state.logprobs and state.tool_calls is None and not state.reasoning
+    return (
+        not state.logprobs
+        and state.tool_calls is None
+        and not state.reasoning
+        and not state.continuous_usage
+        and not state.echo
+    )
 
 
 def content_chunk(state: StreamState, index: int, text: str) -> dict[str, Any]:
@@ -353,7 +414,14 @@ def _chunk(state: StreamState, choices: list[dict[str, Any]]) -> dict[str, Any]:
         "model": state.model,
         "choices": choices,
     }
-    if state.include_usage:
+    if state.continuous_usage:
+        done = state.generated
+        chunk["usage"] = {
+            "prompt_tokens": state.prompt_count,
+            "completion_tokens": done,
+            "total_tokens": state.prompt_count + done,
+        }
+    elif state.include_usage:
         chunk["usage"] = None  # OpenAI sends null on every chunk but the usage chunk
     return chunk
 
@@ -362,7 +430,8 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
     """The `chat.completion` object for a whole Generate stream (non-streaming response).
 
     Shape: `{id, object, created, model, choices: [{index, message: {role, content}, logprobs,
-    finish_reason}], usage}`, choices in index order; with a reasoning parser, `message` also
+    finish_reason}], usage}` (and vLLM's `prompt_logprobs` when asked for), choices in index
+    order; with a reasoning parser, `message` also
     has `reasoning` (vLLM's field: the reasoning text, or null). `messages` is a complete stream (its last
     message carries usage), as `gateways.common.streaming.collect` returns it.
 
@@ -375,6 +444,8 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
     for msg in messages:
         if msg.HasField("usage"):
             state.usage = msg.usage
+        if msg.prompt_tokens:
+            state.prompt_tokens = list(msg.prompt_tokens)
         for out in msg.outputs:
             text.setdefault(out.index, []).append(out.text)
             if state.logprobs:
@@ -385,7 +456,7 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
     choices = [
         {
             "index": i,
-            "message": _message_of(state, i, "".join(text[i])),
+            "message": _message_of(state, i, state.echo + "".join(text[i])),
             "logprobs": {"content": entries.get(i, [])} if state.logprobs else None,
             "finish_reason": reasons[i],
         }
@@ -399,6 +470,8 @@ def to_completion(messages: Iterable[spb.GenerateResponse], state: StreamState) 
         "choices": choices,
         "usage": usage_dict(state.usage),
     }
+    if state.prompt_logprobs is not None:
+        completion["prompt_logprobs"] = prompt_logprobs_list(state.prompt_tokens, state.prompt_logprobs)
     if state.tool_calls is not None:
         return state.tool_calls.rewrite_completion(completion)
     return completion
@@ -435,4 +508,19 @@ def state_for(
         include_usage=bool(req.stream) and req.include_usage,
         tool_calls=tools.ToolCalls(mode, completion_id, _named(req), ended) if mode is not None else None,
         reasoning=reasoning,
+        continuous_usage=bool(req.stream and req.stream_options and req.stream_options.continuous_usage_stats)
+        and req.include_usage,
+        echo=_echo(req),
+        prompt_logprobs=req.prompt_logprobs,
     )
+
+
+def _echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat `echo`: the final message's text when it is the assistant's (the reply's
+    role), else nothing."""
+    last = req.messages[-1] if req.messages else None
+    if not req.echo or last is None or last.role != "assistant":
+        return ""
+    if isinstance(last.content, str):
+        return last.content
+    return "".join(p.text for p in last.content or () if isinstance(p, TextPart))

@@ -109,3 +109,9 @@ def test_prefix_cache_flags_out_of_range_are_usage_errors(argv, message, capsys)
         load(["--model", "/m", *argv], {})
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_served_model_names():
+    c = load(["--model", "/m", "--model-name", "x", "--served-model-name", "a,b", "--served-model-name", "c"], {})
+    assert (c.served_model_name, c.model_aliases) == ("a", ("b", "c"))
+    assert load(["--model", "/m", "--model-name", "x"], {}).model_aliases == ()

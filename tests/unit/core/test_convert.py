@@ -197,3 +197,21 @@ def test_a_token_without_a_logprob_leaves_it_unset():
     assert not msg.outputs[0].tokens[0].HasField("logprob")
     assert not msg.outputs[0].HasField("stop_token_id") and not msg.outputs[0].HasField("cumulative_logprob")
     assert not msg.HasField("usage") and not msg.HasField("seed")
+
+
+def test_chat_template_options_and_the_prompt_token_count():
+    body = spb.GenerateRequest(
+        messages=pb.ChatMessages(
+            messages=[pb.ChatMessage(role="user")],
+            add_generation_prompt=False,
+            continue_final_message=True,
+            template_kwargs='{"x": 1}',
+        )
+    )
+    t = convert.to_generation_request(body, "r").template
+    assert (t.add_generation_prompt, t.continue_final_message, t.kwargs) == (False, True, '{"x": 1}')
+    plain = convert.to_generation_request(spb.GenerateRequest(messages=pb.ChatMessages()), "r").template
+    assert plain.add_generation_prompt and not plain.continue_final_message and plain.kwargs == ""
+    msg = convert.to_response(ResponseDelta(state=RequestState.QUEUED, prompt_token_count=7), "r")
+    assert msg.prompt_token_count == 7
+    assert not convert.to_response(ResponseDelta(), "r").HasField("prompt_token_count")

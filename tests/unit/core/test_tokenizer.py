@@ -93,3 +93,24 @@ def test_spans_are_utf8_byte_offsets_of_each_token(request, name):
     assert all(0 <= start <= stop <= len(data) for start, stop in spans)
     assert spans[-1][1] == len(data)  # the last token ends the text
     assert tok.spans(text, [*ids, 0]) == []  # ids of another text: no mapping
+
+
+def test_chat_template_options(tiny_model_dir):
+    """add_generation_prompt false leaves the assistant's turn unopened, continue_final_message
+    leaves the last message open, and template kwargs reach the template (vLLM's
+    chat_template_kwargs)."""
+    from core.tokenizer import Tokenizer
+    from core.types import ChatTemplateOptions
+
+    tok = Tokenizer.load(tiny_model_dir)  # its own: the template is replaced below
+    chat = [ChatMessage("user", (ContentPart(text="a"),)), ChatMessage("assistant", (ContentPart(text="Hel"),))]
+    closed, _ = tok.render_chat(chat, template=ChatTemplateOptions(add_generation_prompt=False))
+    assert closed == "<|user|>a<|end|><|assistant|>Hel<|end|>"
+    open_, ids = tok.render_chat(
+        chat, template=ChatTemplateOptions(add_generation_prompt=False, continue_final_message=True)
+    )
+    assert open_ == "<|user|>a<|end|><|assistant|>Hel" and ids == tok.encode(open_, add_special_tokens=False)
+    tok.hf.chat_template = "{{ greeting | default('none') }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    text, _ = tok.render_chat(chat[:1], template=ChatTemplateOptions(kwargs='{"greeting": "hi:"}'))
+    assert text == "hi:a"
+    assert tok.render_chat(chat[:1])[0] == "nonea"

@@ -11,6 +11,7 @@ from core.guided import MAX_CHOICES, MAX_GUIDE_CHARS, check_compiles
 from core.sampling import resolve_generic
 from core.types import (
     ChatMessage,
+    ChatTemplateOptions,
     ContentPart,
     EngineInfo,
     GenerationRequest,
@@ -292,3 +293,46 @@ def test_tools_and_tool_messages(request_, field):
     with pytest.raises(InvalidArgument) as info:
         validate_request(request_, LIMITS)
     assert info.value.field == field
+
+
+USER_AND_ASSISTANT = (ChatMessage("user", (ContentPart(text="a"),)), ChatMessage("assistant", (ContentPart(text="b"),)))
+
+
+@pytest.mark.parametrize(
+    "template, messages, words",
+    [
+        (ChatTemplateOptions(kwargs="{nope"), USER_AND_ASSISTANT, "not valid JSON"),
+        (ChatTemplateOptions(kwargs="[1]"), USER_AND_ASSISTANT, "JSON object"),
+        (ChatTemplateOptions(kwargs='{"tools": []}'), USER_AND_ASSISTANT, "'tools'"),
+        (ChatTemplateOptions(continue_final_message=True), USER_AND_ASSISTANT, "add_generation_prompt false"),
+        (
+            ChatTemplateOptions(add_generation_prompt=False, continue_final_message=True),
+            USER_AND_ASSISTANT[:1],
+            "must be the assistant's",
+        ),
+    ],
+)
+def test_chat_template_options_are_checked(template, messages, words):
+    with pytest.raises(InvalidArgument) as info:
+        validate_request(req(text=None, messages=messages, template=template), LIMITS)
+    assert info.value.field.startswith("messages.") and words in str(info.value)
+
+
+def test_valid_chat_template_options_pass():
+    template = ChatTemplateOptions(add_generation_prompt=False, continue_final_message=True, kwargs='{"x": 1}')
+    validate_request(req(text=None, messages=USER_AND_ASSISTANT, template=template), LIMITS)
+
+
+def test_model_aliases_are_served_names():
+    aliased = dataclasses.replace(LIMITS, model_aliases=("gpt-4o",))
+    validate_request(req(model="gpt-4o"), aliased)
+    with pytest.raises(ModelNotFound):
+        validate_request(req(model="gpt-4o"), LIMITS)
+
+
+def test_fill_context_takes_the_rest_of_the_context():
+    filled = req(stopping=T(fill_context=True))
+    assert resolve_max_new_tokens(filled, 10, LIMITS, default=30) == 90
+    assert resolve_max_new_tokens(req(), 10, LIMITS, default=30) == 30
+    bounded = dataclasses.replace(LIMITS, max_new_tokens=50)
+    assert resolve_max_new_tokens(filled, 10, bounded, default=30) == 50

@@ -39,7 +39,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., guided_decoding: _Optional[_Union[_generate_pb2.GuidedDecoding, _Mapping]] = ..., tenant: _Optional[str] = ..., priority: _Optional[int] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued")
+    __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued", "prompt_token_count")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class GenerateResponse(_message.Message):
     EFFECTIVE_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     SESSION_CONTINUED_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     state: _generate_pb2.GenerateState
     outputs: _containers.RepeatedCompositeFieldContainer[_generate_pb2.SequenceOutput]
@@ -60,7 +61,8 @@ class GenerateResponse(_message.Message):
     effective_sampling: _generate_pb2.SamplingParams
     timing: _generate_pb2.Timing
     session_continued: bool
-    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[_generate_pb2.GenerateState, str]] = ..., outputs: _Optional[_Iterable[_Union[_generate_pb2.SequenceOutput, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[_Union[_generate_pb2.Token, _Mapping]]] = ..., usage: _Optional[_Union[_generate_pb2.Usage, _Mapping]] = ..., seed: _Optional[int] = ..., effective_sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., timing: _Optional[_Union[_generate_pb2.Timing, _Mapping]] = ..., session_continued: _Optional[bool] = ...) -> None: ...
+    prompt_token_count: int
+    def __init__(self, request_id: _Optional[str] = ..., state: _Optional[_Union[_generate_pb2.GenerateState, str]] = ..., outputs: _Optional[_Iterable[_Union[_generate_pb2.SequenceOutput, _Mapping]]] = ..., prompt_text: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[_Union[_generate_pb2.Token, _Mapping]]] = ..., usage: _Optional[_Union[_generate_pb2.Usage, _Mapping]] = ..., seed: _Optional[int] = ..., effective_sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., timing: _Optional[_Union[_generate_pb2.Timing, _Mapping]] = ..., session_continued: _Optional[bool] = ..., prompt_token_count: _Optional[int] = ...) -> None: ...
 
 class MultiplexGenerateRequest(_message.Message):
     __slots__ = ("starts", "cancels")
@@ -125,7 +127,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "model_version", "engine", "max_context_length", "max_new_tokens", "default_max_new_tokens", "vocab_size", "has_chat_template", "accepts_images", "max_num_beams", "max_top_logprobs", "max_stop_sequences", "greedy_defaults", "sampling_defaults", "unsupported_sampling_fields", "max_n", "guided_decoding", "max_input_tokens", "adapters", "max_loras")
+    __slots__ = ("model_name", "model_version", "engine", "max_context_length", "max_new_tokens", "default_max_new_tokens", "vocab_size", "has_chat_template", "accepts_images", "max_num_beams", "max_top_logprobs", "max_stop_sequences", "greedy_defaults", "sampling_defaults", "unsupported_sampling_fields", "max_n", "guided_decoding", "max_input_tokens", "adapters", "max_loras", "model_aliases")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +148,7 @@ class GetModelInfoResponse(_message.Message):
     MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ALIASES_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_version: str
     engine: str
@@ -166,7 +169,8 @@ class GetModelInfoResponse(_message.Message):
     max_input_tokens: int
     adapters: _containers.RepeatedCompositeFieldContainer[AdapterInfo]
     max_loras: int
-    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., engine: _Optional[str] = ..., max_context_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., accepts_images: _Optional[bool] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., greedy_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., sampling_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., unsupported_sampling_fields: _Optional[_Iterable[str]] = ..., max_n: _Optional[int] = ..., guided_decoding: _Optional[_Iterable[str]] = ..., max_input_tokens: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ..., max_loras: _Optional[int] = ...) -> None: ...
+    model_aliases: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., engine: _Optional[str] = ..., max_context_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., default_max_new_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., has_chat_template: _Optional[bool] = ..., accepts_images: _Optional[bool] = ..., max_num_beams: _Optional[int] = ..., max_top_logprobs: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., greedy_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., sampling_defaults: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., unsupported_sampling_fields: _Optional[_Iterable[str]] = ..., max_n: _Optional[int] = ..., guided_decoding: _Optional[_Iterable[str]] = ..., max_input_tokens: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterInfo, _Mapping]]] = ..., max_loras: _Optional[int] = ..., model_aliases: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AdapterInfo(_message.Message):
     __slots__ = ("name", "path", "rank", "resident", "running", "waiting")
