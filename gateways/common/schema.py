@@ -16,6 +16,12 @@ from pydantic import Field
 
 from gateways.common.status import GatewayError
 
+#: The most messages (or input items) a request may carry: the core's bound
+#: (core.validation.MAX_MESSAGES), checked by `screen_fields` before pydantic validates each
+#: one, so that a body of tens of thousands of tiny messages costs the event loop a length check
+#: instead of a validation per message (about 13 µs each).
+MAX_MESSAGES = 4096
+
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -77,6 +83,7 @@ def screen_fields(
     ignored: Collection[str],
     unsupported: Mapping[str, str],
     neutral: Callable[[str, Any], bool],
+    lists: Collection[str] = ("messages",),
     unknown_message: Callable[[str], str] = lambda name: f"Unrecognized request argument supplied: {name}",
     unsupported_message: Callable[[str, str], str] = lambda name, why: (
         f"The parameter '{name}' is not supported by this server: {why}."
@@ -91,17 +98,22 @@ def screen_fields(
         unsupported: fields the API defines and this server does not serve, with why; dropped
             when `neutral(name, value)` (the value asks for nothing), else refused.
         neutral, unknown_message, unsupported_message: the schema's rule and wording.
+        lists: the fields holding the conversation: a list of more than MAX_MESSAGES items is
+            refused.
 
     Raises:
         GatewayError: INVALID_ARGUMENT for a body that is not an object; for an unknown field
             (reason UNKNOWN_PARAMETER) or an unsupported one that asks for something
-            (UNSUPPORTED_PARAMETER), naming it.
+            (UNSUPPORTED_PARAMETER), naming it; for a conversation of more than MAX_MESSAGES
+            items, naming its field.
     """
     if not isinstance(body, dict):
         raise GatewayError.invalid("The request body must be a JSON object.", param=None)
     checked = {}
     for name, value in body.items():
         if name in known:
+            if name in lists and isinstance(value, list) and len(value) > MAX_MESSAGES:
+                raise GatewayError.invalid(f"At most {MAX_MESSAGES} messages are allowed, got {len(value)}.", name)
             checked[name] = value
         elif name in ignored:
             continue

@@ -303,6 +303,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         ignored=IGNORED_FIELDS,
         unsupported=UNSUPPORTED_FIELDS,
         neutral=lambda _, value: _neutral(value),
+        lists=("input",),
     )
     _check_kinds(checked)
     try:
