@@ -120,7 +120,6 @@ REFUSED = [
     ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag", "UNKNOWN_PARAMETER"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "INVALID_ARGUMENT"),
     ({"use_beam_search": True}, "use_beam_search", "UNSUPPORTED_PARAMETER"),
-    ({"priority": 1}, "priority", "UNSUPPORTED_PARAMETER"),
     ({"logits_processors": ["x"]}, "logits_processors", "UNSUPPORTED_PARAMETER"),
     ({"allowed_token_ids": [1]}, "allowed_token_ids", "UNSUPPORTED_PARAMETER"),
     ({"cache_salt": "s"}, "cache_salt", "UNSUPPORTED_PARAMETER"),

@@ -24,7 +24,7 @@ from gateways.common.app import core_client
 from gateways.common.chat import completion_translate as translate
 from gateways.common.chat import errors
 from gateways.common.chat.completion_schema import CompletionRequest, parse_completion_request
-from gateways.common.chat.route import encode, end_of_stream
+from gateways.common.chat.route import encode, end_of_stream, reported_model
 from gateways.common.fields import client_error
 from gateways.common.status import GatewayError
 from gateways.common.streaming import MergedStreams, collect_all, open_all, relay
@@ -55,8 +55,7 @@ async def handle_completion(request: web.Request, body: Any) -> web.StreamRespon
         )
         client = core_client(request)
         info = await client.model_info()
-        # An adapter chosen by model is echoed (the core reports the base model's name).
-        model = generate_requests[0].model or info.model_name
+        model = reported_model(generate_requests[0].model, info)
         state = translate.state_for(req, completion_id=completion_id, created=int(time.time()), model=model)
         calls = [client.generate(g) for g in generate_requests]
         if not req.stream:

@@ -123,7 +123,7 @@ async def handle_chat(
             req,
             completion_id=completion_id,
             created=created,
-            model=generate_request.model or info.model_name,  # an adapter chosen by model is echoed
+            model=reported_model(generate_request.model, info),
             finish_words=finish_words,
             reasoning=reasoning_parser,
         )
@@ -160,3 +160,12 @@ async def handle_chat(
         end=end,
         request_id=completion_id,
     )
+
+
+def reported_model(requested: str, info: spb.GetModelInfoResponse) -> str:
+    """The `model` a response reports, as vLLM's server does: the name of the LoRA adapter a
+    request chose by `model`, else the served model's first name (also for an alias, or for
+    any name a gateway with --accept-any-model took)."""
+    if requested and requested != info.model_name and requested not in info.model_aliases:
+        return requested
+    return info.model_name

@@ -96,7 +96,6 @@ UNSUPPORTED = {
     "guided_whitespace_pattern": "a whitespace pattern for guided JSON is not supported",
     "return_tokens_as_token_ids": "token ids in place of token texts are not supported",
     "return_token_ids": "token ids in the response are not supported",
-    "priority": "request priorities are not supported",
     "cache_salt": "prefix cache salts are not supported",
     "kv_transfer_params": "KV cache transfer is not supported",
     "vllm_xargs": "vLLM's extension arguments are not supported",
@@ -110,8 +109,6 @@ def neutral(name: str, value: Any) -> bool:
         return True
     if name in ("use_beam_search", "return_tokens_as_token_ids", "return_token_ids"):
         return value is False
-    if name == "priority":
-        return bool(value == 0)
     if name in ("logits_processors", "allowed_token_ids"):
         return bool(value == [])
     if name in ("mm_processor_kwargs", "vllm_xargs", "kv_transfer_params"):
