@@ -78,7 +78,8 @@ class GatewayConfig:
         core_max_reconnect_backoff_ms: longest delay between reconnection attempts
             (grpc.max_reconnect_backoff_ms): a core that comes back is served within about that.
         routing: how requests without a session pick one of several cores: "round_robin" or
-            "prefix" (gateways.common.prefix_route; docs/fleet.md weighs them).
+            "prefix" (by prefix, or by LoRA adapter: gateways.common.prefix_route; docs/fleet.md
+            weighs them).
         routing_prefix_chars: characters of a text prompt that make its prefix key.
         routing_load_factor: the `c` of bounded loads (a core takes a request while its
             requests in flight are below c times the average).
@@ -228,8 +229,8 @@ def add_core_arguments(p: EnvArgumentParser, d: GatewayConfig) -> None:
         choices=["round_robin", "prefix"],
         default=d.routing,
         help="how a request picks one of several cores: round_robin (the least-loaded stream) or prefix (a "
-        "consistent hash of its leading part with bounded loads, so shared prefixes meet their cache); sessions "
-        "keep their core either way",
+        "consistent hash of its leading part, or of its LoRA adapter's name, with bounded loads, so shared prefixes "
+        "meet their cache and adapters stay resident on few cores); sessions keep their core either way",
     )
     p.add_argument(
         "--routing-prefix-chars",

@@ -19,8 +19,9 @@ bucket, the bucket in the stream's metadata, so every request of a session reach
 that holds it, or the next one on the ring when that core is gone (a fresh start there).
 
 With `--routing prefix` (gateways.common.prefix_route), a request without a hash key goes to
-the core its leading part hashes to on a consistent-hash ring with bounded loads, so requests
-that share a prefix meet the core that caches it. The client then keeps one channel per core
+the core its leading part (or its LoRA adapter's name) hashes to on a consistent-hash ring with
+bounded loads, so requests that share a prefix meet the core that caches it, and requests for
+an adapter the cores that hold it resident. The client then keeps one channel per core
 (the listed addresses, or what a `dns:` name resolves to, looked up again every
 `--core-stream-max-age` seconds) with its own small pool of streams, and counts each core's
 requests in flight itself; unary calls stay on the balanced channel.
@@ -55,7 +56,7 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from gateways.common.config import GatewayConfig
 from gateways.common.core_call import CoreCall
 from gateways.common.multiplexed import MultiplexedStream
-from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS, HashRing, pick, prefix_key
+from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS, HashRing, pick, routing_key
 from gateways.common.status import GatewayError
 from gateways.common.targets import (
     HASH_HEADER,
@@ -203,6 +204,9 @@ class CoreClient:
             self._session_channel = self._make_channel([*options, ("grpc.service_config", session_service_config())])
             self._session_stub = spb_grpc.GenerateServiceStub(self._session_channel)
         self._model_info: spb.GetModelInfoResponse | None = None
+        # The served model's names once its info is cached (a `model` naming anything else
+        # names an adapter, for --routing prefix); None before.
+        self._base_names: frozenset[str] | None = None
         self._pool: list[MultiplexedStream | None] = [None] * size
         self._sessions: dict[int, MultiplexedStream] = {}
         self._turn = itertools.count()
@@ -376,8 +380,8 @@ class CoreClient:
     ) -> MultiplexedStream:
         """The stream a request goes on: its session bucket's (with a hash key and several
         cores); with `--routing prefix` and the cores known, a stream of the core `request`'s
-        prefix key picks (not `avoid`'s core while another is usable); else the pool's
-        stream with the fewest open requests, other than `avoid`."""
+        routing key (its adapter, else its prefix) picks (not `avoid`'s core while another is
+        usable); else the pool's stream with the fewest open requests, other than `avoid`."""
         now = time.monotonic()
         if hash_key is not None and self._session_channel is not None:
             bucket = zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
@@ -394,7 +398,7 @@ class CoreClient:
             avoided = next((i for i, c in enumerate(cores) if avoid is not None and c.address == avoid.core), None)
             i = pick(
                 self._ring,
-                prefix_key(request, self.prefix_chars),
+                routing_key(request, self._base_names, self.prefix_chars),
                 [c.load() for c in cores],
                 [c.usable() for c in cores],
                 self.load_factor,
@@ -533,6 +537,7 @@ class CoreClient:
             try:
                 info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10, metadata=self.metadata)
                 self._model_info = cast(spb.GetModelInfoResponse, info)
+                self._base_names = frozenset((info.model_name, *info.model_aliases))
             except grpc.RpcError as e:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info

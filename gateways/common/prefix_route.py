@@ -1,6 +1,7 @@
 """Prefix-aware routing over several cores (`--routing prefix`): which core a request goes to
-so that requests sharing a leading part meet the core whose prefix cache holds it (pure
-functions; `core_client` keeps the cores and their loads).
+so that requests sharing a leading part meet the core whose prefix cache holds it, and requests
+for one LoRA adapter meet the cores that hold it resident (pure functions; `core_client` keeps
+the cores and their loads).
 
 - The **key** of a request is its leading part, taken from the `GenerateRequest` every schema
   translates to (OpenAI chat, completions, Responses, Anthropic Messages, LMI, TGI, Triton and
@@ -11,6 +12,13 @@ functions; `core_client` keeps the cores and their loads).
   as `chars` characters make). Every turn of a conversation so has one key, while the messages
   before the *last* user turn would change at every turn and move the conversation to another
   core each time.
+- A request that names a LoRA adapter (`adapter_key`: `GenerateRequest.adapter`, or a `model`
+  that is not one of the served model's names, vLLM's convention) is keyed by the adapter's
+  name alone instead: every request for an adapter so goes to one core while it has room and
+  spills to the same next cores on the ring, so each adapter is loaded on few cores and stays
+  resident there (a core holds `--max-loras` adapters; one that serves more evicts and reloads
+  them). A prompt's cached blocks belong to the adapter they were computed with
+  (core.engine.hf_prefix), so the adapter's cores are also where its prefixes are.
 - The **ring** (`HashRing`) places each core at `VNODES` points of a 64-bit circle (consistent
   hashing, Karger et al. 1997, with virtual nodes as in ketama), so a core joining or leaving
   moves only the keys next to its points, and every gateway with the same cores sends a key to
@@ -28,7 +36,10 @@ mixed with load scorers) and SMG's `cache_aware` policy (sgl-model-gateway
 `src/policies/cache_aware.rs`: an approximate radix tree per worker, the best match above a
 threshold, shortest queue when the load is unbalanced). Both keep an index of what each
 gateway sent where; the ring needs none and agrees across gateways, at the price of matching
-only the key, not the longest prefix.
+only the key, not the longest prefix. For adapters, the Gateway API Inference Extension's
+LoRA-affinity scorer reads each pod's `vllm:lora_requests_info` and prefers pods where the
+adapter is running or waiting; the ring reaches the same concentration without reading the
+cores, and every gateway agrees on it.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from trellis.generate.v1 import generate_service_pb2 as spb
 
@@ -93,6 +104,36 @@ def prefix_key(request: spb.GenerateRequest, chars: int = DEFAULT_PREFIX_CHARS) 
                 break
         return _SEP.join(parts)
     return b""
+
+
+def adapter_key(request: spb.GenerateRequest, base_names: Collection[str] | None) -> bytes:
+    """The routing key of a request for a LoRA adapter: the adapter's name.
+
+    Args:
+        request: the request as the gateway sends it.
+        base_names: the served model's names (GetModelInfo's `model_name` and
+            `model_aliases`); None while unknown, when only `adapter` names an adapter.
+
+    Returns:
+        `b"a"` + the name of `request.adapter` when set, else of `request.model` when it is set
+        and not one of `base_names` (the core takes such a model name as an adapter's, or
+        refuses it: core/pipeline.py `adapter_by_model`); empty for a request of the base
+        model. No prefix key starts with `b"a"`.
+    """
+    name = request.adapter
+    if not name and request.HasField("model") and base_names is not None and request.model not in base_names:
+        name = request.model
+    return b"a" + name.encode("utf-8", "surrogatepass") if name else b""
+
+
+def routing_key(request: spb.GenerateRequest, base_names: Collection[str] | None, chars: int) -> bytes:
+    """The key `--routing prefix` hashes: `adapter_key` for a request naming an adapter, else
+    `prefix_key` (see the module's description).
+
+    Raises:
+        ValueError: `chars` below 1, for a request that names no adapter.
+    """
+    return adapter_key(request, base_names) or prefix_key(request, chars)
 
 
 class HashRing:
@@ -162,7 +203,7 @@ def pick(
 
     Args:
         ring: the members.
-        key: the request's `prefix_key`.
+        key: the request's `routing_key`.
         loads: requests in flight per member (this gateway's view), in `ring.members` order.
         usable: per member, whether it takes requests (connected, serving).
         factor: `c` of bounded loads, at least 1.

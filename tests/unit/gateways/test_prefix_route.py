@@ -1,5 +1,6 @@
-"""Prefix-aware routing (`--routing prefix`): the prefix key of each input kind, the ring, and
-bounded loads (gateways.common.prefix_route); the routing flags."""
+"""Prefix-aware routing (`--routing prefix`): the prefix key of each input kind, the adapter key
+of a request for a LoRA adapter, the ring, and bounded loads (gateways.common.prefix_route);
+the routing flags."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.config import load
 from gateways.common.core_client import CoreClient
-from gateways.common.prefix_route import HashRing, load_bound, pick, prefix_key
+from gateways.common.prefix_route import HashRing, adapter_key, load_bound, pick, prefix_key, routing_key
 from gateways.common.targets import address_target, dns_name, listed_addresses, parse_core_target
 
 CORES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
@@ -57,6 +58,61 @@ def test_a_prompt_key_is_its_first_characters_and_token_ids_their_first_quarter(
     assert prefix_key(spb.GenerateRequest()) == b""
     with pytest.raises(ValueError, match="at least 1 character"):
         prefix_key(a, chars=0)
+
+
+BASE = frozenset({"demo", "demo-alias"})
+
+
+def test_a_request_for_an_adapter_is_keyed_by_the_adapter_s_name():
+    assert adapter_key(spb.GenerateRequest(adapter="shout", text="hi"), BASE) == b"ashout"
+    # `model` naming something other than the served model names an adapter (vLLM's convention)...
+    assert adapter_key(spb.GenerateRequest(model="shout", text="hi"), BASE) == b"ashout"
+    # ...and `adapter` wins over it, as in the core.
+    assert adapter_key(spb.GenerateRequest(model="python", adapter="shout"), BASE) == b"ashout"
+    for base in (spb.GenerateRequest(model="demo"), spb.GenerateRequest(model="demo-alias"), spb.GenerateRequest()):
+        assert adapter_key(base, BASE) == b""
+    # Before the served model's names are known, only `adapter` names an adapter.
+    assert adapter_key(spb.GenerateRequest(model="shout"), None) == b""
+    assert adapter_key(spb.GenerateRequest(adapter="shout"), None) == b"ashout"
+
+
+def test_the_routing_key_is_the_adapter_s_whatever_the_prompt_else_the_prefix():
+    one = routing_key(spb.GenerateRequest(model="shout", text="Tell me about ships."), BASE, 256)
+    other = routing_key(chat(("user", "Something else entirely.")), BASE, 256)
+    assert one == routing_key(spb.GenerateRequest(adapter="shout", token_ids=pb.TokenIds(ids=[1, 2])), BASE, 256)
+    assert one != routing_key(spb.GenerateRequest(model="python", text="Tell me about ships."), BASE, 256)
+    base = spb.GenerateRequest(model="demo", text="Tell me about ships.")
+    assert routing_key(base, BASE, 256) == prefix_key(base, 256)
+    assert other == prefix_key(chat(("user", "Something else entirely.")))
+    # An adapter named like a prompt's key cannot share its place on the ring.
+    assert routing_key(spb.GenerateRequest(adapter="Tell"), BASE, 256) != routing_key(
+        spb.GenerateRequest(text="Tell"), BASE, 256
+    )
+    with pytest.raises(ValueError, match="at least 1 character"):
+        routing_key(base, BASE, 0)
+
+
+def test_adapters_stay_on_few_cores_and_spill_only_past_the_bound():
+    """Six adapters, 4 requests each in flight at once, over 3 cores: each adapter's requests
+    sit on its home core until that core is full, then on the next ones along the ring."""
+    ring = HashRing(CORES)
+    usable = [True] * 3
+    loads = [0, 0, 0]
+    where: dict[str, collections.Counter[int]] = collections.defaultdict(collections.Counter)
+    names = [f"adapter-{i}" for i in range(6)]
+    for _ in range(4):
+        for name in names:
+            i = pick(ring, adapter_key(spb.GenerateRequest(adapter=name), BASE), loads, usable)
+            loads[i] += 1
+            where[name][i] += 1
+    assert max(loads) <= 10  # ceil(1.25 * 24 / 3)
+    for name in names:
+        assert where[name][next(ring.order(b"a" + name.encode()))] >= 1  # its first request is at home
+    assert sum(len(w) for w in where.values()) < 3 * len(names), where  # not spread over every core
+    # One at a time, every request of an adapter is at home.
+    for name in names:
+        key = adapter_key(spb.GenerateRequest(model=name), BASE)
+        assert {pick(ring, key, [0, 0, 0], usable) for _ in range(5)} == {next(ring.order(key))}
 
 
 def test_the_ring_spreads_keys_and_moves_only_a_leaving_core_s_keys():
