@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from envflags import EnvArgumentParser, ListAction, comma_list
 from envflags.tls import add_server_tls_arguments
-from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS
+from gateways.common.prefix_route import DEFAULT_ADAPTER_LOAD_FACTOR, DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS
 from gateways.common.targets import dns_name, listed_addresses, parse_core_target
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class GatewayConfig:
         routing_prefix_chars: characters of a text prompt that make its prefix key.
         routing_load_factor: the `c` of bounded loads (a core takes a request while its
             requests in flight are below c times the average).
+        routing_adapter_load_factor: the same for a request naming a LoRA adapter.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -124,6 +125,7 @@ class GatewayConfig:
     routing: str = "round_robin"
     routing_prefix_chars: int = DEFAULT_PREFIX_CHARS
     routing_load_factor: float = DEFAULT_LOAD_FACTOR
+    routing_adapter_load_factor: float = DEFAULT_ADAPTER_LOAD_FACTOR
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def redacted(self) -> dict[str, Any]:
@@ -178,6 +180,7 @@ _COMMON = {
     "routing",
     "routing_prefix_chars",
     "routing_load_factor",
+    "routing_adapter_load_factor",
 }
 _COMMON |= {f.name for f in fields(GatewayConfig) if f.name.startswith("core_")}
 
@@ -245,6 +248,13 @@ def add_core_arguments(p: EnvArgumentParser, d: GatewayConfig) -> None:
         default=d.routing_load_factor,
         help="--routing prefix: a core takes a request while its requests in flight are below this times the "
         "average (bounded loads; at least 1)",
+    )
+    p.add_argument(
+        "--routing-adapter-load-factor",
+        type=float,
+        default=d.routing_adapter_load_factor,
+        help="--routing prefix: the same for a request naming a LoRA adapter, which goes to a core holding the "
+        "adapter while that core is below this times the average (at least 1)",
     )
 
 
@@ -381,6 +391,8 @@ def load(
         p.error(f"--routing-prefix-chars must be >= 1, got {ns['routing_prefix_chars']}")
     if not ns["routing_load_factor"] >= 1:
         p.error(f"--routing-load-factor must be >= 1, got {ns['routing_load_factor']}")
+    if not ns["routing_adapter_load_factor"] >= 1:
+        p.error(f"--routing-adapter-load-factor must be >= 1, got {ns['routing_adapter_load_factor']}")
     non_negative = ("header_timeout", "max_connections", "accept_error_log_interval", "drain_seconds")
     for dest in (*non_negative, "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
         if ns[dest] < 0:

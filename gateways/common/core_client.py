@@ -38,6 +38,7 @@ Lives on the aiohttp app (`CORE_CLIENT_KEY`) for the app's lifetime (`core_clien
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import math
@@ -56,7 +57,17 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from gateways.common.config import GatewayConfig
 from gateways.common.core_call import CoreCall
 from gateways.common.multiplexed import MultiplexedStream
-from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS, HashRing, pick, routing_key
+from gateways.common.prefix_route import (
+    DEFAULT_ADAPTER_LOAD_FACTOR,
+    DEFAULT_LOAD_FACTOR,
+    DEFAULT_PREFIX_CHARS,
+    HashRing,
+    adapter_key,
+    adapter_tiers,
+    pick,
+    prefix_key,
+    requested_adapter,
+)
 from gateways.common.status import GatewayError
 from gateways.common.targets import (
     HASH_HEADER,
@@ -110,6 +121,16 @@ class _Core:
         self.stub = spb_grpc.GenerateServiceStub(channel)
         self.pool: list[MultiplexedStream | None] = [None] * streams
         self.streams: set[MultiplexedStream] = set()  # the pool's and retired ones still open
+        # The LoRA adapters it holds as far as this gateway knows: the last `max_loras` distinct
+        # ones sent there, least recently used first (the HF engine evicts in that order).
+        self.adapters: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def sent(self, adapter: str, slots: int) -> None:
+        """Note a request for `adapter` sent to the core, which holds `slots` adapters at once."""
+        self.adapters[adapter] = None
+        self.adapters.move_to_end(adapter)
+        while len(self.adapters) > slots:
+            self.adapters.popitem(last=False)
 
     def load(self) -> int:
         """Requests of this gateway in flight on the core."""
@@ -144,6 +165,7 @@ class CoreClient:
             consistent hash of its leading part with bounded loads, gateways.common.prefix_route).
         prefix_chars: characters of a text prompt that make its prefix key.
         load_factor: the `c` of bounded loads (at least 1).
+        adapter_load_factor: the same for a request naming a LoRA adapter (at least 1).
 
     Raises:
         ValueError: a `target` that does not parse, an unknown `routing`, a `load_factor` below
@@ -167,11 +189,14 @@ class CoreClient:
         routing: str = "round_robin",
         prefix_chars: int = DEFAULT_PREFIX_CHARS,
         load_factor: float = DEFAULT_LOAD_FACTOR,
+        adapter_load_factor: float = DEFAULT_ADAPTER_LOAD_FACTOR,
     ):
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
-        if load_factor < 1:
-            raise ValueError(f"the routing load factor must be at least 1, got {load_factor}")
+        if load_factor < 1 or adapter_load_factor < 1:
+            raise ValueError(
+                f"the routing load factors must be at least 1, got {load_factor} and {adapter_load_factor}"
+            )
         if prefix_chars < 1:
             raise ValueError(f"the routing prefix length must be at least 1 character, got {prefix_chars}")
         self.target = parse_core_target(target) if isinstance(target, str) else target
@@ -220,6 +245,7 @@ class CoreClient:
         self.routing = routing if several else "round_robin"
         self.prefix_chars = prefix_chars
         self.load_factor = load_factor
+        self.adapter_load_factor = adapter_load_factor
         self._options = options
         self._per_core = max(1, math.ceil(size / max(1, self.target.addresses)))
         self._cores: list[_Core] = []
@@ -380,8 +406,9 @@ class CoreClient:
     ) -> MultiplexedStream:
         """The stream a request goes on: its session bucket's (with a hash key and several
         cores); with `--routing prefix` and the cores known, a stream of the core `request`'s
-        routing key (its adapter, else its prefix) picks (not `avoid`'s core while another is
-        usable); else the pool's stream with the fewest open requests, other than `avoid`."""
+        routing key picks (its adapter, preferring a core that holds it, else its prefix; not
+        `avoid`'s core while another is usable); else the pool's stream with the fewest open
+        requests, other than `avoid`."""
         now = time.monotonic()
         if hash_key is not None and self._session_channel is not None:
             bucket = zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
@@ -396,14 +423,15 @@ class CoreClient:
         if self._ring is not None and request is not None:
             cores = self._cores
             avoided = next((i for i, c in enumerate(cores) if avoid is not None and c.address == avoid.core), None)
-            i = pick(
-                self._ring,
-                routing_key(request, self._base_names, self.prefix_chars),
-                [c.load() for c in cores],
-                [c.usable() for c in cores],
-                self.load_factor,
-                avoided,
-            )
+            loads, usable = [c.load() for c in cores], [c.usable() for c in cores]
+            name = requested_adapter(request, self._base_names)
+            if name:
+                slots = self._model_info.max_loras if self._model_info is not None else 0
+                tiers = adapter_tiers(name, [c.adapters for c in cores], slots)
+                i = pick(self._ring, adapter_key(name), loads, usable, self.adapter_load_factor, avoided, tiers)
+                cores[i].sent(name, slots)
+            else:
+                i = pick(self._ring, prefix_key(request, self.prefix_chars), loads, usable, self.load_factor, avoided)
             core = cores[i]
             stream = self._least_loaded(core.pool, core.stub, core.channel, avoid, now, provisional=False)
             stream.core = core.address
@@ -635,6 +663,7 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         routing=config.routing,
         prefix_chars=config.routing_prefix_chars,
         load_factor=config.routing_load_factor,
+        adapter_load_factor=config.routing_adapter_load_factor,
     )
     client.connect()
     app[CORE_CLIENT_KEY] = client

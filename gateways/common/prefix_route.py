@@ -12,12 +12,17 @@ the cores and their loads).
   as `chars` characters make). Every turn of a conversation so has one key, while the messages
   before the *last* user turn would change at every turn and move the conversation to another
   core each time.
-- A request that names a LoRA adapter (`adapter_key`: `GenerateRequest.adapter`, or a `model`
-  that is not one of the served model's names, vLLM's convention) is keyed by the adapter's
-  name alone instead: every request for an adapter so goes to one core while it has room and
-  spills to the same next cores on the ring, so each adapter is loaded on few cores and stays
-  resident there (a core holds `--max-loras` adapters; one that serves more evicts and reloads
-  them). A prompt's cached blocks belong to the adapter they were computed with
+- A request that names a LoRA adapter (`requested_adapter`: `GenerateRequest.adapter`, or a
+  `model` that is not one of the served model's names, vLLM's convention) is keyed by the
+  adapter's name alone instead (`adapter_key`), and the walk prefers cores by their adapters
+  (`adapter_tiers`): among the cores below the load bound, the first clockwise that holds the
+  adapter, else the first that has a free slot, else the first. A core holds `--max-loras`
+  adapters; the gateway knows which from what it sent there (the last `max_loras` distinct
+  adapters, as the HF engine evicts the least recently used). Six adapters over three cores
+  of two slots so settle two per core, each adapter's requests stay on its cores, and a miss
+  (a load, or a wait for a slot while every slot runs another adapter) is rare. Its bound's
+  `c` is larger (`--routing-adapter-load-factor`, 2): a miss costs more than a prefix miss. A
+  prompt's cached blocks belong to the adapter they were computed with
   (core.engine.hf_prefix), so the adapter's cores are also where its prefixes are.
 - The **ring** (`HashRing`) places each core at `VNODES` points of a 64-bit circle (consistent
   hashing, Karger et al. 1997, with virtual nodes as in ketama), so a core joining or leaving
@@ -38,8 +43,9 @@ threshold, shortest queue when the load is unbalanced). Both keep an index of wh
 gateway sent where; the ring needs none and agrees across gateways, at the price of matching
 only the key, not the longest prefix. For adapters, the Gateway API Inference Extension's
 LoRA-affinity scorer reads each pod's `vllm:lora_requests_info` and prefers pods where the
-adapter is running or waiting; the ring reaches the same concentration without reading the
-cores, and every gateway agrees on it.
+adapter is running or waiting, then pods with room for one more adapter; the tiers do the same
+from what this gateway sent, without polling the cores. Several gateways agree where the ring
+decides (an adapter's first cores); which adapters a core holds is each gateway's own view.
 """
 
 from __future__ import annotations
@@ -61,6 +67,12 @@ DEFAULT_PREFIX_CHARS = 256
 #: `--routing-load-factor`' default: the `c` of bounded loads (the paper's 1.25 keeps the
 #: busiest core within a quarter of the average while most keys stay on their first core).
 DEFAULT_LOAD_FACTOR = 1.25
+
+#: `--routing-adapter-load-factor`' default: the `c` of bounded loads for a request naming a
+#: LoRA adapter. A miss costs more than a prefix miss (the adapter's weights are loaded, and
+#: when every slot is running another adapter the request waits for one), so a core holding the
+#: adapter takes up to twice the average before another core loads it.
+DEFAULT_ADAPTER_LOAD_FACTOR = 2.0
 
 #: Bytes that separate the parts of a key (no part's encoding is confused with another's).
 _SEP = b"\x1e"
@@ -106,34 +118,27 @@ def prefix_key(request: spb.GenerateRequest, chars: int = DEFAULT_PREFIX_CHARS) 
     return b""
 
 
-def adapter_key(request: spb.GenerateRequest, base_names: Collection[str] | None) -> bytes:
-    """The routing key of a request for a LoRA adapter: the adapter's name.
+def requested_adapter(request: spb.GenerateRequest, base_names: Collection[str] | None) -> str:
+    """The LoRA adapter a request names: `request.adapter` when set, else `request.model` when
+    it is set and not one of `base_names` (the core takes such a model name as an adapter's, or
+    refuses it: core/pipeline.py `adapter_by_model`); "" for a request of the base model.
 
     Args:
         request: the request as the gateway sends it.
         base_names: the served model's names (GetModelInfo's `model_name` and
             `model_aliases`); None while unknown, when only `adapter` names an adapter.
-
-    Returns:
-        `b"a"` + the name of `request.adapter` when set, else of `request.model` when it is set
-        and not one of `base_names` (the core takes such a model name as an adapter's, or
-        refuses it: core/pipeline.py `adapter_by_model`); empty for a request of the base
-        model. No prefix key starts with `b"a"`.
     """
-    name = request.adapter
-    if not name and request.HasField("model") and base_names is not None and request.model not in base_names:
-        name = request.model
-    return b"a" + name.encode("utf-8", "surrogatepass") if name else b""
+    if request.adapter:
+        return request.adapter
+    if request.HasField("model") and base_names is not None and request.model not in base_names:
+        return request.model
+    return ""
 
 
-def routing_key(request: spb.GenerateRequest, base_names: Collection[str] | None, chars: int) -> bytes:
-    """The key `--routing prefix` hashes: `adapter_key` for a request naming an adapter, else
-    `prefix_key` (see the module's description).
-
-    Raises:
-        ValueError: `chars` below 1, for a request that names no adapter.
-    """
-    return adapter_key(request, base_names) or prefix_key(request, chars)
+def adapter_key(name: str) -> bytes:
+    """The routing key of a request for adapter `name`: `b"a"` + the name (no `prefix_key`
+    starts with `b"a"`, so an adapter and a prompt never share a place on the ring)."""
+    return b"a" + name.encode("utf-8", "surrogatepass")
 
 
 class HashRing:
@@ -171,6 +176,21 @@ class HashRing:
                     return
 
 
+def adapter_tiers(name: str, held: Sequence[Collection[str]], slots: int) -> list[int]:
+    """Per core, how well it suits a request for adapter `name` (`pick`'s tiers): 0 when the
+    core holds it, 1 when it holds fewer than `slots` adapters (it loads this one without
+    evicting another), 2 otherwise.
+
+    Args:
+        name: the adapter.
+        held: per core, the adapters it holds (this gateway's estimate: the last `slots`
+            distinct adapters it sent there, least recently used evicted first, as the HF
+            engine evicts).
+        slots: adapters a core holds at once (GetModelInfo's `max_loras`).
+    """
+    return [0 if name in h else 1 if len(h) < slots else 2 for h in held]
+
+
 def load_bound(loads: Sequence[int], usable: Sequence[bool], factor: float) -> int:
     """The most requests in flight a usable core may hold before it takes one more:
     `ceil(factor * (in flight on usable cores + 1) / usable cores)` (Mirrokni et al. 2018, with
@@ -195,26 +215,32 @@ def pick(
     usable: Sequence[bool],
     factor: float = DEFAULT_LOAD_FACTOR,
     avoid: int | None = None,
+    tiers: Sequence[int] | None = None,
 ) -> int:
     """The member a request with `key` goes to: the first usable one clockwise from the key
     whose load is below `load_bound`, skipping `avoid` (a core that just refused the request)
-    while another is usable. When no member is usable, the key's own member (the request
-    then fails there, or is retried).
+    while another is usable; with `tiers`, the first such one of the lowest tier. When no
+    member is usable, the key's own member (the request then fails there, or is retried).
 
     Args:
         ring: the members.
-        key: the request's `routing_key`.
+        key: the request's `adapter_key` or `prefix_key`.
         loads: requests in flight per member (this gateway's view), in `ring.members` order.
         usable: per member, whether it takes requests (connected, serving).
         factor: `c` of bounded loads, at least 1.
         avoid: a member index to pass over when another is usable.
+        tiers: per member, a preference (lower first; `adapter_tiers` for a request for an
+            adapter); None: all alike.
 
     Raises:
-        ValueError: `loads` or `usable` not one per member, or `factor` below 1.
+        ValueError: `loads`, `usable` or `tiers` not one per member, or `factor` below 1.
     """
     n = len(ring.members)
-    if len(loads) != n or len(usable) != n:
-        raise ValueError(f"{len(loads)} loads and {len(usable)} usable flags for {n} ring members")
+    if len(loads) != n or len(usable) != n or (tiers is not None and len(tiers) != n):
+        raise ValueError(
+            f"{len(loads)} loads, {len(usable)} usable flags and {n if tiers is None else len(tiers)} tiers "
+            f"for {n} ring members"
+        )
     allowed = [ok and i != avoid for i, ok in enumerate(usable)]
     if not any(allowed):
         allowed = list(usable)
@@ -222,12 +248,16 @@ def pick(
     if not any(allowed):
         return next(order)
     bound = load_bound(loads, allowed, factor)
-    first = -1
+    first = best = -1
     for i in order:
         if not allowed[i]:
             continue
         if loads[i] < bound:
-            return i
-        if first < 0:
+            if tiers is None or tiers[i] == 0:
+                return i
+            if best < 0 or tiers[i] < tiers[best]:
+                best = i
+        elif first < 0:
             first = i
-    return first  # unreachable by the bound's arithmetic (some usable load is at most the average)
+    # `first` is unreachable by the bound's arithmetic (some usable load is at most the average).
+    return best if best >= 0 else first
