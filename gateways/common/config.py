@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from envflags import EnvArgumentParser, ListAction, comma_list
 from envflags.tls import add_server_tls_arguments
-from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS
+from gateways.common.prefix_route import DEFAULT_ADAPTER_LOAD_FACTOR, DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS
 from gateways.common.targets import dns_name, listed_addresses, parse_core_target
 
 if TYPE_CHECKING:
@@ -78,10 +78,12 @@ class GatewayConfig:
         core_max_reconnect_backoff_ms: longest delay between reconnection attempts
             (grpc.max_reconnect_backoff_ms): a core that comes back is served within about that.
         routing: how requests without a session pick one of several cores: "round_robin" or
-            "prefix" (gateways.common.prefix_route; docs/fleet.md weighs them).
+            "prefix" (by prefix, or by LoRA adapter: gateways.common.prefix_route; docs/fleet.md
+            weighs them).
         routing_prefix_chars: characters of a text prompt that make its prefix key.
         routing_load_factor: the `c` of bounded loads (a core takes a request while its
             requests in flight are below c times the average).
+        routing_adapter_load_factor: the same for a request naming a LoRA adapter.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -123,6 +125,7 @@ class GatewayConfig:
     routing: str = "round_robin"
     routing_prefix_chars: int = DEFAULT_PREFIX_CHARS
     routing_load_factor: float = DEFAULT_LOAD_FACTOR
+    routing_adapter_load_factor: float = DEFAULT_ADAPTER_LOAD_FACTOR
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def redacted(self) -> dict[str, Any]:
@@ -177,6 +180,7 @@ _COMMON = {
     "routing",
     "routing_prefix_chars",
     "routing_load_factor",
+    "routing_adapter_load_factor",
 }
 _COMMON |= {f.name for f in fields(GatewayConfig) if f.name.startswith("core_")}
 
@@ -228,8 +232,8 @@ def add_core_arguments(p: EnvArgumentParser, d: GatewayConfig) -> None:
         choices=["round_robin", "prefix"],
         default=d.routing,
         help="how a request picks one of several cores: round_robin (the least-loaded stream) or prefix (a "
-        "consistent hash of its leading part with bounded loads, so shared prefixes meet their cache); sessions "
-        "keep their core either way",
+        "consistent hash of its leading part, or of its LoRA adapter's name, with bounded loads, so shared prefixes "
+        "meet their cache and adapters stay resident on few cores); sessions keep their core either way",
     )
     p.add_argument(
         "--routing-prefix-chars",
@@ -244,6 +248,13 @@ def add_core_arguments(p: EnvArgumentParser, d: GatewayConfig) -> None:
         default=d.routing_load_factor,
         help="--routing prefix: a core takes a request while its requests in flight are below this times the "
         "average (bounded loads; at least 1)",
+    )
+    p.add_argument(
+        "--routing-adapter-load-factor",
+        type=float,
+        default=d.routing_adapter_load_factor,
+        help="--routing prefix: the same for a request naming a LoRA adapter, which goes to a core holding the "
+        "adapter while that core is below this times the average (at least 1)",
     )
 
 
@@ -380,6 +391,8 @@ def load(
         p.error(f"--routing-prefix-chars must be >= 1, got {ns['routing_prefix_chars']}")
     if not ns["routing_load_factor"] >= 1:
         p.error(f"--routing-load-factor must be >= 1, got {ns['routing_load_factor']}")
+    if not ns["routing_adapter_load_factor"] >= 1:
+        p.error(f"--routing-adapter-load-factor must be >= 1, got {ns['routing_adapter_load_factor']}")
     non_negative = ("header_timeout", "max_connections", "accept_error_log_interval", "drain_seconds")
     for dest in (*non_negative, "core_streams", "core_stream_max_age", "core_retries", "core_reconnect_backoff_ms"):
         if ns[dest] < 0:

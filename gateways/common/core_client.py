@@ -19,8 +19,9 @@ bucket, the bucket in the stream's metadata, so every request of a session reach
 that holds it, or the next one on the ring when that core is gone (a fresh start there).
 
 With `--routing prefix` (gateways.common.prefix_route), a request without a hash key goes to
-the core its leading part hashes to on a consistent-hash ring with bounded loads, so requests
-that share a prefix meet the core that caches it. The client then keeps one channel per core
+the core its leading part (or its LoRA adapter's name) hashes to on a consistent-hash ring with
+bounded loads, so requests that share a prefix meet the core that caches it, and requests for
+an adapter the cores that hold it resident. The client then keeps one channel per core
 (the listed addresses, or what a `dns:` name resolves to, looked up again every
 `--core-stream-max-age` seconds) with its own small pool of streams, and counts each core's
 requests in flight itself; unary calls stay on the balanced channel.
@@ -37,6 +38,7 @@ Lives on the aiohttp app (`CORE_CLIENT_KEY`) for the app's lifetime (`core_clien
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import math
@@ -55,7 +57,17 @@ from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from gateways.common.config import GatewayConfig
 from gateways.common.core_call import CoreCall
 from gateways.common.multiplexed import MultiplexedStream
-from gateways.common.prefix_route import DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS, HashRing, pick, prefix_key
+from gateways.common.prefix_route import (
+    DEFAULT_ADAPTER_LOAD_FACTOR,
+    DEFAULT_LOAD_FACTOR,
+    DEFAULT_PREFIX_CHARS,
+    HashRing,
+    adapter_key,
+    adapter_tiers,
+    pick,
+    prefix_key,
+    requested_adapter,
+)
 from gateways.common.status import GatewayError
 from gateways.common.targets import (
     HASH_HEADER,
@@ -109,6 +121,16 @@ class _Core:
         self.stub = spb_grpc.GenerateServiceStub(channel)
         self.pool: list[MultiplexedStream | None] = [None] * streams
         self.streams: set[MultiplexedStream] = set()  # the pool's and retired ones still open
+        # The LoRA adapters it holds as far as this gateway knows: the last `max_loras` distinct
+        # ones sent there, least recently used first (the HF engine evicts in that order).
+        self.adapters: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def sent(self, adapter: str, slots: int) -> None:
+        """Note a request for `adapter` sent to the core, which holds `slots` adapters at once."""
+        self.adapters[adapter] = None
+        self.adapters.move_to_end(adapter)
+        while len(self.adapters) > slots:
+            self.adapters.popitem(last=False)
 
     def load(self) -> int:
         """Requests of this gateway in flight on the core."""
@@ -143,6 +165,7 @@ class CoreClient:
             consistent hash of its leading part with bounded loads, gateways.common.prefix_route).
         prefix_chars: characters of a text prompt that make its prefix key.
         load_factor: the `c` of bounded loads (at least 1).
+        adapter_load_factor: the same for a request naming a LoRA adapter (at least 1).
 
     Raises:
         ValueError: a `target` that does not parse, an unknown `routing`, a `load_factor` below
@@ -166,11 +189,14 @@ class CoreClient:
         routing: str = "round_robin",
         prefix_chars: int = DEFAULT_PREFIX_CHARS,
         load_factor: float = DEFAULT_LOAD_FACTOR,
+        adapter_load_factor: float = DEFAULT_ADAPTER_LOAD_FACTOR,
     ):
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
-        if load_factor < 1:
-            raise ValueError(f"the routing load factor must be at least 1, got {load_factor}")
+        if load_factor < 1 or adapter_load_factor < 1:
+            raise ValueError(
+                f"the routing load factors must be at least 1, got {load_factor} and {adapter_load_factor}"
+            )
         if prefix_chars < 1:
             raise ValueError(f"the routing prefix length must be at least 1 character, got {prefix_chars}")
         self.target = parse_core_target(target) if isinstance(target, str) else target
@@ -203,6 +229,9 @@ class CoreClient:
             self._session_channel = self._make_channel([*options, ("grpc.service_config", session_service_config())])
             self._session_stub = spb_grpc.GenerateServiceStub(self._session_channel)
         self._model_info: spb.GetModelInfoResponse | None = None
+        # The served model's names once its info is cached (a `model` naming anything else
+        # names an adapter, for --routing prefix); None before.
+        self._base_names: frozenset[str] | None = None
         self._pool: list[MultiplexedStream | None] = [None] * size
         self._sessions: dict[int, MultiplexedStream] = {}
         self._turn = itertools.count()
@@ -216,6 +245,7 @@ class CoreClient:
         self.routing = routing if several else "round_robin"
         self.prefix_chars = prefix_chars
         self.load_factor = load_factor
+        self.adapter_load_factor = adapter_load_factor
         self._options = options
         self._per_core = max(1, math.ceil(size / max(1, self.target.addresses)))
         self._cores: list[_Core] = []
@@ -376,8 +406,9 @@ class CoreClient:
     ) -> MultiplexedStream:
         """The stream a request goes on: its session bucket's (with a hash key and several
         cores); with `--routing prefix` and the cores known, a stream of the core `request`'s
-        prefix key picks (not `avoid`'s core while another is usable); else the pool's
-        stream with the fewest open requests, other than `avoid`."""
+        routing key picks (its adapter, preferring a core that holds it, else its prefix; not
+        `avoid`'s core while another is usable); else the pool's stream with the fewest open
+        requests, other than `avoid`."""
         now = time.monotonic()
         if hash_key is not None and self._session_channel is not None:
             bucket = zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
@@ -392,14 +423,15 @@ class CoreClient:
         if self._ring is not None and request is not None:
             cores = self._cores
             avoided = next((i for i, c in enumerate(cores) if avoid is not None and c.address == avoid.core), None)
-            i = pick(
-                self._ring,
-                prefix_key(request, self.prefix_chars),
-                [c.load() for c in cores],
-                [c.usable() for c in cores],
-                self.load_factor,
-                avoided,
-            )
+            loads, usable = [c.load() for c in cores], [c.usable() for c in cores]
+            name = requested_adapter(request, self._base_names)
+            if name:
+                slots = self._model_info.max_loras if self._model_info is not None else 0
+                tiers = adapter_tiers(name, [c.adapters for c in cores], slots)
+                i = pick(self._ring, adapter_key(name), loads, usable, self.adapter_load_factor, avoided, tiers)
+                cores[i].sent(name, slots)
+            else:
+                i = pick(self._ring, prefix_key(request, self.prefix_chars), loads, usable, self.load_factor, avoided)
             core = cores[i]
             stream = self._least_loaded(core.pool, core.stub, core.channel, avoid, now, provisional=False)
             stream.core = core.address
@@ -533,6 +565,7 @@ class CoreClient:
             try:
                 info = await self.stub.GetModelInfo(spb.GetModelInfoRequest(), timeout=10, metadata=self.metadata)
                 self._model_info = cast(spb.GetModelInfoResponse, info)
+                self._base_names = frozenset((info.model_name, *info.model_aliases))
             except grpc.RpcError as e:
                 raise GatewayError.from_rpc_error(e) from None
         return self._model_info
@@ -630,6 +663,7 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         routing=config.routing,
         prefix_chars=config.routing_prefix_chars,
         load_factor=config.routing_load_factor,
+        adapter_load_factor=config.routing_adapter_load_factor,
     )
     client.connect()
     app[CORE_CLIENT_KEY] = client

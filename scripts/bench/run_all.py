@@ -22,6 +22,9 @@ Figures:
               ratio (the goal: at least 0.9), with the machine's load average
   lora        at 16 streams over gRPC, requests spread over 4 LoRA adapters (rank 8 on every Linear
               layer, all resident) vs the base model alone: tokens/s ratio (the goal: at least 0.8)
+              and, on mock cores (scripts/bench/lora_fleet.py), the share of requests over 6
+              adapters that reach a core holding their adapter, 3 cores of 2 slots, with adapter
+              affinity (--routing prefix) and round robin (the goal: at least 90 %)
   overhead    on the mock engine (scripts/bench/overhead.py): CPU µs per streamed token of the core
               and of each gateway at 64 and 256 streams, tokens/s, ITL above the step time
   prefix      the HF engine's prefix cache and prefix routing (scripts/bench/prefix.py): a shared
@@ -223,6 +226,10 @@ def main() -> int:
     try:
         if selected & HF_SECTIONS:
             hf_sections(args, selected, out, summary)
+        if "lora" in selected:
+            from lora_fleet import run_lora_fleet  # imports the core (torch) in this process
+
+            summary["lora_fleet"] = run_lora_fleet(args.model)
         if "overhead" in selected:
             summary["overhead"] = run_overhead(
                 args.model, streams=[64, 256], targets=list(OVERHEAD_TARGETS), tokens=args.max_new_tokens

@@ -1,5 +1,6 @@
-"""Prefix-aware routing (`--routing prefix`): the prefix key of each input kind, the ring, and
-bounded loads (gateways.common.prefix_route); the routing flags."""
+"""Prefix-aware routing (`--routing prefix`): the prefix key of each input kind, the adapter key
+of a request for a LoRA adapter, the ring, and bounded loads (gateways.common.prefix_route);
+the routing flags."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.config import load
 from gateways.common.core_client import CoreClient
-from gateways.common.prefix_route import HashRing, load_bound, pick, prefix_key
+from gateways.common.prefix_route import (
+    HashRing,
+    adapter_key,
+    adapter_tiers,
+    load_bound,
+    pick,
+    prefix_key,
+    requested_adapter,
+)
 from gateways.common.targets import address_target, dns_name, listed_addresses, parse_core_target
 
 CORES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
@@ -57,6 +66,86 @@ def test_a_prompt_key_is_its_first_characters_and_token_ids_their_first_quarter(
     assert prefix_key(spb.GenerateRequest()) == b""
     with pytest.raises(ValueError, match="at least 1 character"):
         prefix_key(a, chars=0)
+
+
+BASE = frozenset({"demo", "demo-alias"})
+
+
+def test_the_adapter_a_request_names():
+    assert requested_adapter(spb.GenerateRequest(adapter="shout", text="hi"), BASE) == "shout"
+    # `model` naming something other than the served model names an adapter (vLLM's convention)...
+    assert requested_adapter(spb.GenerateRequest(model="shout", text="hi"), BASE) == "shout"
+    # ...and `adapter` wins over it, as in the core.
+    assert requested_adapter(spb.GenerateRequest(model="python", adapter="shout"), BASE) == "shout"
+    for base in (spb.GenerateRequest(model="demo"), spb.GenerateRequest(model="demo-alias"), spb.GenerateRequest()):
+        assert requested_adapter(base, BASE) == ""
+    # Before the served model's names are known, only `adapter` names an adapter.
+    assert requested_adapter(spb.GenerateRequest(model="shout"), None) == ""
+    assert requested_adapter(spb.GenerateRequest(adapter="shout"), None) == "shout"
+
+
+def test_an_adapter_s_key_never_meets_a_prompt_s():
+    assert adapter_key("shout") == b"ashout"
+    for request in (spb.GenerateRequest(text="ashout"), spb.GenerateRequest(token_ids=pb.TokenIds(ids=[97])), chat()):
+        assert prefix_key(request)[:1] != b"a"
+
+
+def test_adapter_tiers():
+    held = [{"a", "b"}, {"c"}, set(), {"d", "e"}]
+    assert adapter_tiers("a", held, 2) == [0, 1, 1, 2]
+    assert adapter_tiers("d", held, 2) == [2, 1, 1, 0]
+    assert adapter_tiers("x", held, 0) == [2, 2, 2, 2]  # slots unknown: none has room
+
+
+def test_a_request_for_an_adapter_prefers_a_core_that_holds_it_then_one_with_room():
+    ring = HashRing(CORES)
+    key = adapter_key("shout")
+    home, second, third = ring.order(key)
+    usable = [True] * 3
+    tiers = [2, 2, 2]
+    assert pick(ring, key, [0, 0, 0], usable, tiers=tiers) == home  # all alike: the ring decides
+    tiers[third] = 1
+    assert pick(ring, key, [0, 0, 0], usable, tiers=tiers) == third  # room beats eviction
+    tiers[second] = 0
+    assert pick(ring, key, [0, 0, 0], usable, tiers=tiers) == second  # holding it beats room
+    loads = [0, 0, 0]
+    loads[second] = 4  # at the bound ceil(2 * 5 / 3) = 4: full even though it holds it
+    assert pick(ring, key, loads, usable, factor=2.0, tiers=tiers) == third
+    assert pick(ring, key, [0, 0, 0], usable, avoid=second, tiers=tiers) == third
+    with pytest.raises(ValueError, match="2 tiers for 3 ring members"):
+        pick(ring, key, [0, 0, 0], usable, tiers=[0, 1])
+
+
+def simulate(names: list[str], rounds: int, inflight: int, tiered: bool, seed: int = 0) -> float:
+    """Requests for `names` drawn at random, `inflight` at a time ending in random order, over
+    three cores of two adapter slots routed as a gateway does: the share that finds their
+    adapter among their core's two most recently used (the HF engine's residency)."""
+    rng = random.Random(seed)
+    ring = HashRing(CORES)
+    held: list[collections.OrderedDict[str, None]] = [collections.OrderedDict() for _ in CORES]
+    loads, running, hits = [0, 0, 0], [], 0
+    for _ in range(rounds):
+        name = rng.choice(names)
+        if len(running) >= inflight:
+            loads[running.pop(rng.randrange(len(running)))] -= 1
+        tiers = adapter_tiers(name, held, 2) if tiered else None
+        i = pick(ring, adapter_key(name), loads, [True] * 3, 2.0, tiers=tiers)
+        hits += name in held[i]
+        held[i][name] = None
+        held[i].move_to_end(name)
+        while len(held[i]) > 2:
+            held[i].popitem(last=False)
+        loads[i] += 1
+        running.append(i)
+    return hits / rounds
+
+
+def test_six_adapters_settle_two_per_core_of_two_slots():
+    names = [f"ft-{i}" for i in range(6)]
+    # The ring alone puts however many adapters the hash gives on each core (this ring: 4, 0, 2).
+    assert collections.Counter(next(HashRing(CORES).order(adapter_key(n))) for n in names) != {0: 2, 1: 2, 2: 2}
+    assert simulate(names, 2000, 12, tiered=False) < 0.8
+    assert simulate(names, 2000, 12, tiered=True) > 0.9
 
 
 def test_the_ring_spreads_keys_and_moves_only_a_leaving_core_s_keys():
@@ -136,6 +225,9 @@ def test_routing_flags_parse():
     environ = {"TRELLIS_GATEWAY_ROUTING": "prefix", "TRELLIS_GATEWAY_ROUTING_LOAD_FACTOR": "2"}
     config = load("lmi", 8080, lambda p: None, ["--core", "dns:///cores:50051"], environ)
     assert config.routing == "prefix" and config.routing_load_factor == 2.0
+    assert config.routing_adapter_load_factor == 2.0
+    config = load("lmi", 8080, lambda p: None, ["--routing-adapter-load-factor", "3"], {})
+    assert config.routing_adapter_load_factor == 3.0
     assert load("lmi", 8080, lambda p: None, [], {}).routing == "round_robin"
 
 
@@ -146,6 +238,7 @@ def test_routing_flags_parse():
         (["--routing-prefix-chars", "0"], "--routing-prefix-chars must be >= 1"),
         (["--routing-load-factor", "0.5"], "--routing-load-factor must be >= 1"),
         (["--routing-load-factor", "nan"], "--routing-load-factor must be >= 1"),
+        (["--routing-adapter-load-factor", "0.9"], "--routing-adapter-load-factor must be >= 1"),
         (["--routing", "prefix", "--core", "unix:///run/core.sock"], "needs the cores' addresses"),
         (["--routing", "prefix", "--core", "dns:///cores"], "needs host:port"),
     ],
@@ -182,7 +275,8 @@ def test_one_core_s_channel_target():
     "kwargs, phrase",
     [
         ({"routing": "random"}, "routing must be one of"),
-        ({"routing": "prefix", "load_factor": 0.5}, "load factor must be at least 1"),
+        ({"routing": "prefix", "load_factor": 0.5}, "load factors must be at least 1"),
+        ({"routing": "prefix", "adapter_load_factor": 0.5}, "load factors must be at least 1"),
         ({"routing": "prefix", "prefix_chars": 0}, "at least 1 character"),
     ],
 )
