@@ -52,6 +52,8 @@ class TrtllmOptions:
         tensor_parallel_size, pipeline_parallel_size: parallelism of the LLM API engine.
         max_n: largest n / best_of per request.
         guided_decoding_backend: the runtime's grammar backend for guided decoding ("none": off).
+        max_loras: LoRA adapters the executor's PEFT cache holds at once (`--max-loras`; 0:
+            no adapters), see `peft_cache_config`.
     """
 
     max_batch_size: int = 32
@@ -69,6 +71,7 @@ class TrtllmOptions:
     pipeline_parallel_size: int = 1
     max_n: int = 16
     guided_decoding_backend: GuidedBackend = "xgrammar"
+    max_loras: int = 4
 
     @classmethod
     def from_config(cls, config: CoreConfig) -> TrtllmOptions:
@@ -106,6 +109,7 @@ class TrtllmOptions:
             pipeline_parallel_size=config.trt_pipeline_parallel_size,
             max_n=config.max_n,
             guided_decoding_backend=backend,
+            max_loras=config.max_loras,
         )
 
 
@@ -172,6 +176,9 @@ def executor_config(
         "max_queue_size": opts.max_queue_size or None,
     }
     optional: dict[str, Any] = {} if guided is None else {"guided_decoding_config": guided}
+    peft = peft_cache_config(tl, opts, layout)
+    if peft is not None:
+        optional["peft_cache_config"] = peft
     if api.normalize_log_probs:
         optional["normalize_log_probs"] = False
     for name, value in wanted.items():
@@ -193,6 +200,29 @@ def executor_config(
         iter_stats_max_iterations=opts.iter_stats_max_iterations,
         request_stats_max_iterations=opts.request_stats_max_iterations,
         **optional,
+    )
+
+
+def peft_cache_config(tl: Bindings, opts: TrtllmOptions, layout: EngineLayout) -> Any:
+    """The executor's `PeftCacheConfig` for an engine built with the LoRA plugin, None
+    otherwise (or with --max-loras 0).
+
+    Sized in the cache's own unit, "module layers" (one module of one layer at
+    `max_adapter_size`; `PeftCacheConfig(num_host_module_layer, num_device_module_layer,
+    optimal_adapter_size, max_adapter_size, ...)`, bindings of 0.11 to 1.3,
+    cpp/include/tensorrt_llm/executor/executor.h): `--max-loras` adapters of every layer and
+    every module the engine adapts, on the device and on the host. Beyond that the cache
+    evicts the least recently used task no request uses, and that task's next request is
+    answered "not found in cache" (core.engine.trtllm.lora).
+    """
+    if not layout.lora_modules or opts.max_loras <= 0:
+        return None
+    module_layers = opts.max_loras * max(1, layout.num_layers) * len(layout.lora_modules)
+    return tl.PeftCacheConfig(
+        num_host_module_layer=module_layers,
+        num_device_module_layer=module_layers,
+        optimal_adapter_size=layout.max_lora_rank,
+        max_adapter_size=layout.max_lora_rank,
     )
 
 
