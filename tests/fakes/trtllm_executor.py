@@ -1686,6 +1686,9 @@ def engine_config(
     max_lora_rank: int = 8,
     num_layers: int = 2,
     hidden_size: int = 64,
+    intermediate_size: int | None = None,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
 ) -> dict:
     """The config.json trtllm-build writes into an engine directory (with
     `lora_target_modules`: built with `--lora_plugin float16 --lora_target_modules ...
@@ -1710,9 +1713,9 @@ def engine_config(
             "vocab_size": vocab_size,
             "num_hidden_layers": num_layers,
             "hidden_size": hidden_size,
-            "intermediate_size": 4 * hidden_size,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
+            "intermediate_size": intermediate_size or 4 * hidden_size,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_kv_heads or num_heads,
             "max_position_embeddings": max_seq_len,
             "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},
         },

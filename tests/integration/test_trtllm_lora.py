@@ -1,9 +1,11 @@
 """LoRA adapters on `--engine trtllm` against the executor double, through the real core and
 gRPC on loopback: an adapter chosen by name reaches the executor as a LoraConfig with its task
 id, its weights go once, a PEFT cache miss is answered by sending them again, and every
-refusal, in each binding era."""
+refusal, in each binding era; and the LLM API's LoRARequest per request."""
 
 from __future__ import annotations
+
+import shutil
 
 import grpc
 import pytest
@@ -12,11 +14,13 @@ from grpc_status import rpc_status
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.engine.trtllm import executor as trtllm
+from core.engine.trtllm import llm as trtllm_llm
 from core.engine.trtllm.lora import MODULE_IDS
 from tests.fakes import trtllm_executor
+from tests.fakes import trtllm_llm as fake_llm
 from tests.fakes.trtllm_harness import collect, make_engine_output, serve_engine, tokens_of
 from tests.integration.core_helpers import request_of as request
-from tests.lora_helpers import make_adapter
+from tests.lora_helpers import linear_shapes, make_adapter
 
 ERAS = ["0.11", "0.15", "1.0", "1.3"]
 HIDDEN, LAYERS = 64, 2
@@ -191,3 +195,68 @@ async def test_an_engine_without_the_lora_plugin_serves_no_adapters(monkeypatch,
     with pytest.raises(RuntimeError, match="serves none"):
         async with serve_engine(trtllm.build, model, tokenizer, engine="trtllm"):
             pass
+
+
+# --------------------------------------------------------------------------------- LLM API
+
+
+@pytest.fixture
+def llm_model(tmp_path, tiny_model_dir):
+    """A copy of the tiny checkpoint with adapters/shout (DJL's layout): (model dir, shapes)."""
+    model = shutil.copytree(tiny_model_dir, tmp_path / "tiny")
+    shapes = linear_shapes(model)
+    make_adapter(model / "adapters" / "shout", model, shapes=shapes, seed=3, rank=4)
+    return model, shapes
+
+
+@pytest.mark.parametrize("release", ["1.0.0", "1.4.0"])
+async def test_llm_api_sends_a_lora_request_per_request(monkeypatch, tokenizer, llm_model, release):
+    fake = fake_llm.install(monkeypatch, version=release)
+    model, _ = llm_model
+    async with serve_engine(trtllm_llm.build, model, tokenizer, engine="trtllm-llm") as (server, stub):
+        llm = fake.fake_instances[-1]
+        config = llm.args.lora_config
+        assert config.lora_dir == [str(model / "adapters" / "shout")]
+        assert (config.max_loras, config.max_cpu_loras, config.max_lora_rank) == (4, 4, 16)
+        base = tokens_of(await collect(stub, request(stopping={"max_new_tokens": 6})))
+        first = tokens_of(await collect(stub, request(stopping={"max_new_tokens": 6}, adapter="shout")))
+        again = tokens_of(await collect(stub, request(stopping={"max_new_tokens": 6}, model="shout")))
+        assert first == again != base
+        lora_id = server.engine._adapters["shout"][1]
+        sent = [r.lora_config for _, r in sorted(llm.fake_executor.fake_requests.items()) if r.lora_config]
+        assert [(c.task_id, c.weights is not None) for c in sent] == [(lora_id, True), (lora_id, False)]
+        assert llm.fake_lora_loads == [lora_id]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(stub, request(stopping={"max_new_tokens": 3}, adapter="nope"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND and reason_of(info.value) == "ADAPTER_NOT_FOUND"
+
+
+async def test_llm_api_loads_adapters_at_run_time(monkeypatch, tokenizer, tiny_model_dir, llm_model, tmp_path):
+    fake = fake_llm.install(monkeypatch)
+    _, shapes = llm_model
+    later = make_adapter(tmp_path / "later", tiny_model_dir, shapes=shapes, seed=4, rank=4)
+    async with serve_engine(
+        trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm", enable_lora_management=True
+    ) as (_server, stub):
+        config = fake.fake_instances[-1].args.lora_config
+        assert config.lora_dir == [] and "attn_q" in config.lora_target_modules
+        await stub.LoadAdapter(spb.LoadAdapterRequest(name="later", path=str(later)))
+        base = tokens_of(await collect(stub, request(stopping={"max_new_tokens": 6})))
+        adapted = tokens_of(await collect(stub, request(stopping={"max_new_tokens": 6}, adapter="later")))
+        assert adapted != base
+        await stub.UnloadAdapter(spb.UnloadAdapterRequest(name="later"))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.UnloadAdapter(spb.UnloadAdapterRequest(name="later"))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        await stub.LoadAdapter(spb.LoadAdapterRequest(name="later", path=str(later)))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.LoadAdapter(spb.LoadAdapterRequest(name="later", path=str(later)))
+        assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
+async def test_llm_api_without_adapters_takes_no_lora_config(monkeypatch, tokenizer, tiny_model_dir):
+    fake = fake_llm.install(monkeypatch)
+    async with serve_engine(trtllm_llm.build, tiny_model_dir, tokenizer, engine="trtllm-llm") as (_server, stub):
+        assert fake.fake_instances[-1].args.lora_config is None
+        info = await stub.ListAdapters(spb.ListAdaptersRequest())
+        assert info.max_loras == 0

@@ -15,7 +15,9 @@ from typing import Any, Literal
 from core.config import CoreConfig
 from core.engine.trtllm.bindings import BindingApi, Bindings, LlmApi
 from core.engine.trtllm.engine_dir import EngineLayout
+from core.engine.trtllm.lora import HF_TO_TRTLLM
 from core.engine.trtllm.reuse import EVENT_BUFFER_MAX_SIZE
+from core.lora import startup_adapters
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,12 @@ class TrtllmOptions:
         guided_decoding_backend: the runtime's grammar backend for guided decoding ("none": off).
         max_loras: LoRA adapters the executor's PEFT cache holds at once (`--max-loras`; 0:
             no adapters), see `peft_cache_config`.
+        max_lora_rank: `--max-lora-rank` (the LLM API's `LoraConfig.max_lora_rank`; an
+            engine directory records its own).
+        lora_dirs: the adapters registered at start (core.lora.startup_adapters), whose
+            directories the LLM API's `LoraConfig(lora_dir=...)` names.
+        lora_management: `--enable-lora-management` (the LLM then takes a LoraConfig even
+            with no adapter at start).
     """
 
     max_batch_size: int = 32
@@ -72,6 +80,9 @@ class TrtllmOptions:
     max_n: int = 16
     guided_decoding_backend: GuidedBackend = "xgrammar"
     max_loras: int = 4
+    max_lora_rank: int = 16
+    lora_dirs: tuple[str, ...] = ()
+    lora_management: bool = False
 
     @classmethod
     def from_config(cls, config: CoreConfig) -> TrtllmOptions:
@@ -110,6 +121,9 @@ class TrtllmOptions:
             max_n=config.max_n,
             guided_decoding_backend=backend,
             max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
+            lora_dirs=tuple(path for _, path in startup_adapters(config.model, config.lora_modules)),
+            lora_management=config.enable_lora_management,
         )
 
 
@@ -226,6 +240,34 @@ def peft_cache_config(tl: Bindings, opts: TrtllmOptions, layout: EngineLayout) -
     )
 
 
+def llm_serves_lora(api: LlmApi, opts: TrtllmOptions) -> bool:
+    """Whether the LLM API engine serves LoRA adapters: the release has `LoRARequest` and a
+    `lora_config` LLM argument, --max-loras > 0, and there are adapters at start or
+    --enable-lora-management."""
+    return (
+        api.lora_request is not None
+        and api.lora_config is not None
+        and "lora_config" in api.llm_args
+        and opts.max_loras > 0
+        and bool(opts.lora_dirs or opts.lora_management)
+    )
+
+
+def llm_lora_config(api: LlmApi, opts: TrtllmOptions) -> Any:
+    """The LLM's `LoraConfig` (examples/llm-api/llm_multilora.py: `LoraConfig(lora_dir=[...],
+    max_lora_rank=64, max_loras=3, max_cpu_loras=3)`): the adapters of the start, which the
+    LLM reads their target modules from; with none (run-time loading only) every module the
+    HF-to-TensorRT-LLM map knows (`lora_target_modules`), as the LLM cannot infer them."""
+    extra: dict[str, Any] = {} if opts.lora_dirs else {"lora_target_modules": sorted(set(HF_TO_TRTLLM.values()))}
+    return api.lora_config(
+        lora_dir=list(opts.lora_dirs),
+        max_lora_rank=opts.max_lora_rank,
+        max_loras=opts.max_loras,
+        max_cpu_loras=opts.max_loras,
+        **extra,
+    )
+
+
 EXECUTOR_ONLY = (
     ("--trt-scheduler-policy", "scheduler_policy", "guaranteed_no_evict"),
     ("--trt-enable-chunked-context", "enable_chunked_context", False),
@@ -265,6 +307,8 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     }
     if opts.max_num_tokens:
         kwargs["max_num_tokens"] = opts.max_num_tokens
+    if llm_serves_lora(api, opts):
+        kwargs["lora_config"] = llm_lora_config(api, opts)
     if "enable_chunked_prefill" in api.llm_args:
         kwargs["enable_chunked_prefill"] = opts.enable_chunked_prefill
     if opts.guided_decoding_backend != "none" and "guided_decoding_backend" in api.llm_args:
