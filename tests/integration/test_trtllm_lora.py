@@ -141,6 +141,27 @@ async def test_a_second_miss_of_one_request_fails_it(monkeypatch, tokenizer, lor
         assert len(lora_requests(server, server.engine._adapters["shout"].task_id)) == 2
 
 
+async def test_a_refused_resend_fails_the_request_with_the_miss(monkeypatch, tokenizer, lora_engine):
+    trtllm_executor.install(monkeypatch, "1.0")
+    model, _ = lora_engine
+    async with serve_engine(trtllm.build, model, tokenizer, engine="trtllm") as (server, stub):
+        await collect(stub, request(stopping={"max_new_tokens": 2}, adapter="shout"))
+        ex = server.engine._executor
+        ex.fake_peft.evict(server.engine._adapters["shout"].task_id)
+        real = ex.enqueue_request
+
+        def refuse_weights(r):
+            if r.lora_config is not None and r.lora_config.weights is not None:
+                raise RuntimeError("[TensorRT-LLM][ERROR] Shutdown called")
+            return real(r)
+
+        monkeypatch.setattr(ex, "enqueue_request", refuse_weights)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await collect(stub, request(stopping={"max_new_tokens": 2}, adapter="shout"))
+        assert "not found in cache" in info.value.details()
+        assert server.engine.stats().active == 0 and not server.engine._live
+
+
 @pytest.mark.parametrize("era", ["0.11", "1.3"])
 async def test_unknown_adapter_is_not_found(monkeypatch, tokenizer, lora_engine, era):
     trtllm_executor.install(monkeypatch, era)
