@@ -86,6 +86,17 @@ block (1.x `enable_partial_reuse`) is not modelled. What each era reports of it:
     `KVCacheRemovedData(block_hashes)` per eviction (`bindings.cpp`, the `kv_cache` submodule);
     without a buffer it returns None.
 
+LoRA (every era: `LoraConfig(task_id, weights=None, config=None)` and `PeftCacheConfig(
+num_host_module_layer=0, num_device_module_layer=0, optimal_adapter_size=8, max_adapter_size=64,
+..., device_cache_percent=None, host_cache_size=None)` in `ExecutorConfig(peft_cache_config=...)`;
+that 0.11's PeftCacheConfig already has the last two is [UNCONFIRMED]): the engine's config.json
+records `plugin_config.lora_plugin` and `build_config.lora_config` when built with the LoRA
+plugin, and a request's LoraConfig is checked and cached as the executor does when it fetches
+the request (`_FakePeftCache`: `peftCacheManager.cpp`, `loraUtils.cpp`), including "LoRA task
+<id> not found in cache. Please send LoRA weights with request" for a task id without weights
+that the cache does not hold. A cached adapter shifts the fake model's logits by a function of
+its weights, so different adapters give different tokens.
+
 Behaviour common to every era, from the same sources: `LlmRequest::createResponse` sends
 `log_probs` cumulative (all generated so far) and `context_logits` on every result when
 asked; `LlmRequest::validate` clips max_tokens to max_seq_len - prompt with a warning; the
