@@ -11,7 +11,7 @@ with use_rslora), peft's `LoraLayer.update_layer`.
 Adapters at start, as DJL-Serving's LMI finds them (docs.djl.ai, "LoRA adapters": every
 subdirectory of `<model>/adapters/` is an adapter named after it), plus `--lora-modules
 name=path` (vLLM's flag). Engines that serve adapters implement `ServesAdapters`; an engine that
-does not (TensorRT-LLM here) serves none, and a request naming one fails with NOT_FOUND.
+does not (or has max_loras 0) serves none, and a request naming one fails with NOT_FOUND.
 """
 
 from __future__ import annotations

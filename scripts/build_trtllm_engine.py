@@ -11,7 +11,17 @@ Usage:
         --trtllm-examples <TensorRT-LLM>/examples [--dtype float16] [--tp 1] [--pp 1] \\
         [--max-batch-size 32] [--max-input-len N] [--max-seq-len N] [--max-num-tokens N] \\
         [--paged-kv | --no-paged-kv] [--use-paged-context-fmha | --no-use-paged-context-fmha] \\
-        [--quantization none|int8_wo|int4_wo|int8_kv|fp8|int4_awq] [--gather-context-logits] [--dry-run]
+        [--quantization none|int8_wo|int4_wo|int8_kv|fp8|int4_awq] [--gather-context-logits] \\
+        [--lora-dir <PEFT adapter dir> ...] [--lora-target-modules attn_q attn_v ...] \\
+        [--max-lora-rank N] [--lora-plugin auto|float16|bfloat16|float32] [--dry-run]
+
+LoRA (families in LORA_FAMILIES): any of the `--lora-*` flags builds the engine with
+trtllm-build's `--lora_plugin`, `--lora_dir`, `--lora_ckpt_source hf`, `--lora_target_modules`
+and `--max_lora_rank` (tensorrt_llm/commands/build.py; the first `--lora_dir` configures the
+build). The modules default to those the adapters' adapter_config.json `target_modules` name,
+mapped as `hf_modules_to_trtllm_modules` (tensorrt_llm/lora_manager.py); the rank to the
+largest adapter `r` (or trtllm-build's 64). Adapters are sent per request at serving time
+(`trellis-core --engine trtllm`, docs/lora.md), not compiled into the engine.
 
 Output layout:
     <output>/engine/            config.json + rank{N}.engine (from trtllm-build)
@@ -64,6 +74,29 @@ NO_INT8_KV = {"phi", "falcon", "gptj", "gptneox"}
 # Converters that take tensor parallelism only: gemma (--world-size, pp 1), phi (asserts pp_size == 1).
 TP_ONLY = {"gemma", "phi"}
 CONTRIB = {"falcon", "gptj", "gptneox"}  # examples/models/contrib/<family> from 0.18
+# Families whose TensorRT-LLM model classes implement `use_lora` and whose examples document
+# LoRA builds (examples/llama, examples/qwen, examples/gpt: "Run ... with LoRA").
+LORA_FAMILIES = {"llama", "qwen", "gpt"}
+# trtllm-build --lora_target_modules choices of the decoder modules, and the Hugging Face names
+# that map to them (tensorrt_llm/lora_manager.py hf_modules_to_trtllm_modules).
+LORA_MODULES = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate")
+HF_LORA_MODULES = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "qkv_proj": "attn_qkv",
+    "query_key_value": "attn_qkv",
+    "c_attn": "attn_qkv",
+    "o_proj": "attn_dense",
+    "dense": "attn_dense",
+    "gate_proj": "mlp_h_to_4h",
+    "down_proj": "mlp_4h_to_h",
+    "up_proj": "mlp_gate",
+    "c_fc": "mlp_h_to_4h",
+    "c_proj": "mlp_4h_to_h",
+}
+LORA_PLUGIN_DTYPES = ("auto", "float16", "bfloat16", "float32")
+TRTLLM_BUILD_MAX_LORA_RANK = 64  # trtllm-build --max_lora_rank default
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 TOKENIZER_COPY = (
@@ -168,6 +201,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--gather-context-logits",
         action="store_true",
         help="keep context logits (needed for prompt_logprobs; costs memory)",
+    )
+    p.add_argument(
+        "--lora-dir",
+        action="append",
+        default=[],
+        help="a PEFT LoRA adapter directory (repeatable; trtllm-build --lora_dir; the first configures the build)",
+    )
+    p.add_argument(
+        "--lora-target-modules",
+        nargs="+",
+        default=None,
+        choices=list(LORA_MODULES),
+        help="modules adapters may adapt (trtllm-build --lora_target_modules; default: the adapters')",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=None,
+        help=f"largest adapter rank served (default: the adapters' largest, else {TRTLLM_BUILD_MAX_LORA_RANK})",
+    )
+    p.add_argument(
+        "--lora-plugin",
+        default=None,
+        choices=list(LORA_PLUGIN_DTYPES),
+        help="build with the LoRA plugin in this dtype (implied, as auto, by the other --lora-* flags)",
     )
     p.add_argument("--python", default=sys.executable, help="interpreter that runs the conversion scripts")
     p.add_argument("--workers", type=int, default=1, help="parallel build workers (trtllm-build --workers)")
@@ -374,6 +432,7 @@ def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
         problems.append(f"--quantization int8_kv: the {family} converter has no --int8_kv_cache")
     if family in TP_ONLY and args.pp > 1 and args.quantization not in MODELOPT:
         problems.append(f"--pp {args.pp}: the {family} converter supports tensor parallelism only (use --tp)")
+    lora_flags = _lora_flags(args, family, problems)
     if not Path(args.python).exists() and shutil.which(args.python) is None:
         problems.append(f"--python {args.python}: not found")
     if output.exists() and any(output.iterdir()) and not args.force and not args.dry_run:
@@ -420,6 +479,7 @@ def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
     build += ["--gpt_attention_plugin", dtype]
     if args.gather_context_logits:
         build += ["--gather_context_logits"]
+    build += lora_flags
     if args.workers > 1:
         build += ["--workers", str(args.workers)]
     what = "Quantizing" if args.quantization in MODELOPT else "Converting"
@@ -447,9 +507,53 @@ def plan_build(args: argparse.Namespace, trtllm_build_help: str | None) -> Plan:
             "max_input_len": max_input_len,
             "max_seq_len": max_seq_len,
             "max_num_tokens": args.max_num_tokens,
+            "lora": lora_flags != [],
         },
         warnings=warnings,
     )
+
+
+def _lora_flags(args: argparse.Namespace, family: str, problems: list[str]) -> list[str]:
+    """trtllm-build's LoRA flags for the `--lora-*` arguments ([] when none is given); each
+    problem found is appended to `problems` (a family without LoRA, an adapter directory
+    without adapter_config.json or with modules the build cannot adapt, no modules at all, a
+    rank below 1 or below an adapter's)."""
+    wanted = args.lora_dir or args.lora_target_modules or args.max_lora_rank is not None or args.lora_plugin
+    if not wanted:
+        return []
+    if family and family not in LORA_FAMILIES:
+        problems.append(f"--lora-*: the {family} family has no LoRA support here ({', '.join(sorted(LORA_FAMILIES))})")
+    modules: list[str] = []
+    ranks: list[int] = []
+    for raw in args.lora_dir:
+        config_file = Path(raw) / "adapter_config.json"
+        try:
+            config = json.loads(config_file.read_text())
+        except (OSError, ValueError) as e:
+            problems.append(f"--lora-dir {raw}: no readable adapter_config.json ({e})")
+            continue
+        targets = config.get("target_modules") or []
+        for target in [targets] if isinstance(targets, str) else targets:
+            mapped = HF_LORA_MODULES.get(str(target))
+            if mapped is None:
+                problems.append(f"--lora-dir {raw}: module {target!r} has no TensorRT-LLM LoRA module")
+            elif mapped not in modules:
+                modules.append(mapped)
+        if isinstance(config.get("r"), int):
+            ranks.append(config["r"])
+    targets = list(args.lora_target_modules or modules)
+    if not targets:
+        problems.append("--lora-*: no modules to adapt (give --lora-dir adapters or --lora-target-modules)")
+    missing = [m for m in modules if m not in targets]
+    if missing:
+        problems.append(f"--lora-target-modules lacks {', '.join(missing)}, which the --lora-dir adapters adapt")
+    rank = args.max_lora_rank if args.max_lora_rank is not None else max(ranks, default=TRTLLM_BUILD_MAX_LORA_RANK)
+    if rank < 1 or (ranks and rank < max(ranks)):
+        problems.append(f"--max-lora-rank {rank}: must be >= 1 and >= every adapter's rank ({max(ranks, default=1)})")
+    flags = ["--lora_plugin", args.lora_plugin or "auto"]
+    if args.lora_dir:
+        flags += ["--lora_dir", *[str(Path(d).resolve()) for d in args.lora_dir], "--lora_ckpt_source", "hf"]
+    return [*flags, "--lora_target_modules", *targets, "--max_lora_rank", str(rank)]
 
 
 def _serve_command(plan: Plan) -> str:

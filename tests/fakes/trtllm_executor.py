@@ -86,6 +86,17 @@ block (1.x `enable_partial_reuse`) is not modelled. What each era reports of it:
     `KVCacheRemovedData(block_hashes)` per eviction (`bindings.cpp`, the `kv_cache` submodule);
     without a buffer it returns None.
 
+LoRA (every era: `LoraConfig(task_id, weights=None, config=None)` and `PeftCacheConfig(
+num_host_module_layer=0, num_device_module_layer=0, optimal_adapter_size=8, max_adapter_size=64,
+..., device_cache_percent=None, host_cache_size=None)` in `ExecutorConfig(peft_cache_config=...)`;
+that 0.11's PeftCacheConfig already has the last two is [UNCONFIRMED]): the engine's config.json
+records `plugin_config.lora_plugin` and `build_config.lora_config` when built with the LoRA
+plugin, and a request's LoraConfig is checked and cached as the executor does when it fetches
+the request (`_FakePeftCache`: `peftCacheManager.cpp`, `loraUtils.cpp`), including "LoRA task
+<id> not found in cache. Please send LoRA weights with request" for a task id without weights
+that the cache does not hold. A cached adapter shifts the fake model's logits by a function of
+its weights, so different adapters give different tokens.
+
 Behaviour common to every era, from the same sources: `LlmRequest::createResponse` sends
 `log_probs` cumulative (all generated so far) and `context_logits` on every result when
 asked; `LlmRequest::validate` clips max_tokens to max_seq_len - prompt with a warning; the
@@ -548,6 +559,60 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
 
     m.KvCacheConfig = KvCacheConfig
 
+    # ------------------------------------------------------------------ LoRA
+    class LoraConfig:
+        """`LoraConfig(task_id, weights=None, config=None)` (every era); read-only properties.
+        The bindings take the tensors as they are; the checks happen when the executor fetches
+        the request (see `_Peft`)."""
+
+        def __init__(self, task_id, weights=None, config=None):
+            if not isinstance(task_id, int) or isinstance(task_id, bool) or task_id < 0:
+                raise TypeError("LoraConfig.__init__(): incompatible function arguments (task_id)")
+            object.__setattr__(self, "_v", {"task_id": task_id, "weights": weights, "config": config})
+
+        def __getattr__(self, name):
+            v = object.__getattribute__(self, "_v")
+            if name in v:
+                return v[name]
+            raise AttributeError(name)
+
+        def __setattr__(self, name, value):
+            raise AttributeError(f"can't set attribute {name!r}")
+
+    m.LoraConfig = LoraConfig
+    peft_fields = [
+        ("num_host_module_layer", 0),
+        ("num_device_module_layer", 0),
+        ("optimal_adapter_size", 8),
+        ("max_adapter_size", 64),
+        ("num_put_workers", 1),
+        ("num_ensure_workers", 1),
+        ("num_copy_streams", 1),
+        ("max_pages_per_block_host", 24),
+        ("max_pages_per_block_device", 8),
+        ("device_cache_percent", None),
+        ("host_cache_size", None),
+    ]
+    peft_sig = _signature(peft_fields)
+
+    class PeftCacheConfig:
+        """`PeftCacheConfig(num_host_module_layer=0, num_device_module_layer=0, ...)`;
+        read-only properties."""
+
+        def __init__(self, *args, **kwargs):
+            object.__setattr__(self, "_v", _bind(peft_sig, "PeftCacheConfig", args, kwargs))
+
+        def __getattr__(self, name):
+            v = object.__getattribute__(self, "_v")
+            if name in v:
+                return v[name]
+            raise AttributeError(name)
+
+        def __setattr__(self, name, value):
+            raise AttributeError(f"can't set attribute {name!r}")
+
+    m.PeftCacheConfig = PeftCacheConfig
+
     if True:
         sched_sig = _signature(
             [
@@ -672,6 +737,7 @@ class _Live:
         self.context_logits = None
         self.finals_sent = 0
         self.kv_metrics = None  # KvCacheMetrics fields, set when the context blocks are allocated
+        self.lora_key: int | None = None  # the adapter's effect on the fake model, once fetched
 
     @property
     def n(self) -> int:
@@ -743,6 +809,7 @@ def _make_executor_class(m: types.ModuleType, era: str):
             self._policy = sched.capacity_scheduler_policy
             self._normalize = ec.normalize_log_probs
             self._guides = _FakeGuidedDecoder(m, getattr(ec, "guided_decoding_config", None), self._vocab)
+            self.fake_peft = _FakePeftCache(cfg, ec.peft_cache_config)
             self.config = ec
             self.model = FakeModel(self._vocab)
             self.fake_requests: dict[int, object] = {}
@@ -1101,6 +1168,17 @@ def _make_executor_class(m: types.ModuleType, era: str):
                 if error is not None:
                     self._error(live, f"Encountered an error when fetching new request: {error}")
                     continue
+                lora = live.req.lora_config
+                if lora is not None:
+                    in_use = {x.req.lora_config.task_id for x in self._active if x.req.lora_config is not None}
+                    try:
+                        live.lora_key = self.fake_peft.add_request(lora, in_use)
+                    except _PeftTaskNotCached as e:  # PeftTaskNotCachedException: its own message
+                        self._error(live, str(e))
+                        continue
+                    except RuntimeError as e:
+                        self._error(live, f"Encountered an error when fetching new request: {e}")
+                        continue
                 error = self._guides.start(live)
                 if error is not None:
                     guide_errors.append(error)
@@ -1176,6 +1254,8 @@ def _make_executor_class(m: types.ModuleType, era: str):
             req = live.req
             context = list(req.input_token_ids) + seq.generated
             x = self.model.logits(context)
+            if live.lora_key is not None:  # an adapter shifts the distribution by its weights
+                x = x + 2.0 * self.model.logits([*context, live.lora_key])
             if req.embedding_bias is not None:
                 x[: self._vocab_unpadded] += req.embedding_bias.to(torch.float32)
             rp = sc.repetition_penalty
@@ -1472,6 +1552,133 @@ class _FakeGuidedDecoder:
         return logits.masked_fill(~bits, float("-inf"))
 
 
+class _PeftTaskNotCached(RuntimeError):
+    """`PeftTaskNotCachedException` (peftCacheManager.h)."""
+
+
+#: `LoraManager.LORA_MODULE_IDS` (tensorrt_llm/lora_manager.py) / loraModule.h ModuleType.
+_LORA_MODULE_IDS = {
+    "attn_qkv": 0,
+    "attn_q": 1,
+    "attn_k": 2,
+    "attn_v": 3,
+    "attn_dense": 4,
+    "mlp_h_to_4h": 5,
+    "mlp_4h_to_h": 6,
+    "mlp_gate": 7,
+}
+
+
+class _FakePeftCache:
+    """The executor's PEFT cache (`PeftCacheManager`, cpp/tensorrt_llm/batch_manager/
+    peftCacheManager.cpp, with the checks of `loraValidateRequestTensors`,
+    cpp/tensorrt_llm/runtime/loraUtils.cpp), as the executor runs it when it fetches a request:
+
+      * a LoraConfig with weights and config: both must be there ("Request for LoRA inference
+        must have both lora_weights and lora_keys"); weights `[n, row]` of the model's dtype,
+        config `[n, 3]` (or `[n, 4]` with is_dora) int32; per config row the layer is in range,
+        adapter_size > 0 and <= the engine's max_lora_rank, the module is one the engine was
+        built to adapt ("lora module <name> not enabled for this model"), and the row holds
+        `adapter_size * (in + out)` values of that module ("lora_weights has to few values for
+        <name>"); then the task goes into the cache under its id;
+      * a LoraConfig with only a task id: "LoRA task <id> not found in cache. Please send LoRA
+        weights with request" unless the cache holds the task.
+    Capacity: `num_device_module_layer` rows (0: unbounded in the double [UNCONFIRMED]: upstream
+    then sizes the cache from device_cache_percent); putting a task evicts the least recently
+    used tasks no active request uses, and fails with "Cache is full. There are no done tasks
+    to evict" when that is not enough. An engine built without the LoRA plugin refuses any
+    LoraConfig (the wording is the double's [UNCONFIRMED]).
+
+    Module shapes (in, out) come from the engine config's pretrained_config (hidden_size,
+    intermediate_size, num_attention_heads, num_key_value_heads), as `LoraModule::
+    createLoraModules` derives them. Test hooks: `tasks` (ids cached, LRU first), `puts`
+    (task ids in the order their weights arrived), `evict(task_id)`.
+    """
+
+    def __init__(self, engine_cfg: dict, peft_config) -> None:
+        build = engine_cfg.get("build_config", {})
+        pre = engine_cfg.get("pretrained_config", {})
+        self.enabled = bool(build.get("plugin_config", {}).get("lora_plugin"))
+        lora = build.get("lora_config") or {}
+        self.modules = set(lora.get("lora_target_modules") or [])
+        self.max_rank = int(lora.get("max_lora_rank") or 0)
+        self.layers = int(pre.get("num_hidden_layers") or 1)
+        self.dtype = str(pre.get("dtype") or "float16")
+        h = int(pre.get("hidden_size") or 0)
+        inter = int(pre.get("intermediate_size") or 4 * h)
+        heads = int(pre.get("num_attention_heads") or 1)
+        kv = int(pre.get("num_key_value_heads") or heads)
+        kv_out = kv * (h // heads) if heads else h
+        self.shapes = {
+            "attn_qkv": (h, h + 2 * kv_out),
+            "attn_q": (h, h),
+            "attn_k": (h, kv_out),
+            "attn_v": (h, kv_out),
+            "attn_dense": (h, h),
+            "mlp_h_to_4h": (h, inter),
+            "mlp_4h_to_h": (inter, h),
+            "mlp_gate": (h, inter),
+        }
+        self.capacity = int(getattr(peft_config, "num_device_module_layer", 0) or 0) if peft_config else 0
+        self._cache: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()  # id -> rows, key
+        self.puts: list[int] = []
+
+    @property
+    def tasks(self) -> list[int]:
+        return list(self._cache)
+
+    def evict(self, task_id: int) -> None:
+        self._cache.pop(task_id, None)
+
+    def add_request(self, lora, in_use: set[int]) -> int:
+        """Check a fetched request's LoraConfig and cache its weights; the fake model's key of
+        the adapter. Raises _PeftTaskNotCached or RuntimeError (see the class docstring)."""
+        if not self.enabled:
+            raise RuntimeError("LoRA is not enabled for this model (engine built without the lora plugin)")
+        tid, weights, config = lora.task_id, lora.weights, lora.config
+        if weights is None and config is None:
+            if tid not in self._cache:
+                raise _PeftTaskNotCached(f"LoRA task {tid} not found in cache. Please send LoRA weights with request")
+            self._cache.move_to_end(tid)
+            return self._cache[tid][1]
+        _check(
+            weights is not None and config is not None,
+            "Request for LoRA inference must have both lora_weights and lora_keys",
+        )
+        _check(weights.dim() == 2, "Invalid shape for lora_weights tensor")
+        _check(config.dim() == 2, "Invalid shape for lora_keys tensor")
+        _check(config.dtype == torch.int32, f"Expected  lora keys to have TYPE_INT32 but was {config.dtype}")
+        _check(config.shape[0] == weights.shape[0], "Expected dim1 lora_weights and lora_keys to have the same size")
+        _check(config.shape[1] in (3, 4), "Expected dim2 of lora_keys to have a size in [3, 4]")
+        _check(
+            weights.dtype == getattr(torch, self.dtype), "Expected lora weights to be the same data type as base model"
+        )
+        names = {v: k for k, v in _LORA_MODULE_IDS.items()}
+        for module_id, layer, size, *_ in config.tolist():
+            _check(0 <= layer < self.layers, "Expected layerId to be in the range [0, numModelLayers)")
+            _check(size > 0, "Expected adapterSize to be > 0")
+            name = names.get(module_id, str(module_id))
+            _check(name in self.modules, f"lora module {name} not enabled for this model")
+            fan_in, fan_out = self.shapes[name]
+            _check(size * (fan_in + fan_out) <= weights.shape[1], f"lora_weights has to few values for {name}")
+            _check(
+                size <= self.max_rank,
+                f"Invalid low_rank ({size}). low_rank must be smaller than mMaxLowRank ({self.max_rank})",
+            )
+        rows = int(config.shape[0])
+        key = int(abs(float(weights.float().sum())) * 1000) % 997 + 1
+        self._cache.pop(tid, None)
+        if self.capacity:
+            while sum(r for r, _ in self._cache.values()) + rows > self.capacity:
+                victim = next((t for t in self._cache if t not in in_use), None)
+                if victim is None:
+                    raise RuntimeError("Cache is full. There are no done tasks to evict")
+                del self._cache[victim]
+        self._cache[tid] = (rows, key)
+        self.puts.append(tid)
+        return key
+
+
 def engine_config(
     *,
     vocab_size: int = 4096,
@@ -1486,14 +1693,40 @@ def engine_config(
     gather_context_logits: bool = False,
     version: str = "1.0.0",
     tokens_per_block: int | None = 32,
+    lora_target_modules: Sequence[str] = (),
+    max_lora_rank: int = 8,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    intermediate_size: int | None = None,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
 ) -> dict:
-    """The config.json trtllm-build writes into an engine directory."""
+    """The config.json trtllm-build writes into an engine directory (with
+    `lora_target_modules`: built with `--lora_plugin float16 --lora_target_modules ...
+    --max_lora_rank N`, which records `plugin_config.lora_plugin` and `build_config.lora_config`)."""
+    lora = (
+        {
+            "lora_config": {
+                "lora_dir": [],
+                "lora_ckpt_source": "hf",
+                "max_lora_rank": max_lora_rank,
+                "lora_target_modules": list(lora_target_modules),
+            }
+        }
+        if lora_target_modules
+        else {}
+    )
     return {
         "version": version,
         "pretrained_config": {
             "architecture": "LlamaForCausalLM",
             "dtype": "float16",
             "vocab_size": vocab_size,
+            "num_hidden_layers": num_layers,
+            "hidden_size": hidden_size,
+            "intermediate_size": intermediate_size or 4 * hidden_size,
+            "num_attention_heads": num_heads,
+            "num_key_value_heads": num_kv_heads or num_heads,
             "max_position_embeddings": max_seq_len,
             "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},
         },
@@ -1508,7 +1741,9 @@ def engine_config(
                 "use_paged_context_fmha": use_paged_context_fmha,
                 "paged_kv_cache": True,
                 **({} if tokens_per_block is None else {"tokens_per_block": tokens_per_block}),
+                **({"lora_plugin": "float16"} if lora_target_modules else {}),
             },
+            **lora,
         },
     }
 

@@ -62,7 +62,22 @@ September 2025; here 1.2 and later, `Release.cached_tokens`) the RequestOutput a
 `cached_tokens`, the request's exact reused prompt tokens (`result.py`
 `GenerationResultBase.cached_tokens`). KV cache events of the LLM API are not modelled.
 
-Test hooks: `fake_executor` (the executor double inside), `fake_kill()`, `fake_fail_submit()`.
+LoRA (`tensorrt_llm.executor.LoRARequest(lora_name, lora_int_id, lora_path="",
+lora_ckpt_source="hf")`, `executor/request.py`; the LLM's `lora_config=LoraConfig(lora_dir=[...],
+max_lora_rank=64, lora_target_modules=[], max_loras=4, max_cpu_loras=4, ...)`,
+`tensorrt_llm/lora_helper.py`, examples/llm-api/llm_multilora.py): with a LoraConfig the
+executor double runs an engine with the LoRA plugin for the modules the adapters of `lora_dir`
+target (or `lora_target_modules`) and a PEFT cache of `max_loras` adapters.
+`generate_async(..., lora_request=...)` loads and converts the adapter at its path the first
+time its `lora_int_id` is seen (`base_worker.py` `_load_lora_adapter`: the LoraManager's CPU
+cache keyed by that id) and sends `LoraConfig(task_id=id, weights, config)` then, and
+`LoraConfig(task_id=id)` after; the conversion is `hf_lora_convert.py`'s (A [r, in] flattened,
+then scale * B [out, r], per module and layer). A `lora_request` without a LoraConfig is refused
+with a ValueError, and a lora_path without adapter_config.json with a ValueError at the
+LoRARequest (both wordings the double's [UNCONFIRMED]).
+
+Test hooks: `fake_executor` (the executor double inside), `fake_kill()`, `fake_fail_submit()`,
+`fake_lora_loads` (the ids whose weights were read, in order).
 """
 
 from __future__ import annotations
@@ -84,6 +99,84 @@ from tests.fakes import trtllm_executor
 
 Logprob = namedtuple("Logprob", ["logprob", "rank"])
 _FINISH = {"END_ID": "stop", "STOP_WORDS": "stop", "LENGTH": "length", "TIMED_OUT": "timeout", "CANCELLED": "cancelled"}
+
+
+_HF_TO_TRT = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_dense",
+    "gate_proj": "mlp_h_to_4h",
+    "down_proj": "mlp_4h_to_h",
+    "up_proj": "mlp_gate",
+}
+
+
+@dataclasses.dataclass
+class LoRARequest:
+    """`tensorrt_llm.executor.request.LoRARequest`."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    lora_ckpt_source: str = "hf"
+
+    def __post_init__(self):
+        if self.lora_ckpt_source not in ("hf", "nemo"):
+            raise ValueError(f"lora_ckpt_source must be one of 'hf' or 'nemo', got {self.lora_ckpt_source}")
+        if not (Path(self.lora_path) / "adapter_config.json").is_file():
+            raise ValueError(f"lora_path {self.lora_path} is not a LoRA checkpoint directory")
+
+    @property
+    def adapter_id(self) -> int:
+        return self.lora_int_id
+
+
+@dataclasses.dataclass
+class LoraConfig:
+    """`tensorrt_llm.lora_helper.LoraConfig` (the fields the double reads)."""
+
+    lora_dir: list = dataclasses.field(default_factory=list)
+    lora_ckpt_source: str = "hf"
+    max_lora_rank: int = 64
+    lora_target_modules: list = dataclasses.field(default_factory=list)
+    trtllm_modules_to_hf_modules: dict = dataclasses.field(default_factory=dict)
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None
+
+
+def _lora_modules(config: LoraConfig) -> list[str]:
+    """The TensorRT-LLM modules of the LoRA engine: those the adapters of lora_dir target,
+    else lora_target_modules."""
+    found: set[str] = set()
+    for d in config.lora_dir:
+        targets = json.loads((Path(d) / "adapter_config.json").read_text()).get("target_modules") or []
+        found |= {_HF_TO_TRT[t] for t in targets if t in _HF_TO_TRT}
+    return sorted(found or set(config.lora_target_modules))
+
+
+def _convert_lora(path: str, dtype):
+    """hf_lora_convert.py's layout: weights [n, row], config [n, 3] int32."""
+    import re
+
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = json.loads((Path(path) / "adapter_config.json").read_text())
+    r = cfg["r"]
+    scale = cfg.get("lora_alpha", r) / (r**0.5 if cfg.get("use_rslora") else r)
+    pairs: dict = {}
+    for key, w in load_file(str(Path(path) / "adapter_model.safetensors")).items():
+        m = re.match(r".*\.layers\.([0-9]+)\..*?([a-z_]+)\.lora_(A|B)\.weight", key)
+        pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = w
+    rows, config = [], []
+    ids = trtllm_executor._LORA_MODULE_IDS
+    for (layer, module), ab in sorted(pairs.items()):
+        rows.append(torch.cat([ab["A"].flatten(), (ab["B"] * scale).flatten()]).to(dtype))
+        config.append([ids[_HF_TO_TRT[module]], layer, int(ab["A"].shape[0])])
+    width = max(x.shape[0] for x in rows)
+    weights = torch.stack([torch.nn.functional.pad(x, (0, width - x.shape[0])) for x in rows])
+    return weights, torch.tensor(config, dtype=torch.int32)
 
 
 class RequestError(RuntimeError):
@@ -373,6 +466,7 @@ class LLM:
         "guided_decoding_backend",
         "enable_chunked_prefill",
         "normalize_log_probs",
+        "lora_config",
     }
 
     def __init__(self, model, tokenizer=None, **kwargs):
@@ -410,6 +504,10 @@ class LLM:
         self._global_generator = random.Random(42)  # TorchSampler: one generator seeded 42 for all
         self.fake_module = trtllm_executor.make_module("1.0")
         tl = self.fake_module
+        lora = kwargs.get("lora_config")
+        self.args.lora_config = lora
+        self.fake_lora_loads: list[int] = []
+        self._lora_cpu: set[int] = set()
         engine = trtllm_executor.engine_config(
             vocab_size=int(hf["vocab_size"]),
             max_input_len=int(kwargs.get("max_input_len") or max_seq_len),
@@ -417,7 +515,18 @@ class LLM:
             max_batch_size=self.args.max_batch_size,
             max_num_tokens=self.args.max_num_tokens,
             tokens_per_block=self.args.kv_cache_config.tokens_per_block,
+            lora_target_modules=_lora_modules(lora) if lora is not None else (),
+            max_lora_rank=lora.max_lora_rank if lora is not None else 8,
+            num_layers=int(hf.get("num_hidden_layers") or 2),
+            hidden_size=int(hf.get("hidden_size") or 64),
+            intermediate_size=hf.get("intermediate_size"),
+            num_heads=int(hf.get("num_attention_heads") or 4),
+            num_kv_heads=hf.get("num_key_value_heads"),
         )
+        peft = None
+        if lora is not None:
+            module_layers = (lora.max_loras or 4) * int(hf.get("num_hidden_layers") or 2) * 8
+            peft = tl.PeftCacheConfig(num_host_module_layer=module_layers, num_device_module_layer=module_layers)
         guided = None
         backend = kwargs.get("guided_decoding_backend")
         if backend is not None:
@@ -448,6 +557,7 @@ class LLM:
             # samplers do not normalize either (PR #12366's description)
             normalize_log_probs=bool(kwargs.get("normalize_log_probs", False)),
             guided_decoding_config=guided,
+            peft_cache_config=peft,
         )
         self.fake_executor = tl.Executor(b"engine", json.dumps(engine), tl.ModelType.DECODER_ONLY, config)
         self._outputs: dict[int, RequestOutput] = {}
@@ -460,7 +570,12 @@ class LLM:
         self._thread.start()
 
     def generate_async(
-        self, inputs, sampling_params: SamplingParams | None = None, streaming: bool = False, **_ignored
+        self,
+        inputs,
+        sampling_params: SamplingParams | None = None,
+        streaming: bool = False,
+        lora_request: LoRARequest | None = None,
+        **_ignored,
     ) -> RequestOutput:
         """Submit one prompt (token ids, a `{"prompt_token_ids": ...}` dict, or text)."""
         if self._shutdown:
@@ -492,6 +607,20 @@ class LLM:
                 f"({self.args.max_seq_len}) - `splited_prompt_len` ({len(prompt)})"
             )
         tl = self.fake_module
+        lora = None
+        if lora_request is not None:
+            if self.args.lora_config is None:
+                raise ValueError("LoRA request given but the LLM was built without a lora_config")
+            uid = lora_request.adapter_id
+            if uid in self._lora_cpu:
+                lora = tl.LoraConfig(task_id=uid)
+            else:
+                import torch
+
+                weights, config = _convert_lora(lora_request.lora_path, torch.float16)
+                self._lora_cpu.add(uid)
+                self.fake_lora_loads.append(uid)
+                lora = tl.LoraConfig(task_id=uid, weights=weights, config=config)
         width = p.best_of
         torch_sampler = self.fake_sampler == "torch-legacy"
         sc = {
@@ -531,6 +660,7 @@ class LLM:
             client_id=next(self._client_ids),
             return_all_generated_tokens=False,
             guided_decoding_params=_executor_guide(tl, p.guided_decoding),
+            lora_config=lora,
         )
         with self._lock:
             rid = self.fake_executor.enqueue_request(request)
@@ -714,6 +844,10 @@ def install(
     executor_pkg = types.ModuleType("tensorrt_llm.executor")
     executor_utils = types.ModuleType("tensorrt_llm.executor.utils")
     executor_pkg.RequestError = executor_utils.RequestError = RequestError
+    executor_pkg.LoRARequest = LoRARequest
+    lora_helper = types.ModuleType("tensorrt_llm.lora_helper")
+    lora_helper.LoraConfig = LoraConfig
+    top.lora_helper = lora_helper
     bindings_exec = trtllm_executor.make_module("1.0")
     if version >= "1.3":
         del bindings_exec.Executor  # PR #16369: the Executor binding class is gone
@@ -726,6 +860,7 @@ def install(
         "tensorrt_llm.llmapi.llm_args": llm_args,
         "tensorrt_llm.executor": executor_pkg,
         "tensorrt_llm.executor.utils": executor_utils,
+        "tensorrt_llm.lora_helper": lora_helper,
         "tensorrt_llm.bindings": bindings,
         "tensorrt_llm.bindings.executor": bindings_exec,
     }.items():

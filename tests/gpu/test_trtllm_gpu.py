@@ -16,7 +16,11 @@ Then, per engine, what the doubles can only model:
     cache counters add up, where the release reports reuse (core/engine/trtllm/reuse.py);
   * `--engine trtllm-llm` serves a prompt longer than the LLM's `max_num_tokens` (chunked
     prefill; `llm.py` `_check_arguments`), and refuses it itself, as CONTEXT_LENGTH_EXCEEDED,
-    with `--no-trt-enable-chunked-prefill`.
+    with `--no-trt-enable-chunked-prefill`;
+  * LoRA: a PEFT adapter of the demo model gives the HF engine's greedy tokens with that adapter
+    (leading tokens), different from the base's, on both engines; the executor engine is built
+    with `--lora-dir` (scripts/build_trtllm_engine.py) and the second request of the adapter,
+    sent by task id alone (the PEFT cache holds the weights), gives the same tokens.
 
 Skipped unless TensorRT-LLM imports and CUDA is available; the executor test also needs
 TRTLLM_EXAMPLES_DIR (TensorRT-LLM's examples directory matching the installed release).
@@ -46,11 +50,13 @@ from core.engine import hf  # noqa: E402
 from core.engine.registry import tokenizer_path  # noqa: E402
 from core.engine.trtllm import executor as trtllm  # noqa: E402
 from core.engine.trtllm import llm as trtllm_llm  # noqa: E402
+from core.engine.trtllm.bindings import import_llm_api  # noqa: E402
 from core.engine.trtllm.options import release_at_least  # noqa: E402
 from core.tokenizer import Tokenizer  # noqa: E402
 from gateways.common.status import GatewayError  # noqa: E402
 from tests.conftest import core_config  # noqa: E402
 from tests.fakes.trtllm_harness import collect, finish_of, serve_engine, tokens_of  # noqa: E402
+from tests.lora_helpers import make_adapter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "models" / "demo"
@@ -237,3 +243,64 @@ async def test_llm_api_engine_matches_hf(demo, hf_greedy):
         biased.sampling.logit_bias[2] = 100.0
         eos = await collect(stub, biased)
         assert finish_of(eos).finish_reason == pb.FINISH_REASON_EOS and 2 not in tokens_of(eos)
+
+
+# --------------------------------------------------------------------------------- LoRA
+
+
+@pytest.fixture(scope="module")
+def demo_adapter(tmp_path_factory, demo) -> Path:
+    """A PEFT adapter of the demo model (q_proj, v_proj, rank 8) strong enough to change greedy
+    output."""
+    return make_adapter(tmp_path_factory.mktemp("lora") / "gpu", demo, rank=8, seed=21, magnitude=2.0)
+
+
+@pytest.fixture(scope="module")
+async def hf_adapter_greedy(demo, demo_adapter) -> list[int]:
+    tokenizer = Tokenizer.load(demo)
+    modules = (("gpu", str(demo_adapter)),)
+    async with serve_engine(hf.build, demo, tokenizer, engine="hf", lora_modules=modules) as (_server, stub):
+        return tokens_of(
+            await collect(stub, spb.GenerateRequest(text=PROMPT, adapter="gpu", stopping=_request().stopping))
+        )
+
+
+def _adapter_request() -> spb.GenerateRequest:
+    request = _request()
+    request.adapter = "gpu"
+    return request
+
+
+async def test_executor_engine_serves_a_lora_adapter(
+    tmp_path_factory, demo, demo_adapter, hf_adapter_greedy, hf_greedy
+):
+    examples = os.environ.get("TRTLLM_EXAMPLES_DIR")
+    if not examples or not _has_executor():
+        pytest.skip("needs TRTLLM_EXAMPLES_DIR and a release with the executor")
+    out = tmp_path_factory.mktemp("trt-lora") / "engine"
+    argv = ["--model", str(demo), "--output", str(out), "--trtllm-examples", examples, "--max-batch-size", "8"]
+    argv += ["--max-input-len", "512", "--max-seq-len", "1024", "--lora-dir", str(demo_adapter)]
+    assert _build_script().main(argv) == 0
+    tokenizer = Tokenizer.load(tokenizer_path(core_config(out, engine="trtllm")))
+    modules = (("gpu", str(demo_adapter)),)
+    async with serve_engine(trtllm.build, out, tokenizer, engine="trtllm", lora_modules=modules) as (server, stub):
+        first = tokens_of(await collect(stub, _adapter_request()))
+        again = tokens_of(await collect(stub, _adapter_request()))  # task id only: from the PEFT cache
+        assert first[:AGREE] == hf_adapter_greedy[:AGREE] and again == first
+        assert first != hf_greedy
+        assert server.engine._adapters["gpu"].task_id in server.engine._sent_tasks
+
+
+async def test_llm_api_engine_serves_a_lora_adapter(demo, demo_adapter, hf_adapter_greedy, hf_greedy):
+    api = import_llm_api()
+    if api.lora_request is None or api.lora_config is None or "lora_config" not in api.llm_args:
+        pytest.skip("this TensorRT-LLM release's LLM API takes no LoRA adapters")
+    tokenizer = Tokenizer.load(demo)
+    modules = (("gpu", str(demo_adapter)),)
+    async with serve_engine(trtllm_llm.build, demo, tokenizer, engine="trtllm-llm", lora_modules=modules) as (
+        _server,
+        stub,
+    ):
+        first = tokens_of(await collect(stub, _adapter_request()))
+        assert first[:AGREE] == hf_adapter_greedy[:AGREE] and first != hf_greedy
+        assert tokens_of(await collect(stub, _adapter_request())) == first

@@ -397,3 +397,50 @@ def test_the_transcribed_flags_refuse_what_upstream_refuses(family, layout, argv
     """Commands the script printed before the fix, as the real converters answer them."""
     with pytest.raises(ValueError):
         trtllm_converters.parse(family, layout, argv)
+
+
+def _peft_dir(path: Path, targets=("q_proj", "v_proj"), rank=8) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "target_modules": targets}))
+    return path
+
+
+def test_dry_run_lora_flags(tools, hf_dir, tmp_path, capsys):
+    examples, _ = tools
+    adapter = _peft_dir(tmp_path / "adapter")
+    assert script.main(args(hf_dir, tmp_path / "out", examples, "--lora-dir", str(adapter), "--dry-run")) == 0
+    build = capsys.readouterr().out.splitlines()[-1]
+    assert build.endswith(
+        f"--lora_plugin auto --lora_dir {adapter} --lora_ckpt_source hf --lora_target_modules attn_q attn_v "
+        "--max_lora_rank 8"
+    )
+    extra = ["--lora-target-modules", "attn_q", "attn_k", "--max-lora-rank", "16", "--lora-plugin", "float16"]
+    assert script.main(args(hf_dir, tmp_path / "out", examples, *extra, "--dry-run")) == 0
+    build = capsys.readouterr().out.splitlines()[-1]
+    assert build.endswith("--lora_plugin float16 --lora_target_modules attn_q attn_k --max_lora_rank 16")
+
+
+@pytest.mark.parametrize(
+    "prepare, extra, message",
+    [
+        (
+            lambda d: _edit_config(d, model_type="gpt_neox"),
+            ["--lora-target-modules", "attn_q"],
+            "the gptneox family has no LoRA support",
+        ),
+        (None, ["--lora-dir", "/nonexistent/adapter"], "no readable adapter_config.json"),
+        (None, ["--lora-plugin", "auto"], "no modules to adapt"),
+        (None, ["--lora-dir", "{wide}", "--max-lora-rank", "4"], "--max-lora-rank 4: must be >= 1"),
+        (None, ["--lora-dir", "{odd}"], "module 'embed_tokens' has no TensorRT-LLM LoRA module"),
+        (None, ["--lora-dir", "{wide}", "--lora-target-modules", "attn_q"], "lacks attn_v"),
+    ],
+)
+def test_lora_inputs_are_checked(tools, hf_dir, tmp_path, capsys, prepare, extra, message):
+    examples, calls = tools
+    if prepare is not None:
+        prepare(hf_dir)
+    dirs = {"wide": _peft_dir(tmp_path / "wide", rank=8), "odd": _peft_dir(tmp_path / "odd", targets=("embed_tokens",))}
+    extra = [e.format(**dirs) for e in extra]
+    assert script.main(args(hf_dir, tmp_path / "out", examples, *extra)) == 2
+    assert message in capsys.readouterr().err
+    assert [c for c in calls() if c[1:] != ["--help"]] == []

@@ -184,6 +184,11 @@ class LlmApi:
             carry `request_perf_metrics`.
         kv_events: `KvCacheConfig` has `event_buffer_max_size` and `LLM` has
             `get_kv_cache_events` (`llmapi/llm.py`, `llmapi/llm_args.py`).
+        lora_request: `tensorrt_llm.executor.LoRARequest(lora_name, lora_int_id, lora_path)`
+            (`executor/request.py`), or None where the release has none.
+        lora_config: the LLM's `LoraConfig(lora_dir, max_lora_rank, max_loras,
+            max_cpu_loras, ...)` (`tensorrt_llm/lora_helper.py` in 1.x, `lora_manager.py`
+            before), or None where the release has none.
     """
 
     llm: Any
@@ -196,6 +201,8 @@ class LlmApi:
     sampler_types: frozenset[str] = frozenset()
     perf_metrics: bool = False
     kv_events: bool = False
+    lora_request: Any = None
+    lora_config: Any = None
 
 
 def import_llm_api() -> LlmApi:
@@ -230,7 +237,21 @@ def import_llm_api() -> LlmApi:
         perf_metrics="return_perf_metrics" in _field_names(top.SamplingParams),
         kv_events="event_buffer_max_size" in _field_names(llmapi.KvCacheConfig)
         and hasattr(top.LLM, "get_kv_cache_events"),
+        lora_request=getattr(importlib.import_module("tensorrt_llm.executor"), "LoRARequest", None),
+        lora_config=_first_attr(("tensorrt_llm.lora_helper", "tensorrt_llm.lora_manager"), "LoraConfig"),
     )
+
+
+def _first_attr(modules: tuple[str, ...], name: str) -> Any:
+    """`name` from the first of `modules` that has it (None when none does)."""
+    for module in modules:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    return None
 
 
 def _field_names(cls: Any) -> frozenset[str]:

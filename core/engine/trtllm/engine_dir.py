@@ -36,6 +36,14 @@ class EngineLayout:
         tokens_per_block: tokens of one paged KV-cache block (`build_config.plugin_config.
             tokens_per_block`; None where the config does not record it): turns the reused
             blocks the runtime reports into reused tokens (reuse.reused_tokens).
+        lora_modules: the TensorRT-LLM module names LoRA adapters may adapt
+            (`build_config.lora_config.lora_target_modules`); empty when the engine was built
+            without `--lora_plugin`, so it serves no adapters.
+        max_lora_rank: the largest adapter rank the engine was built for (`--max_lora_rank`).
+        num_layers: `pretrained_config.num_hidden_layers` (0 when unrecorded).
+        dtype: `pretrained_config.dtype`, the dtype LoRA weights must have
+            (`loraValidateRequestTensors`: "Expected lora weights to be the same data type as
+            base model", cpp/tensorrt_llm/runtime/loraUtils.cpp).
     """
 
     engine_dir: Path
@@ -51,6 +59,10 @@ class EngineLayout:
     gather_context_logits: bool = False
     version: str | None = None
     tokens_per_block: int | None = None
+    lora_modules: tuple[str, ...] = ()
+    max_lora_rank: int = 0
+    num_layers: int = 0
+    dtype: str = "float16"
 
     @property
     def world_size(self) -> int:
@@ -107,6 +119,7 @@ def read_engine_layout(model_dir: str | Path) -> EngineLayout:
         raise RuntimeError(f"{config_file}: pretrained_config has no vocab_size")
     plugins = build.get("plugin_config") or {}
     max_num_tokens = build.get("max_num_tokens", limits.get("max_num_tokens"))
+    lora = build.get("lora_config") or {}
     return EngineLayout(
         engine_dir=engine_dir,
         max_input_len=int(pick("max_input_len")),
@@ -121,4 +134,9 @@ def read_engine_layout(model_dir: str | Path) -> EngineLayout:
         gather_context_logits=bool(build.get("gather_context_logits", manifest.get("gather_context_logits", False))),
         version=config.get("version") or manifest.get("tensorrt_llm_version"),
         tokens_per_block=int(plugins["tokens_per_block"]) if plugins.get("tokens_per_block") else None,
+        # trtllm-build --lora_plugin / --lora_target_modules / --max_lora_rank (build_config.lora_config)
+        lora_modules=tuple(lora.get("lora_target_modules") or ()) if plugins.get("lora_plugin") else (),
+        max_lora_rank=int(lora.get("max_lora_rank") or 0) if plugins.get("lora_plugin") else 0,
+        num_layers=int(pretrained.get("num_hidden_layers") or 0),
+        dtype=str(pretrained.get("dtype") or "float16"),
     )

@@ -32,6 +32,12 @@ strings, logprob formatting and sessions are the core's shared request pipeline.
     prefix cache counters; earlier releases report 0. Where the release keeps KV cache events,
     the awaiter thread drains them with each response batch and counts the blocks stored and
     removed (reuse.ReuseCounter).
+  * LoRA (engines built with `--lora_plugin`, core.engine.trtllm.lora): each registered
+    adapter (`<engine dir>/adapters/`, `--lora-modules`, LoadAdapter) gets a task id and its
+    PEFT weights converted to the executor's layout at registration; a request naming it
+    carries `LoraConfig(task_id, weights, config)` the first time that task goes to the
+    executor and `LoraConfig(task_id)` after, and a request answered "LoRA task <id> not
+    found in cache" (evicted from the PEFT cache) is enqueued again once with the weights.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -51,6 +58,7 @@ from core.engine.trtllm.bindings import Bindings, detect_api, import_bindings, r
 from core.engine.trtllm.defaults import resolve_trtllm_sampling
 from core.engine.trtllm.engine_dir import EngineLayout, read_engine_layout
 from core.engine.trtllm.guides import XGrammarCheck, import_xgrammar
+from core.engine.trtllm.lora import TrtAdapter, is_cache_miss, read_adapter
 from core.engine.trtllm.mapping import (
     EXECUTOR_GUIDE_TYPES,
     RuntimeFinish,
@@ -72,6 +80,7 @@ from core.engine.trtllm.options import TrtllmOptions, executor_config, guided_de
 from core.engine.trtllm.reuse import ReuseCounter, perf_reused_blocks, reused_tokens
 from core.engine.trtllm.sequence import SequenceTracker
 from core.errors import CoreError, EngineDead, InvalidArgument, NotReady, Overloaded
+from core.lora import AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.types import (
     EngineInfo,
     EngineOutput,
@@ -117,6 +126,9 @@ class _Live:
     executor_done: bool = False
     prompt_info_sent: bool = False
     cached: int | None = None  # reused prompt tokens, once the runtime reported them
+    adapter: TrtAdapter | None = None
+    kwargs: dict[str, Any] | None = None  # the Request's keywords, kept to resend with LoRA weights
+    lora_resent: bool = False
 
 
 # ------------------------------------------------------------------------------------ factory
@@ -229,6 +241,57 @@ class TrtllmEngine(EngineLifecycle):
         )
         self._reuse = ReuseCounter() if options.enable_block_reuse and layout.paged_context_fmha else None
         self._events: Any = None  # the executor's KVCacheEventManager, where the release keeps events
+        # LoRA: adapters by name; task ids are never reused, so a name registered again with
+        # other weights cannot hit the cache entry of the old ones.
+        self.max_loras = options.max_loras if layout.lora_modules else 0
+        self._adapters: dict[str, TrtAdapter] = {}
+        self._task_ids = itertools.count(1)
+        self._sent_tasks: set[int] = set()
+
+    # ---------------------------------------------------------------- adapters
+
+    def has_adapter(self, name: str) -> bool:
+        """Whether the adapter `name` is registered."""
+        return name in self._adapters
+
+    def adapters(self) -> list[AdapterStatus]:
+        """Every registered adapter with its requests in the executor; resident: its weights
+        went to the executor (which may have evicted them since; they are sent again then)."""
+        queued_rank = _STATE_RANK[RequestState.SCHEDULED]
+        out = []
+        for name in sorted(self._adapters):
+            adapter = self._adapters[name]
+            mine = [live for live in self._live.values() if live.adapter is adapter]
+            waiting = sum(1 for live in mine if live.state < queued_rank)
+            resident = adapter.task_id in self._sent_tasks
+            out.append(AdapterStatus(adapter.spec, resident, len(mine) - waiting, waiting))
+        return out
+
+    async def load_adapter(self, spec: AdapterSpec) -> None:
+        """Register an adapter: read its weights and convert them to the executor's layout
+        (core.engine.trtllm.lora.convert); nothing reaches the executor before a request.
+
+        Raises:
+            AdapterExists: the name is registered already.
+            InvalidArgument: the weights do not fit the engine (modules it was not built to
+                adapt, layers, rank above its max_lora_rank) or cannot be read.
+        """
+        if spec.name in self._adapters:
+            raise adapter_exists(spec.name)
+        adapter = await asyncio.to_thread(read_adapter, spec, next(self._task_ids), self.layout)
+        if spec.name in self._adapters:  # registered meanwhile
+            raise adapter_exists(spec.name)
+        self._adapters[spec.name] = adapter
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unregister an adapter; requests in the executor finish with it (the executor's
+        cache drops its weights when it needs the room).
+
+        Raises:
+            AdapterNotFound: `name` is not registered.
+        """
+        if self._adapters.pop(name, None) is None:
+            raise unknown_adapter(name)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -351,6 +414,11 @@ class TrtllmEngine(EngineLifecycle):
         self._check_serving()
         if req.request_id in self._by_name:
             raise InvalidArgument(f"A request with id '{req.request_id}' is already running.", field="request_id")
+        adapter = None
+        if req.adapter:
+            adapter = self._adapters.get(req.adapter)
+            if adapter is None:
+                raise unknown_adapter(req.adapter)
         tl = self._tl
         ids = self._ids
         stop_words = stop_words_for(req, ids.extra_eos)
@@ -397,7 +465,7 @@ class TrtllmEngine(EngineLifecycle):
             kwargs["guided_decoding_params"] = binding_call(
                 tl.GuidedDecodingParams, "guide", req.guide.field, guide_type=guide_type, guide=guide_text(req.guide)
             )
-        executor_request = binding_call(tl.Request, "request", None, **kwargs)
+        executor_request = self._executor_request(kwargs, adapter, with_weights=False)
         local_stops = local_stop_tokens(req, ids.extra_eos) if req.min_new_tokens > 0 else frozenset()
         seqs = [
             SequenceTracker(
@@ -416,16 +484,56 @@ class TrtllmEngine(EngineLifecycle):
                 raise Overloaded(
                     f"The server is at capacity ({self._local_queue_limit} requests waiting); retry later."
                 )
+            if adapter is not None and adapter.task_id not in self._sent_tasks:
+                executor_request = self._executor_request(kwargs, adapter, with_weights=True)
             try:
                 rid = int(self._executor.enqueue_request(executor_request))
             except Exception as e:
                 raise classify_enqueue_error(e, stopping=self._stopping) from e
-            live = _Live(request=req, rid=rid, seqs=seqs, enqueued=time.monotonic())
+            if adapter is not None:
+                self._sent_tasks.add(adapter.task_id)
+            live = _Live(request=req, rid=rid, seqs=seqs, enqueued=time.monotonic(), adapter=adapter, kwargs=kwargs)
             queued = EngineOutput(req.request_id, state=RequestState.QUEUED, time=live.enqueued)
             live.outputs = OutputStream(queued, functools.partial(self._closed, live))
             self._live[rid] = live
             self._by_name[req.request_id] = live
         return live
+
+    def _executor_request(self, kwargs: dict[str, Any], adapter: TrtAdapter | None, *, with_weights: bool) -> Any:
+        """The executor's Request; with an adapter, its `LoraConfig` (the weights only when
+        `with_weights`: the PEFT cache keeps them under the task id)."""
+        if adapter is not None:
+            lora = (
+                {"task_id": adapter.task_id, "weights": adapter.weights, "config": adapter.config}
+                if with_weights
+                else {"task_id": adapter.task_id}
+            )
+            kwargs = {**kwargs, "lora_config": binding_call(self._tl.LoraConfig, "LoRA adapter", "adapter", **lora)}
+        return binding_call(self._tl.Request, "request", None, **kwargs)
+
+    def _resend_with_weights(self, live: _Live) -> bool:
+        """Enqueue a request again with its adapter's weights after the executor answered
+        that its task is not in the PEFT cache (peftCacheManager.cpp); once per request.
+        False when that is not possible (resent already, or the executor refuses)."""
+        if live.adapter is None or live.kwargs is None or live.lora_resent or live.cancel_sent:
+            return False
+        live.lora_resent = True
+        with self._enqueue_lock:
+            try:
+                request = self._executor_request(live.kwargs, live.adapter, with_weights=True)
+                rid = int(self._executor.enqueue_request(request))
+            except Exception as e:
+                log.warning("request %s: resending LoRA weights failed: %s", live.request.request_id, e)
+                return False
+            self._live.pop(live.rid, None)
+            live.rid = rid
+            self._live[rid] = live
+        log.info(
+            "request %s: LoRA task %d was not in the executor's cache; sent its weights again",
+            live.request.request_id,
+            live.adapter.task_id,
+        )
+        return True
 
     # ---------------------------------------------------------------- awaiter thread
 
@@ -527,8 +635,11 @@ class TrtllmEngine(EngineLifecycle):
         stopped_locally = False
         for response in batch:
             if response.has_error():
+                message = str(response.error_msg)
+                if is_cache_miss(message) and self._resend_with_weights(live):
+                    return
                 self._forget(live)
-                error = classify_error(str(response.error_msg))
+                error = classify_error(message)
                 self._put(live, EngineOutput(req.request_id, error=error, finished=True, time=now))
                 return
             res = response.result

@@ -42,11 +42,20 @@ xgrammar by default) and a guided request's `SamplingParams(guided_decoding=
 GuidedDecodingParams(...))` carries the same guide the executor engine sends
 (mapping.llm_guided_kwargs), once XGrammar compiled it here when that is the backend
 (guides.XGrammarCheck).
+
+LoRA (where the release has `LoRARequest` and the LLM a `lora_config`, options.llm_serves_lora):
+the LLM is built with `LoraConfig(lora_dir=<the adapters at start>, max_lora_rank, max_loras,
+max_cpu_loras)` (examples/llm-api/llm_multilora.py) when there are adapters at start or
+--enable-lora-management; each registered adapter gets an id, and a request naming it goes
+with `generate_async(..., lora_request=LoRARequest(name, id, path))`. The LLM loads and
+converts the adapter itself and keeps its weights cached by that id (`executor/base_worker.py`
+`_load_lora_adapter`), so ids are never reused for other weights.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import threading
@@ -73,10 +82,11 @@ from core.engine.trtllm.mapping import (
     logprob_values,
     special_ids,
 )
-from core.engine.trtllm.options import Sampler, TrtllmOptions, llm_kwargs
+from core.engine.trtllm.options import Sampler, TrtllmOptions, llm_kwargs, llm_serves_lora
 from core.engine.trtllm.reuse import ReuseCounter, exact_cached_tokens, perf_reused_blocks, reused_tokens
 from core.engine.trtllm.sequence import SequenceTracker
 from core.errors import CoreError, EngineDead, EngineFailure, InvalidArgument, NotReady, Overloaded
+from core.lora import AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.types import (
     EngineInfo,
     EngineOutput,
@@ -136,6 +146,7 @@ class _Live:
     aborted: bool = False
     closed: bool = False
     cached: int | None = None  # reused prompt tokens, once the LLM reported them
+    lora_request: Any = None  # the LLM API's LoRARequest of the request's adapter
 
 
 class TrtllmLlmEngine(EngineLifecycle):
@@ -181,6 +192,46 @@ class TrtllmLlmEngine(EngineLifecycle):
         self._live: dict[str, _Live] = {}
         self._reuse = ReuseCounter() if options.enable_block_reuse else None
         self._tokens_per_block: int | None = None  # the LLM's KvCacheConfig.tokens_per_block, read at start
+        self.max_loras = options.max_loras if llm_serves_lora(api, options) else 0
+        self._adapters: dict[str, tuple[AdapterSpec, int]] = {}  # name -> (spec, LoRARequest.lora_int_id)
+        self._lora_ids = itertools.count(1)
+
+    # ---------------------------------------------------------------- adapters
+
+    def has_adapter(self, name: str) -> bool:
+        """Whether the adapter `name` is registered."""
+        return name in self._adapters
+
+    def adapters(self) -> list[AdapterStatus]:
+        """Every registered adapter with its running and waiting requests (the LLM does not
+        say which adapters its caches hold: resident means a request has used it)."""
+        out = []
+        for name in sorted(self._adapters):
+            spec, _ = self._adapters[name]
+            mine = [live for live in self._live.values() if live.request.adapter == name]
+            waiting = sum(1 for live in mine if not live.started)
+            out.append(AdapterStatus(spec, bool(mine), len(mine) - waiting, waiting))
+        return out
+
+    async def load_adapter(self, spec: AdapterSpec) -> None:
+        """Register an adapter (its config was checked by core.lora.read_spec; the LLM reads
+        the weights at its first request).
+
+        Raises:
+            AdapterExists: the name is registered already.
+        """
+        if spec.name in self._adapters:
+            raise adapter_exists(spec.name)
+        self._adapters[spec.name] = (spec, next(self._lora_ids))
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unregister an adapter; requests running with it finish with it.
+
+        Raises:
+            AdapterNotFound: `name` is not registered.
+        """
+        if self._adapters.pop(name, None) is None:
+            raise unknown_adapter(name)
 
     def _make_info(self, context: int, max_input: int | None) -> EngineInfo:
         """The engine's facts; `max_input` is the longest prompt the LLM takes (None: the
@@ -356,6 +407,20 @@ class TrtllmLlmEngine(EngineLifecycle):
             raise InvalidArgument(
                 "n > 1 needs sampling on the trtllm-llm engine (the LLM API refuses greedy n > 1).", field="sampling.n"
             )
+        lora_request = None
+        if req.adapter:
+            found = self._adapters.get(req.adapter)
+            if found is None:
+                raise unknown_adapter(req.adapter)
+            spec, lora_id = found
+            lora_request = binding_call(
+                self._api.lora_request,
+                "LoRA adapter",
+                "adapter",
+                lora_name=spec.name,
+                lora_int_id=lora_id,
+                lora_path=spec.path,
+            )
         queued = self.stats().queued
         if self.options.max_queue_size and queued >= self.options.max_queue_size:
             raise Overloaded(f"The server is at capacity ({queued} requests waiting); retry later.")
@@ -390,7 +455,7 @@ class TrtllmLlmEngine(EngineLifecycle):
             for i in range(req.num_sequences)
         ]
         stream = OutputStream(None, lambda finished: self._closed(req.request_id, finished))
-        return _Live(req, stream, seqs, params)
+        return _Live(req, stream, seqs, params, lora_request=lora_request)
 
     def _closed(self, request_id: str, finished: bool) -> None:
         """The consumer is done: abort an unfinished request and forget it."""
@@ -422,7 +487,10 @@ class TrtllmLlmEngine(EngineLifecycle):
             self._post(live, EngineOutput(req.request_id, finished=True, time=time.monotonic()))
             return
         try:
-            live.output = self._llm.generate_async(list(req.prompt_ids), sampling_params=live.params, streaming=True)
+            lora = {} if live.lora_request is None else {"lora_request": live.lora_request}
+            live.output = self._llm.generate_async(
+                list(req.prompt_ids), sampling_params=live.params, streaming=True, **lora
+            )
         except Exception as e:
             self._post(live, EngineOutput(req.request_id, error=self._submit_error(e), time=time.monotonic()))
             return

@@ -15,7 +15,9 @@ from typing import Any, Literal
 from core.config import CoreConfig
 from core.engine.trtllm.bindings import BindingApi, Bindings, LlmApi
 from core.engine.trtllm.engine_dir import EngineLayout
+from core.engine.trtllm.lora import HF_TO_TRTLLM
 from core.engine.trtllm.reuse import EVENT_BUFFER_MAX_SIZE
+from core.lora import startup_adapters
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,14 @@ class TrtllmOptions:
         tensor_parallel_size, pipeline_parallel_size: parallelism of the LLM API engine.
         max_n: largest n / best_of per request.
         guided_decoding_backend: the runtime's grammar backend for guided decoding ("none": off).
+        max_loras: LoRA adapters the executor's PEFT cache holds at once (`--max-loras`; 0:
+            no adapters), see `peft_cache_config`.
+        max_lora_rank: `--max-lora-rank` (the LLM API's `LoraConfig.max_lora_rank`; an
+            engine directory records its own).
+        lora_dirs: the adapters registered at start (core.lora.startup_adapters), whose
+            directories the LLM API's `LoraConfig(lora_dir=...)` names.
+        lora_management: `--enable-lora-management` (the LLM then takes a LoraConfig even
+            with no adapter at start).
     """
 
     max_batch_size: int = 32
@@ -69,6 +79,10 @@ class TrtllmOptions:
     pipeline_parallel_size: int = 1
     max_n: int = 16
     guided_decoding_backend: GuidedBackend = "xgrammar"
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    lora_dirs: tuple[str, ...] = ()
+    lora_management: bool = False
 
     @classmethod
     def from_config(cls, config: CoreConfig) -> TrtllmOptions:
@@ -106,6 +120,10 @@ class TrtllmOptions:
             pipeline_parallel_size=config.trt_pipeline_parallel_size,
             max_n=config.max_n,
             guided_decoding_backend=backend,
+            max_loras=config.max_loras,
+            max_lora_rank=config.max_lora_rank,
+            lora_dirs=tuple(path for _, path in startup_adapters(config.model, config.lora_modules)),
+            lora_management=config.enable_lora_management,
         )
 
 
@@ -172,6 +190,9 @@ def executor_config(
         "max_queue_size": opts.max_queue_size or None,
     }
     optional: dict[str, Any] = {} if guided is None else {"guided_decoding_config": guided}
+    peft = peft_cache_config(tl, opts, layout)
+    if peft is not None:
+        optional["peft_cache_config"] = peft
     if api.normalize_log_probs:
         optional["normalize_log_probs"] = False
     for name, value in wanted.items():
@@ -193,6 +214,57 @@ def executor_config(
         iter_stats_max_iterations=opts.iter_stats_max_iterations,
         request_stats_max_iterations=opts.request_stats_max_iterations,
         **optional,
+    )
+
+
+def peft_cache_config(tl: Bindings, opts: TrtllmOptions, layout: EngineLayout) -> Any:
+    """The executor's `PeftCacheConfig` for an engine built with the LoRA plugin, None
+    otherwise (or with --max-loras 0).
+
+    Sized in the cache's own unit, "module layers" (one module of one layer at
+    `max_adapter_size`; `PeftCacheConfig(num_host_module_layer, num_device_module_layer,
+    optimal_adapter_size, max_adapter_size, ...)`, bindings of 0.11 to 1.3,
+    cpp/include/tensorrt_llm/executor/executor.h): `--max-loras` adapters of every layer and
+    every module the engine adapts, on the device and on the host. Beyond that the cache
+    evicts the least recently used task no request uses, and that task's next request is
+    answered "not found in cache" (core.engine.trtllm.lora).
+    """
+    if not layout.lora_modules or opts.max_loras <= 0:
+        return None
+    module_layers = opts.max_loras * max(1, layout.num_layers) * len(layout.lora_modules)
+    return tl.PeftCacheConfig(
+        num_host_module_layer=module_layers,
+        num_device_module_layer=module_layers,
+        optimal_adapter_size=layout.max_lora_rank,
+        max_adapter_size=layout.max_lora_rank,
+    )
+
+
+def llm_serves_lora(api: LlmApi, opts: TrtllmOptions) -> bool:
+    """Whether the LLM API engine serves LoRA adapters: the release has `LoRARequest` and a
+    `lora_config` LLM argument, --max-loras > 0, and there are adapters at start or
+    --enable-lora-management."""
+    return (
+        api.lora_request is not None
+        and api.lora_config is not None
+        and "lora_config" in api.llm_args
+        and opts.max_loras > 0
+        and bool(opts.lora_dirs or opts.lora_management)
+    )
+
+
+def llm_lora_config(api: LlmApi, opts: TrtllmOptions) -> Any:
+    """The LLM's `LoraConfig` (examples/llm-api/llm_multilora.py: `LoraConfig(lora_dir=[...],
+    max_lora_rank=64, max_loras=3, max_cpu_loras=3)`): the adapters of the start, which the
+    LLM reads their target modules from; with none (run-time loading only) every module the
+    HF-to-TensorRT-LLM map knows (`lora_target_modules`), as the LLM cannot infer them."""
+    extra: dict[str, Any] = {} if opts.lora_dirs else {"lora_target_modules": sorted(set(HF_TO_TRTLLM.values()))}
+    return api.lora_config(
+        lora_dir=list(opts.lora_dirs),
+        max_lora_rank=opts.max_lora_rank,
+        max_loras=opts.max_loras,
+        max_cpu_loras=opts.max_loras,
+        **extra,
     )
 
 
@@ -235,6 +307,8 @@ def llm_kwargs(api: LlmApi, opts: TrtllmOptions, *, tokenizer_dir: str) -> tuple
     }
     if opts.max_num_tokens:
         kwargs["max_num_tokens"] = opts.max_num_tokens
+    if llm_serves_lora(api, opts):
+        kwargs["lora_config"] = llm_lora_config(api, opts)
     if "enable_chunked_prefill" in api.llm_args:
         kwargs["enable_chunked_prefill"] = opts.enable_chunked_prefill
     if opts.guided_decoding_backend != "none" and "guided_decoding_backend" in api.llm_args:
