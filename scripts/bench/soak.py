@@ -1,4 +1,4 @@
-"""`make soak`: the reliability suite's long run, with figures (issue 15), written to
+"""`make soak`: the reliability suite's long run, with figures, written to
 bench-results/reliability.json and summarised on stdout.
 
 Every process is real and on loopback: a core on the mock engine (the model's tokenizer only)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The model's own batch speed: a padded static batch through `model.generate`, in one process.
 
-The comparator of the HF engine's throughput goal (issue 10: core tokens/s at 16 and 32 streams
+The comparator of the HF engine's throughput goal (core tokens/s at 16 and 32 streams
 >= 0.9x this figure at the same batch size). It runs what the core's HF engine runs, without any
 serving around it: the same checkpoint, dtype (float32 on CPU) and torch thread count, greedy,
 `max_new_tokens` new tokens per row with EOS ignored (the generation config's EOS ids are

@@ -1,4 +1,4 @@
-"""One gateway over several cores (issue "Run Trellis as a fleet", item 2): the spread over
+"""One gateway over several cores: the spread over
 cores, a core SIGKILLed under load, the core's return without a gateway restart.
 
 The cores run the mock engine (fixed step time, tokens deterministic per seed). Which core

@@ -1,4 +1,4 @@
-"""Sessions that find their core (issue "Run Trellis as a fleet", item 3): a WebSocket gateway over
+"""Sessions that find their core: a WebSocket gateway over
 three cores sends every request of a session to the core that holds it (ring_hash on the
 session's bucket, gRFC A76), and a session whose core is gone starts fresh on another.
 

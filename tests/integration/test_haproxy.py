@@ -1,5 +1,5 @@
-"""haproxy in front of two gateway processes: SIGTERM one under load, and no request fails
-(issue "Run Trellis as a fleet", tests). The gateway drains (gateways.common.drain): health 503
+"""haproxy in front of two gateway processes: SIGTERM one under load, and no request fails.
+The gateway drains (gateways.common.drain): health 503
 first, so haproxy's checks take it out of rotation while it still serves; then its listener
 closes and the requests in flight finish. (haproxy's `retries` with `option redispatch` would
 also resend a request refused by a closed port; the drain is what a balancer without retries

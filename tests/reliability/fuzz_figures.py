@@ -1,4 +1,4 @@
-"""schemathesis against each gateway's own `/openapi.json` (issue 15, "Fuzzing"), on loopback.
+"""schemathesis against each gateway's own `/openapi.json`, on loopback.
 
 `fuzz_gateway(base_url, ...)` runs schemathesis (4.32.5) over every operation of one running
 gateway's document: positive cases (bodies the schema allows) and negative ones (bodies it

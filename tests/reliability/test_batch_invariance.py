@@ -1,4 +1,4 @@
-"""Batch invariance end to end (issue 15): through the real core (gRPC server, HF engine on the
+"""Batch invariance end to end: through the real core (gRPC server, HF engine on the
 tiny model, in its engine process), 32 identical greedy requests in one batch give the tokens of
 the request alone, and a seeded sampled request gives the same tokens across runs and whatever
 else is in the batch. The engine-level schedules are in tests/unit/core/test_hf_batch_invariance.py;

@@ -1,4 +1,4 @@
-"""The defects a hostile run found (issue "Defects found by a hostile run", items 2-8), each
+"""The defects a hostile run found, each
 reproduced against real servers on loopback: the mock-engine core in-process, real gateways,
 real clients. Each test failed before its fix."""
 

@@ -1,7 +1,7 @@
 """Overload is refused at once, in each schema's shape, with a hint to come back: a core whose
 queue takes nothing (mock engine, --max-queue-size 0) answers RESOURCE_EXHAUSTED, which is
 429 + Retry-After on OpenAI and Triton, DJL's 503 + Retry-After on LMI, and an ERROR event that
-says to retry on WebSocket (issue "Reliability you can quote", item 2)."""
+says to retry on WebSocket."""
 
 from __future__ import annotations
 

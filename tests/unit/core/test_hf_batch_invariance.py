@@ -1,4 +1,4 @@
-"""Batch invariance of the HF engine (README, issue 15): a greedy request gives the same tokens
+"""Batch invariance of the HF engine: a greedy request gives the same tokens
 whatever else is in the batch, on the engine thread (`--no-engine-process`) and in an engine
 process. Each test forces one schedule: prompts of different lengths prefilled together (they
 join the batch longest first, so their slots are not in join order), a request that takes a
