@@ -159,17 +159,27 @@ class Dialect:
     array: bool = False
 
 
+#: What huggingface_hub's clients put in their User-Agent (huggingface_hub/utils/_headers.py,
+#: `_http_user_agent`: "...; hf_hub/<version>; ...").
+HF_HUB_AGENT = "hf_hub/"
+
+
 def lmi_dialect(request: web.Request, settings: LmiSettings, params: GenerationParameters) -> Dialect:
     """The dialect of a rolling-batch request on DJL's routes: TGI compatibility with
-    --tgi-compat, or when the request spells `stop` as a list, TGI's spelling (LMI's own `stop`
-    is TensorRT-LLM's boolean; the `text-generation` client always sends the list), so a TGI
-    client pointed at `/invocations` reads an answer it can parse instead of an empty stream."""
-    tgi = settings.tgi_compat or isinstance(params.stop, list)
+    --tgi-compat, when the request spells `stop` as a list, TGI's spelling (LMI's own `stop` is
+    TensorRT-LLM's boolean; the `text-generation` client always sends the list), or when
+    huggingface_hub's `InferenceClient` sends it (its User-Agent names `hf_hub/`; its body is
+    LMI's own). A TGI client pointed at `/invocations` thus reads an answer it can parse instead
+    of an empty stream: both read only SSE `data:` lines, so huggingface_hub's streams are SSE
+    unless its request's Accept header asks for JSON lines, whatever --output-formatter says."""
+    hf_hub = HF_HUB_AGENT in request.headers.get("User-Agent", "")
+    tgi = settings.tgi_compat or isinstance(params.stop, list) or hf_hub
+    sse = _sse(request, settings, tgi) or (hf_hub and JSONLINES_CONTENT_TYPE not in request.headers.get("Accept", ""))
 
     def in_stream(err: GatewayError) -> dict[str, Any]:
         return render_in_stream(err, tgi_compat=tgi)
 
-    return Dialect(tgi_compat=tgi, tgi_router=False, sse=_sse(request, settings, tgi), fail=_fail, in_stream=in_stream)
+    return Dialect(tgi_compat=tgi, tgi_router=False, sse=sse, fail=_fail, in_stream=in_stream)
 
 
 async def _rolling(request: web.Request, settings: LmiSettings, body: Any, model: str | None) -> web.StreamResponse:

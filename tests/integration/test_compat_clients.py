@@ -3,7 +3,8 @@
 task scored with echo + logprobs, and a generate_until task with 6 stop strings), litellm,
 langchain-openai (`with_structured_output`, `bind_tools`) and huggingface_hub's
 `AsyncInferenceClient` (chat with TGI's `response_format` through the LMI gateway's TGI
-routes, which need `--accept-any-model` for the client's placeholder model name). The
+routes, which need `--accept-any-model` for the client's placeholder model name; streamed
+`text_generation` from DJL's `/invocations`, where its User-Agent gets TGI's SSE). The
 `text-generation` client and `InferenceClient.text_generation` are covered in
 test_gateway_lmi_tgi.py.
 
@@ -188,3 +189,18 @@ async def test_inference_client_chat_with_tgi_response_format(start_gateway, mon
         )
     ]
     assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+
+
+async def test_inference_client_streams_from_invocations(start_gateway, monkeypatch):
+    # The client reads only SSE `data:` lines: DJL's default JSON lines would be an empty stream.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for options in ({}, {"output_formatter": "jsonlines"}):
+        base = await start_gateway("lmi", **options)
+        client = huggingface_hub.AsyncInferenceClient(model=f"{base}/invocations", timeout=60)
+        text = await client.text_generation("Once upon a", max_new_tokens=4)
+        parts = [t async for t in await client.text_generation("Once upon a", max_new_tokens=4, stream=True)]
+        assert parts and "".join(parts) == text, options
+        events = [
+            e async for e in await client.text_generation("Once upon a", max_new_tokens=4, stream=True, details=True)
+        ]
+        assert events[-1].generated_text == text and events[-1].details.generated_tokens == 4, options
