@@ -120,6 +120,10 @@ def core_client(request: web.Request) -> CoreClient:
     return request.app[CORE_CLIENT_KEY]
 
 
+#: Bodies larger than this (bytes) are parsed on a thread (read_json).
+OFF_LOOP_JSON_BYTES = 64 * 1024
+
+
 async def read_json(
     request: web.Request, *, param: str | None = None, empty: str | None = None, json_only: bool = False
 ) -> Any:
@@ -152,8 +156,14 @@ async def read_json(
         raw = await asyncio.to_thread(decode_body, raw, encoding, param, request)
     if empty is not None and not raw.strip():
         raise GatewayError.invalid(empty, param)
+    max_depth = request.app[CONFIG_KEY].max_json_depth
     try:
-        return loads(raw, max_depth=request.app[CONFIG_KEY].max_json_depth)
+        if len(raw) <= OFF_LOOP_JSON_BYTES:
+            return loads(raw, max_depth=max_depth)
+        # Parsing and checking a large body (tens of thousands of small objects) takes tens of
+        # milliseconds of Python; on a thread, the interpreter's switch interval (5 ms) gives
+        # the event loop its turns meanwhile, so running streams do not stall behind it.
+        return await asyncio.to_thread(loads, raw, max_depth=max_depth)
     except GatewayError as e:
         if e.param is None:
             e.param = param

@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from gateways.common import app as app_module
 from gateways.common.app import INTERNAL_ERROR, make_gateway_app, read_json, start_app
 from gateways.common.config import GatewayConfig
 from gateways.common.status import GatewayError
@@ -167,4 +168,21 @@ async def test_a_failure_after_the_response_started_closes_the_connection(base):
     ],
 )
 async def test_read_json(base, data, status, body):
+    assert await _call("POST", base + "/echo", data) == (status, body)
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "body"),
+    [
+        (b'{"a": [1]}', 200, {"a": [1]}),
+        (
+            b'{"a": NaN}',
+            400,
+            {"error": "The request body is not valid JSON: NaN is not a valid JSON value.", "param": "body"},
+        ),
+    ],
+)
+async def test_read_json_of_a_large_body_answers_the_same_from_its_thread(base, monkeypatch, data, status, body):
+    """Bodies past OFF_LOOP_JSON_BYTES are parsed on a thread; results and errors are the same."""
+    monkeypatch.setattr(app_module, "OFF_LOOP_JSON_BYTES", 0)
     assert await _call("POST", base + "/echo", data) == (status, body)
