@@ -22,6 +22,8 @@ request (gateways.common.metrics).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import ssl
 import zlib
@@ -122,6 +124,7 @@ def core_client(request: web.Request) -> CoreClient:
 
 #: Bodies larger than this (bytes) are parsed on a thread (read_json).
 OFF_LOOP_JSON_BYTES = 64 * 1024
+_JSON_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="json")
 
 
 async def read_json(
@@ -162,8 +165,10 @@ async def read_json(
             return loads(raw, max_depth=max_depth)
         # Parsing and checking a large body (tens of thousands of small objects) takes tens of
         # milliseconds of Python; on a thread, the interpreter's switch interval (5 ms) gives
-        # the event loop its turns meanwhile, so running streams do not stall behind it.
-        return await asyncio.to_thread(loads, raw, max_depth=max_depth)
+        # the event loop its turns meanwhile, so running streams do not stall behind it. One
+        # thread for all: several parsing at once would each take a turn before the loop.
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_JSON_THREAD, functools.partial(loads, raw, max_depth=max_depth))
     except GatewayError as e:
         if e.param is None:
             e.param = param
