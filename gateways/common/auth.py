@@ -13,8 +13,9 @@ document declares the bearer scheme), and so does `GET /metrics` unless
 
 Keys are checked by envflags.apikeys (SHA-256 digests compared in constant time), as the core
 checks its gRPC callers (core.auth). An accepted request carries its key's identity
-(`key_identity(request)`, a digest), from which gateways.common.tenant names the client's
-tenant in the core (GenerateRequest.tenant): its sessions are scoped to it.
+(`key_identity(request)`: the key's name, or a digest of an unnamed key), which
+gateways.common.tenant sends as the client's tenant (GenerateRequest.tenant): its sessions
+and fair share are scoped to it.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ MESSAGES = {
 
 
 def key_identity(request: web.Request) -> str:
-    """The identity of the API key `request` was accepted with (envflags.apikeys.ApiKeys.identity),
-    or "" on a gateway without keys."""
+    """The identity of the API key `request` was accepted with: its name (`--api-key
+    name:key`), else its digest (envflags.apikeys.ApiKeys.identity); "" on a gateway without
+    keys."""
     value = request.get(_IDENTITY)
     return value if isinstance(value, str) else ""
 
@@ -63,7 +65,8 @@ def auth_middleware(
             values = [f"Bearer {key}" for key in request.headers.getall("x-api-key", [])]
         why = keys.check_all(values)
         if why is None:
-            request[_IDENTITY] = ApiKeys.identity(values[0])
+            name = keys.name_of(values[0]) if keys.named else None
+            request[_IDENTITY] = name if name is not None else ApiKeys.identity(values[0])
             return await handler(request)
         if why == "repeated":
             return render(request, 400, MESSAGES[why])

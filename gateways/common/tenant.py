@@ -35,16 +35,12 @@ def current_tenant() -> str:
 
 
 def tenant_of(request: web.Request, keys: ApiKeys | None) -> str:
-    """The tenant of `request`: with `keys` (the auth middleware has accepted the request), its
-    key's name, or the key's digest for an unnamed key; without keys, the fairness header
-    (stripped; the first when repeated), else ""."""
+    """The tenant of `request`: with `keys`, the identity the auth middleware recorded when it
+    accepted the key (its name, or its digest for an unnamed key); without keys, the fairness
+    header (stripped; the first when repeated), else ""."""
     if keys is None:
         return request.headers.get(FAIRNESS_HEADER, "").strip()
-    values = request.headers.getall("Authorization", [])
-    if not values:  # Anthropic's header
-        values = [f"Bearer {key}" for key in request.headers.getall("x-api-key", [])]
-    name = keys.name_of(values[0]) if keys.named and len(values) == 1 else None
-    return name if name is not None else key_identity(request)
+    return key_identity(request)
 
 
 def tenant_middleware(keys: ApiKeys | None) -> Middleware:
