@@ -23,6 +23,27 @@ Order of service, over the requests waiting:
 
 A request without a tenant belongs to the tenant "" like any other, so with one tenant and
 `fcfs` the queue is plain FIFO.
+
+Two rules build on that order when a resource is full (`share`: a tenant's weight over the
+weights of the tenants present, times the resource's size):
+
+- **Preemption** (`preemption_victims`): when the running batch is full and the request to admit
+  next does not fit, running requests make room for it if the queue would have served it first:
+  a request of a lower priority (a higher value; vLLM v0's `Scheduler._schedule_priority_preemption`,
+  vllm/core/scheduler.py, v0.6: preempt while the waiting head outranks the running tail and
+  cannot be scheduled), or, at equal priority, a request of another tenant whose virtual time is
+  ahead of the waiting tenant's and which holds more than its weighted share of the batch's
+  sequences, while the waiting tenant, once admitted, holds no more than its own. The victim is
+  the running request last in that order: the lowest priority, then the tenant furthest over its
+  share (sequences per weight), then the newest. Both share conditions together mean that a
+  preempted request can never preempt its way back in at the next step (no ping-pong), and with
+  one tenant and `fcfs` nothing is ever preempted. The engine puts the victim back at its place
+  in its tenant's order (`push` with its `seq`) and resumes it where it stopped.
+- **Displacement** (`make_room`): when the queue is full, an arrival of a tenant that would hold
+  no more than its weighted share of the queue, itself included, takes the place of the newest
+  waiting request of the tenant most over its share (sequences per weight); otherwise it is
+  refused. Requests waiting after a preemption are never displaced (their clients have output
+  already).
 """
 
 from __future__ import annotations
@@ -37,6 +58,13 @@ if TYPE_CHECKING:
     from core.types import EngineRequest
 
 T = TypeVar("T")
+
+#: Most running requests an engine preempts at one step boundary. Each preemption costs a
+#: re-prefill of the request's prompt and generated tokens when it resumes, and the batch frees
+#: about batch / mean output length sequences a step by itself, so a burst of high-priority or
+#: under-share arrivals takes a few slots a step by preemption and the rest as slots free,
+#: instead of evicting the whole batch at one boundary.
+MAX_PREEMPTIONS_PER_STEP = 4
 
 #: `--scheduling-policy` values.
 Policy = Literal["fcfs", "priority"]
@@ -58,6 +86,26 @@ class _Entry(Generic[T]):
     item: T = field(compare=False)
     tenant: str = field(compare=False)
     cost: float = field(compare=False)
+    resumed: bool = field(default=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """What `WaitingQueue.preemption_victims` needs to know of one running request.
+
+    Attributes:
+        priority: the request's priority (ignored under "fcfs").
+        tenant: its tenant.
+        rows: the batch's sequences it holds.
+        seq: its arrival number (`WaitingQueue.push`'s return value).
+        preemptible: whether the engine can preempt it now (e.g. not in its prefill).
+    """
+
+    priority: int
+    tenant: str
+    rows: int
+    seq: int
+    preemptible: bool = True
 
 
 @dataclass(slots=True)
@@ -120,18 +168,24 @@ class WaitingQueue(Generic[T]):
         t = self._tenants.get(tenant)
         return self._vnow if t is None else max(t.vtime, self._vnow)
 
-    def push(self, item: T, *, cost: float, priority: int = 0, tenant: str = "") -> None:
+    def push(self, item: T, *, cost: float, priority: int = 0, tenant: str = "", seq: int | None = None) -> int:
         """Queue `item`, whose admission will cost `cost` tokens (prompt and the most it may
-        generate, over all its sequences; `settle` corrects it when it ends)."""
+        generate, over all its sequences; `settle` corrects it when it ends). Returns its
+        arrival number, which orders it within its tenant and priority.
+
+        `seq` requeues a preempted request at its place: the arrival number `push` returned
+        for it first. Such a request is never displaced (`make_room`)."""
         t = self._tenants.get(tenant)
         if t is None:
             t = self._tenants[tenant] = _Tenant(self._vnow)
         elif not t.waiting:  # backlogged again: no credit from the idle time
             t.vtime = max(t.vtime, self._vnow)
-        heapq.heappush(
-            t.waiting, _Entry(priority if self._by_priority else 0, next(self._seq), item, tenant, float(cost))
-        )
+        resumed = seq is not None
+        if seq is None:
+            seq = next(self._seq)
+        heapq.heappush(t.waiting, _Entry(priority if self._by_priority else 0, seq, item, tenant, float(cost), resumed))
         self._len += 1
+        return seq
 
     def _next(self) -> _Tenant[T] | None:
         best: _Tenant[T] | None = None
@@ -212,6 +266,89 @@ class WaitingQueue(Generic[T]):
         self._len -= len(removed)
         self._prune()
         return removed
+
+    def _raw_vtime(self, tenant: str) -> float:
+        """The virtual time `_next` would order `tenant`'s next request by."""
+        t = self._tenants.get(tenant)
+        return self._vnow if t is None else t.vtime
+
+    def _share(self, size: float, tenants: set[str]) -> Callable[[str], float]:
+        total = sum(self.weight(name) for name in tenants)
+        return lambda name: size * self.weight(name) / total
+
+    def make_room(self, tenant: str) -> T | None:
+        """The queue is full and a request of `tenant` arrives: remove and return the waiting
+        request it displaces (the module docstring), uncharged, or None when the arrival is to
+        be refused.
+
+        The queue's size is taken as its current length; shares are of that, by weight, among
+        the tenants waiting and `tenant`."""
+        held = {name: len(t.waiting) for name, t in self._tenants.items() if t.waiting}
+        share = self._share(self._len, {*held, tenant})
+        if held.get(tenant, 0) + 1 > share(tenant):
+            return None
+        victim: _Tenant[T] | None = None
+        over = 0.0
+        for name, t in self._tenants.items():
+            if name == tenant or not any(not e.resumed for e in t.waiting):
+                continue
+            ratio = held[name] / self.weight(name)
+            if held[name] > share(name) and ratio > over:
+                victim, over = t, ratio
+        if victim is None:
+            return None
+        newest = max((e for e in victim.waiting if not e.resumed), key=lambda e: (e.priority, e.seq))
+        victim.waiting.remove(newest)
+        heapq.heapify(victim.waiting)
+        self._len -= 1
+        self._prune()
+        return newest.item
+
+    def preemption_victims(
+        self, running: list[Running], *, head_rows: int, free_rows: int, batch_rows: int, limit: int
+    ) -> list[int]:
+        """The running requests to preempt so that the request `peek` names, which needs
+        `head_rows` sequences where `free_rows` of the batch's `batch_rows` are free, can be
+        admitted (the module docstring's rule), as indices into `running`, at most `limit` of
+        them. Empty when it fits already, when nothing waits, or when the rule does not free
+        enough room within `limit` (then nothing is preempted)."""
+        head_tenant = self._next()
+        if head_tenant is None or head_rows <= free_rows or limit <= 0:
+            return []
+        head = head_tenant.waiting[0]
+        held: dict[str, int] = {}
+        for r in running:
+            held[r.tenant] = held.get(r.tenant, 0) + r.rows
+        share = self._share(batch_rows, {*held, *(n for n, t in self._tenants.items() if t.waiting)})
+        head_fits_share = held.get(head.tenant, 0) + head_rows <= share(head.tenant)
+        chosen: list[int] = []
+        free = free_rows
+        while free < head_rows:
+            if len(chosen) == limit:
+                return []
+            best, best_key = -1, (0, 0.0, 0)
+            for i, r in enumerate(running):
+                if not r.preemptible or i in chosen:
+                    continue
+                priority = r.priority if self._by_priority else 0
+                if priority < head.priority:
+                    continue
+                if priority == head.priority and not (
+                    r.tenant != head.tenant
+                    and head_fits_share
+                    and self._raw_vtime(r.tenant) > head_tenant.vtime
+                    and held[r.tenant] > share(r.tenant)
+                ):
+                    continue
+                key = (priority, held[r.tenant] / self.weight(r.tenant), r.seq)
+                if best < 0 or key > best_key:
+                    best, best_key = i, key
+            if best < 0:
+                return []
+            chosen.append(best)
+            free += running[best].rows
+            held[running[best].tenant] -= running[best].rows
+        return chosen
 
     def clear(self) -> None:
         """Drop every waiting request and the tenants' virtual times."""
