@@ -147,6 +147,7 @@ class CoreConfig:
     tenant_weight: tuple[tuple[str, float], ...] = ()
     tenant_max_running: int = 0
     tenant_tokens_per_minute: int = 0
+    preemption: bool = True
     # TLS (core.tls; flags and their rules: envflags.tls): no certificate serves plaintext.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
@@ -436,6 +437,14 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         default=d.tenant_tokens_per_minute,
         help="tokens (prompt and generated) one tenant may use per minute; a tenant over it is refused with "
         "RESOURCE_EXHAUSTED and a retry delay until it is under again (0: no limit)",
+    )
+    p.add_argument(
+        "--preemption",
+        action=argparse.BooleanOptionalAction,
+        default=d.preemption,
+        help="mock engine: preempt a running request, which resumes later where it stopped, for a waiting one of "
+        "a higher priority or of a tenant under its share of the batch (never with one tenant and fcfs; "
+        "docs/fleet.md)",
     )
     add_server_tls_arguments(p, serves="gRPC over TLS", label="TLS")
     p.add_argument(

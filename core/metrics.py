@@ -315,9 +315,15 @@ TENANT_METRICS = (
     ),
     (
         "trellis_core_tenant_refusals",
-        "Requests of the tenant refused (its limits or a full queue).",
+        "Requests of the tenant refused (its limits or a full queue, or displaced from a full queue).",
         "counter",
         "refusals",
+    ),
+    (
+        "trellis_core_tenant_preemptions",
+        "Times a running request of the tenant was preempted for a waiting one (it resumes later).",
+        "counter",
+        "preemptions",
     ),
 )
 

@@ -504,7 +504,12 @@ class Job:
             return
         try:
             if out.error is not None:
+                if isinstance(out.error, Overloaded):  # displaced from the full queue
+                    self.p.tenants.refused(self.prep.engine_request.tenant)
                 raise out.error if isinstance(out.error, CoreError) else EngineFailure(str(out.error))
+            if out.preempted:
+                self.p.tenants.preempted(self.prep.engine_request.tenant)
+                return
             if self._steps and self._is_plain_step(out):
                 self._on_decode_step(out, out.sequences[0])
                 return

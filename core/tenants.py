@@ -38,13 +38,16 @@ RUNNING_RETRY_S = 1.0
 
 @dataclass(slots=True)
 class TenantCounts:
-    """One metric label's counts: gauges `waiting` and `running`; counters the rest."""
+    """One metric label's counts: gauges `waiting` and `running`; counters the rest.
+    `preemptions` counts the times a running request of the tenant was preempted (it counts as
+    running meanwhile: core.scheduling)."""
 
     waiting: int = 0
     running: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     refusals: int = 0
+    preemptions: int = 0
 
 
 class Tenants:
@@ -117,6 +120,10 @@ class Tenants:
     def refused(self, tenant: str) -> None:
         """Count a refusal of a request of `tenant` (its limits, or the engine's full queue)."""
         self._counts(tenant).refusals += 1
+
+    def preempted(self, tenant: str) -> None:
+        """Count a preemption of a running request of `tenant` (core.scheduling)."""
+        self._counts(tenant).preemptions += 1
 
     def withdraw(self, tenant: str) -> None:
         """An admitted request of `tenant` never reached the engine (the engine refused it)."""

@@ -183,7 +183,9 @@ class EngineOutput:
     `state` is set when the request enters a lifecycle state; `sequences` holds only
     sequences with news; `finished` is True on the last output of the request (every
     sequence finished, or the request was cancelled). `error` is set when the engine failed
-    the request; such an output is always the last one.
+    the request; such an output is always the last one. `preempted` is set on an output that
+    only reports that the request left the running batch for the waiting queue to make room
+    for another (core.scheduling); it resumes where it stopped, its stream unchanged.
     """
 
     request_id: str
@@ -194,6 +196,7 @@ class EngineOutput:
     cached_tokens: int = 0
     error: Exception | None = None
     time: float = 0.0
+    preempted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +218,9 @@ class EngineInfo:
         reproducible_seeds: whether a sampling request with the same seed and parameters
             reproduces; when False, sampling requests report no seed.
         guided_decoding: the Guide kinds (GUIDE_KINDS) the engine honours; empty: none.
+        preemption: whether the engine preempts running requests for waiting ones of a higher
+            priority or of a tenant under its share (core.scheduling; `--preemption`); the
+            HF and TensorRT-LLM engines run every admitted request to its end.
     """
 
     engine: str
@@ -228,6 +234,7 @@ class EngineInfo:
     supports_prompt_logprobs: bool = True
     reproducible_seeds: bool = True
     guided_decoding: frozenset[str] = frozenset()
+    preemption: bool = False
 
 
 @dataclass(frozen=True, slots=True)

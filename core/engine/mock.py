@@ -45,6 +45,16 @@ alone (no weights are read), and a request with an adapter draws from generators
 adapter's name as well, so each adapter gives its own deterministic output for a prompt. All
 registered adapters count as resident.
 
+Preemption and a full queue (core.scheduling; `--no-preemption` turns the first off): at a step
+boundary where the request to admit next does not fit the full batch, up to
+MAX_PREEMPTIONS_PER_STEP running requests of a lower priority, or of a tenant over its share of
+the batch, go back to the waiting queue at their place, keeping their sequences, drawn tokens and
+generators, and continue where they stopped once admitted again (their re-prefill, prompt and
+generated tokens, costs `prefill_ms_per_token` as any prompt; their tenant is charged once, at
+the first admission). A request arriving at a full queue displaces the newest waiting request of
+the tenant most over its share of the queue when its own tenant is under its share: the displaced
+one ends with the queue-full error.
+
 Sampling parameters other than do_sample and seed (temperature, top_k, top_p, penalties,
 logit_bias, bad_words) are validated and reported as usual but do not shape the draws. Guided
 decoding is not honoured: EngineInfo.guided_decoding is empty, so the core refuses a guided
@@ -71,7 +81,7 @@ from core.engine.base import EngineLifecycle, OutputStream
 from core.errors import EngineFailure, InvalidArgument, NotReady, Overloaded
 from core.lora import MAX_LORAS, AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import resolve_generic
-from core.scheduling import WaitingQueue, admission_cost
+from core.scheduling import MAX_PREEMPTIONS_PER_STEP, Running, WaitingQueue, admission_cost
 from core.types import (
     EngineInfo,
     EngineOutput,
@@ -120,6 +130,7 @@ def build(config: CoreConfig, tokenizer: Tokenizer) -> MockEngine:
         scheduling_policy=config.scheduling_policy,
         tenant_weights=dict(config.tenant_weight),
         max_loras=config.max_loras,
+        preemption=config.preemption,
     )
 
 
@@ -190,6 +201,7 @@ class _Req:
     prefilled: bool = False
     cancelled: bool = False
     scripted: list[int] | None = None
+    seq: int = 0  # arrival number in the waiting queue (a preempted request keeps it)
 
 
 class MockEngine(EngineLifecycle):
@@ -208,6 +220,8 @@ class MockEngine(EngineLifecycle):
         scheduling_policy: order of waiting requests, "fcfs" or "priority" (core.scheduling).
         tenant_weights: tenant -> share weight (`--tenant-weight`; others weigh 1).
         max_loras: 0 serves no LoRA adapters; else any number may be registered.
+        preemption: whether running requests are preempted for waiting ones that the queue
+            would serve first (the module docstring).
 
     Attributes:
         steps: engine steps completed since start (steps that had requests in the batch).
@@ -235,6 +249,7 @@ class MockEngine(EngineLifecycle):
         scheduling_policy: str = "fcfs",
         tenant_weights: dict[str, float] | None = None,
         max_loras: int = MAX_LORAS,
+        preemption: bool = True,
     ) -> None:
         super().__init__()
         if not (math.isfinite(step_ms) and step_ms >= 0):
@@ -269,6 +284,7 @@ class MockEngine(EngineLifecycle):
             max_num_beams=1,
             max_n=min(max_n, max_batch_size),
             max_top_logprobs=min(MAX_TOP_LOGPROBS, self._nvocab - 1),
+            preemption=preemption,
         )
         self.steps = 0
         self.step_cpu_s = 0.0
@@ -364,7 +380,9 @@ class MockEngine(EngineLifecycle):
         Raises:
             NotReady / EngineDead: the engine is not serving.
             InvalidArgument: more sequences than the batch holds, or a duplicate request id.
-            Overloaded: max_queue_size requests are already waiting.
+            Overloaded: max_queue_size requests are already waiting and the request's tenant
+                holds its share of them (else the newest waiting request of the tenant most over
+                its share ends with this error instead: core.scheduling.WaitingQueue.make_room).
         """
         self._check_serving()
         seqs = request.num_sequences
@@ -375,10 +393,10 @@ class MockEngine(EngineLifecycle):
             )
         if request.request_id in self._requests:
             raise InvalidArgument(f"A request with id '{request.request_id}' is already running.", field="request_id")
-        if len(self._pending) >= self._max_queue:
-            raise Overloaded(f"The server is at capacity ({self._max_queue} requests waiting); retry later.")
         if request.adapter and request.adapter not in self._adapters:
             raise unknown_adapter(request.adapter)
+        if len(self._pending) >= self._max_queue:
+            self._make_room(request.tenant)
         request_id = request.request_id
 
         def on_close(finished: bool) -> None:
@@ -395,7 +413,7 @@ class MockEngine(EngineLifecycle):
         if self._script:
             r.scripted = self._scripted(request)
         self._requests[request_id] = r
-        self._pending.push(r, cost=admission_cost(request), priority=request.priority, tenant=request.tenant)
+        r.seq = self._pending.push(r, cost=admission_cost(request), priority=request.priority, tenant=request.tenant)
         if self._timer is None and self._loop is not None:  # idle: the next step starts now
             self._deadline = self._loop.time()
             self._timer = self._loop.call_soon(self._boundary)
@@ -504,8 +522,22 @@ class MockEngine(EngineLifecycle):
         Returns the prompt tokens admitted."""
         tokens = 0
         pending = self._pending
-        while (head := pending.peek()) is not None and self._running_rows + head.req.num_sequences <= self._max_batch:
+        preemptions = 0
+        while (head := pending.peek()) is not None:
+            if self._running_rows + head.req.num_sequences > self._max_batch:
+                if not self.info.preemption or preemptions == MAX_PREEMPTIONS_PER_STEP:
+                    break
+                done = self._preempt_for(head, MAX_PREEMPTIONS_PER_STEP - preemptions, now)
+                if not done:
+                    break
+                preemptions += done
+                continue
             r = pending.pop()
+            if r.rows:  # resumed after a preemption
+                self._running.append(r)
+                self._running_rows += len(r.rows)
+                tokens += len(r.req.prompt_ids) + sum(row.generated for row in r.rows)
+                continue
             r.rows = _rows(r.req, with_logprobs=r.req.logprobs)
             r.limit = max(1, min(r.req.max_new_tokens, self._ctx - len(r.req.prompt_ids)))
             r.unfinished = len(r.rows)
@@ -514,6 +546,48 @@ class MockEngine(EngineLifecycle):
             tokens += len(r.req.prompt_ids)
             r.outputs.put(EngineOutput(r.req.request_id, state=RequestState.SCHEDULED, time=now))
         return tokens
+
+    # ---------------------------------------------------------------- preemption, full queue
+
+    def _preempt_for(self, head: _Req, limit: int, now: float) -> int:
+        """Preempt up to `limit` running requests so that `head` fits (core.scheduling's rule;
+        requests admitted at this boundary, not yet prefilled, are left alone). Returns how
+        many were preempted (0: none, the rule frees too little)."""
+        running = [Running(r.req.priority, r.req.tenant, len(r.rows), r.seq, r.prefilled) for r in self._running]
+        victims = self._pending.preemption_victims(
+            running,
+            head_rows=head.req.num_sequences,
+            free_rows=self._max_batch - self._running_rows,
+            batch_rows=self._max_batch,
+            limit=limit,
+        )
+        if not victims:
+            return 0
+        doomed = {id(self._running[i]) for i in victims}
+        for i in victims:
+            r = self._running[i]
+            # charged at its first admission already: no cost when it is admitted again
+            self._pending.push(r, cost=0, priority=r.req.priority, tenant=r.req.tenant, seq=r.seq)
+            r.outputs.put(EngineOutput(r.req.request_id, time=now, preempted=True))
+        self._running = [r for r in self._running if id(r) not in doomed]
+        self._running_rows = sum(len(r.rows) for r in self._running)
+        return len(victims)
+
+    def _make_room(self, tenant: str) -> None:
+        """The queue is full: displace a waiting request for an arrival of `tenant`, or refuse it.
+
+        Raises:
+            Overloaded: the arrival's tenant holds its share of the queue already.
+        """
+        displaced = self._pending.make_room(tenant)
+        if displaced is None:
+            raise Overloaded(f"The server is at capacity ({self._max_queue} requests waiting); retry later.")
+        del self._requests[displaced.req.request_id]
+        error = Overloaded(
+            f"The server is at capacity ({self._max_queue} requests waiting) and this request gave its place to "
+            "one of a tenant under its share of the queue; retry later."
+        )
+        displaced.outputs.put(EngineOutput(displaced.req.request_id, error=error, finished=True, time=time.monotonic()))
 
     def _fail_running(self, error: Exception, now: float) -> None:
         failure = EngineFailure(f"Generation failed: {error}")
