@@ -22,9 +22,12 @@ figures; the core's figures (Timing) leave it out):
                 core's TTFT.
   priority      the same high-priority requests plus priority-0 load at 2x capacity,
                 `--scheduling-policy priority` (goal: high-priority p99 TTFT <= 2x idle).
+  noisy_no_preemption, priority_no_preemption  noisy and priority with `--no-preemption`:
+                what preempting running requests (core.scheduling) buys, and what it costs in
+                throughput.
   noisy_replay  the noisy arrivals replayed step by step through core.scheduling.WaitingQueue
-                alone: each tenant's wait for admission in steps, the scheduler's part of TTFT
-                without the host's.
+                alone, with and without preemption: each tenant's wait for admission in steps,
+                the scheduler's part of TTFT without the host's.
 
 Jain's index J(x) = (sum x)^2 / (n sum x^2) (Jain, Chiu and Hawe, DEC-TR-301, 1984), with x_i a
 tenant's token throughput over its weighted max-min fair share of the measured capacity (a
@@ -220,36 +223,68 @@ def summarize(outcomes: dict[str, Outcome], streams: list[Stream], window_s: flo
     return {"streams": per, "tokens_per_s": round(served, 1), "jain": round(jain(ratios), 3)}
 
 
-def replay_noisy(steps: int = 4000, seed: int = 3) -> dict[str, Any]:
+def replay_noisy(steps: int = 4000, seed: int = 3, preemption: bool = True) -> dict[str, Any]:
     """The noisy scenario at step level through core.scheduling.WaitingQueue alone (no host, no
-    gRPC): Poisson arrivals per step, the batch refilled at every boundary. Returns each
-    tenant's wait from arrival to admission in steps (p50, p99), after 500 steps of warm-up."""
+    gRPC): Poisson arrivals per step, the batch refilled at every boundary, preempting as the
+    mock engine does when `preemption`. Returns each tenant's wait from arrival to its first
+    admission in steps (p50, p99), after 500 steps of warm-up, and the preemptions per step."""
     sys.path.insert(0, str(ROOT))
-    from core.scheduling import WaitingQueue
+    from core.scheduling import MAX_PREEMPTIONS_PER_STEP, Running, WaitingQueue
 
-    q: WaitingQueue[tuple[str, int, int]] = WaitingQueue()
+    @dataclass
+    class Req:
+        name: str
+        at: int
+        left: int  # tokens still to generate
+        seq: int = 0
+        admitted: bool = False
+
+    q: WaitingQueue[Req] = WaitingQueue()
     rng = random.Random(seed)
     per_step = 2 * BATCH / MEAN_TOKENS
     rates = {"A": per_step * 10 / 11, "B": per_step / 11}
-    running: list[int] = []  # tokens left per running request
+    running: list[Req] = []
     waits: dict[str, list[int]] = {"A": [], "B": []}
+    preemptions = 0
     for step in range(steps):
         for name, rate in rates.items():
             t = rng.expovariate(rate)
             while t < 1.0:
                 n = rng.randint(*TOKENS)
-                q.push((name, step, n), cost=n, tenant=name)
+                r = Req(name, step, n)
+                r.seq = q.push(r, cost=n, tenant=name)
                 t += rng.expovariate(rate)
-        running = [left - 1 for left in running if left > 1]
-        while len(running) < BATCH and q:
-            name, at, n = q.pop()
-            running.append(n)
-            if step >= 500:
-                waits[name].append(step - at)
+        for r in running:
+            r.left -= 1
+        running = [r for r in running if r.left > 0]
+        budget = MAX_PREEMPTIONS_PER_STEP if preemption else 0
+        while q:
+            if len(running) >= BATCH:
+                victims = q.preemption_victims(
+                    [Running(0, r.name, 1, r.seq) for r in running],
+                    head_rows=1,
+                    free_rows=0,
+                    batch_rows=BATCH,
+                    limit=budget,
+                )
+                if not victims:
+                    break
+                budget -= len(victims)
+                preemptions += len(victims) if step >= 500 else 0
+                for i in victims:
+                    q.push(running[i], cost=0, tenant=running[i].name, seq=running[i].seq)
+                running = [r for i, r in enumerate(running) if i not in victims]
+                continue
+            r = q.pop()
+            running.append(r)
+            if step >= 500 and not r.admitted:
+                waits[r.name].append(step - r.at)
+            r.admitted = True
     out: dict[str, Any] = {}
     for name, v in waits.items():
         v.sort()
         out[name] = {"wait_p50_steps": v[len(v) // 2], "wait_p99_steps": v[int(len(v) * 0.99)]}
+    out["preemptions_per_step"] = round(preemptions / (steps - 500), 3)
     return out
 
 
@@ -291,7 +326,18 @@ def run_fairness(model: str, duration: float = 30.0, warmup: float = 5.0) -> dic
         args,
         ("--scheduling-policy", "priority"),
     )
+    runs["noisy_no_preemption"] = scenario(
+        model, "noisy_no_preemption", [Stream("A", a_rate, "a"), Stream("B", b_rate, "b")], args, ("--no-preemption",)
+    )
+    runs["priority_no_preemption"] = scenario(
+        model,
+        "priority_no_preemption",
+        [high, Stream("load", total)],
+        args,
+        ("--scheduling-policy", "priority", "--no-preemption"),
+    )
     runs["noisy_replay"] = replay_noisy()
+    runs["noisy_replay_no_preemption"] = replay_noisy(preemption=False)
     b_alone, noisy = runs["b_alone"]["streams"]["B"], runs["noisy"]["streams"]["B"]
     idle, loaded = runs["priority_idle"]["streams"]["high"], runs["priority"]["streams"]["high"]
     goals = {
@@ -304,6 +350,25 @@ def run_fairness(model: str, duration: float = 30.0, warmup: float = 5.0) -> dic
         "priority_p99_ratio": round(loaded["ttft_p99_ms"] / idle["ttft_p99_ms"], 2),
         "priority_core_p99_ratio": round(loaded["core_ttft_p99_ms"] / idle["core_ttft_p99_ms"], 2),
         "priority_p99_goal": 2.0,
+        "no_preemption": {
+            "noisy_b_p99_ratio": round(
+                runs["noisy_no_preemption"]["streams"]["B"]["ttft_p99_ms"] / b_alone["ttft_p99_ms"], 2
+            ),
+            "noisy_b_core_p99_ratio": round(
+                runs["noisy_no_preemption"]["streams"]["B"]["core_ttft_p99_ms"] / b_alone["core_ttft_p99_ms"], 2
+            ),
+            "noisy_jain": runs["noisy_no_preemption"]["jain"],
+            "priority_p99_ratio": round(
+                runs["priority_no_preemption"]["streams"]["high"]["ttft_p99_ms"] / idle["ttft_p99_ms"], 2
+            ),
+            "priority_core_p99_ratio": round(
+                runs["priority_no_preemption"]["streams"]["high"]["core_ttft_p99_ms"] / idle["core_ttft_p99_ms"], 2
+            ),
+        },
+        "tokens_per_s": {
+            name: runs[name]["tokens_per_s"]
+            for name in ("noisy", "noisy_no_preemption", "priority", "priority_no_preemption")
+        },
     }
     return {
         "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
