@@ -474,7 +474,9 @@ class MockEngine(EngineLifecycle):
         for r in aborted:
             r.cancelled = True
             r.outputs.put(_cancelled(r, now))
-        self._pending.remove_if(lambda r: r.cancelled)
+        for r in self._pending.remove_if(lambda r: r.cancelled):
+            if r.rows:  # waiting after a preemption: charged at its first admission
+                self._settle(r)
         kept = [r for r in self._running if not r.cancelled]
         if len(kept) != len(self._running):
             for r in self._running:
@@ -519,7 +521,8 @@ class MockEngine(EngineLifecycle):
     def _admit(self, now: float) -> int:
         """Move waiting requests into the batch, in the queue's order, while their sequences
         fit (the first that does not waits at the head, so a large request is never starved).
-        Returns the prompt tokens admitted."""
+        Preempts for a head that does not fit where core.scheduling's rule allows. Returns the
+        prompt tokens admitted (a resumed request's prompt and generated tokens)."""
         tokens = 0
         pending = self._pending
         preemptions = 0

@@ -234,3 +234,62 @@ async def test_websocket_upgrade_header_names_the_tenant(limited):
             while "COMPLETE" not in seen and "ERROR" not in seen:
                 seen += [e["type"] for e in await ws.receive_json()]
             assert seen[0] == "ACCEPTED" and seen[-1] == "COMPLETE", seen
+
+
+# ------------------------------------------------------------------ preemption and a full queue
+
+
+async def test_a_preempted_request_streams_what_it_would_have_unpreempted(start_mock_core):
+    # 300 tokens at 3 ms a step: the high-priority request arrives while the low one runs
+    core = await start_mock_core(
+        scheduling_policy="priority", max_batch_size=1, mock_context_length=4096, mock_step_ms=3.0
+    )
+    stopping = {"max_new_tokens": 300, "ignore_eos": True}
+    async with grpc.aio.insecure_channel(core.address) as channel:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        for sampling in ({}, {"do_sample": True, "seed": 5}):
+            alone = [m async for m in stub.Generate(request_of("story", sampling=sampling, stopping=stopping))]
+            low = stub.Generate(request_of("story", sampling=sampling, stopping=stopping))
+            streamed = []
+            async for m in low:
+                streamed.append(m)
+                if sum(len(o.tokens) for o in m.outputs) and len(streamed) > 5:
+                    break
+            high = [m async for m in stub.Generate(request_of("x", stopping={"max_new_tokens": 2}, priority=-1))]
+            streamed += [m async for m in low]
+            assert high[-1].HasField("usage")
+            text = "".join(o.text for m in streamed for o in m.outputs)
+            assert text == "".join(o.text for m in alone for o in m.outputs)
+            ids = [t.id for m in streamed for o in m.outputs for t in o.tokens]
+            assert ids == [t.id for m in alone for o in m.outputs for t in o.tokens] and len(ids) == 300
+    assert core.servicer.pipeline.tenants.counts[DEFAULT_LABEL].preemptions == 2
+
+
+async def test_a_request_displaced_from_a_full_queue_is_429_through_the_gateway(start_mock_core, start_gateway):
+    core = await start_mock_core(max_batch_size=1, max_queue_size=2, mock_context_length=4096)
+    url = await start_gateway("openai", core=core.address)
+    tenants = core.servicer.pipeline.tenants
+    async with grpc.aio.insecure_channel(core.address) as channel, aiohttp.ClientSession() as http:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        blocker = Blocker(stub, tenant="a")
+        await blocker.running()
+        queued = stub.Generate(request_of("x", stopping={"max_new_tokens": 1}, tenant="a"))
+        await wait_for(lambda: tenants.counts["a"].waiting == 1)
+        body = {"model": "mock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        post = asyncio.create_task(
+            http.post(url + "/v1/chat/completions", json=body, headers=fairness("a"))  # the newest of a
+        )
+        await wait_for(lambda: tenants.counts["a"].waiting == 2)
+        with pytest.raises(grpc.aio.AioRpcError) as e:  # a holds the whole queue: its own arrival is refused
+            async for _ in stub.Generate(request_of("x", tenant="a")):
+                pass
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        other = stub.Generate(request_of("x", stopping={"max_new_tokens": 1}, tenant="b"))
+        async with await post as r:
+            assert r.status == 429 and r.headers["Retry-After"] == "1"
+            err = (await r.json())["error"]
+            assert err["code"] == "queue_full" and "gave its place" in err["message"]
+        blocker.release()
+        assert [m async for m in other][-1].HasField("usage")
+        assert [m async for m in queued][-1].HasField("usage")
+    assert tenants.counts["a"].refusals == 2 and tenants.counts["b"].refusals == 0

@@ -10,7 +10,7 @@ import pytest
 from core.engine.base import OutputStream
 from core.engine.mock import MockEngine
 from core.errors import Overloaded
-from core.types import EngineOutput, RequestState
+from core.types import EngineOutput, FinishReason, RequestState
 from tests.unit.core.test_mock_engine import drain, req, tokens
 
 
@@ -96,5 +96,23 @@ async def test_a_full_queue_displaces_the_newest_of_the_tenant_over_its_share(bp
         e.abort("a0")
         await asyncio.gather(drain(running), drain(a1), drain(b))
         assert e.stats().queued == 0
+    finally:
+        await e.shutdown()
+
+
+async def test_a_preempted_request_cancelled_while_it_waits_ends_cancelled(bpe_tokenizer):
+    e = await engine_of(bpe_tokenizer, scheduling_policy="priority")
+    try:
+        low = e.generate(req("low", max_new=40, tenant="t"))
+        head = await until_tokens(low, 2)
+        high = e.generate(req("high", [1, 700], max_new=40, priority=-1, tenant="u"))
+        head.append(await anext(low))
+        while not head[-1].preempted:
+            head.append(await anext(low))
+        e.abort("low")
+        rest = await drain(low)
+        assert rest[-1].finished and rest[-1].sequences[0].finish_reason is FinishReason.CANCELLED
+        assert len(tokens(head)) < 40 and e.stats().queued == 0
+        high.close()
     finally:
         await e.shutdown()
