@@ -74,7 +74,7 @@ async def test_drain_ends_at_once_when_nothing_is_in_flight(start_mock_core):
     core = await start_mock_core(drain_seconds=30.0)
     started = time.monotonic()
     await core.stop()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 10.0  # far below the 30 s drain it would otherwise wait
 
 
 async def test_drain_stops_streams_still_running_at_its_deadline(start_mock_core):
@@ -88,7 +88,7 @@ async def test_drain_stops_streams_still_running_at_its_deadline(start_mock_core
         await core.stop()
         elapsed = time.monotonic() - started
         stream.cancel()
-    assert elapsed < 1.0 + 0.5
+    assert elapsed < 1.0 + 4.0  # the stream alone would run 20 s; a loaded host adds some
 
 
 async def test_a_gateway_process_drains_on_sigterm_and_a_second_signal_does_not_cut_it_short(mock_core):
