@@ -14,15 +14,14 @@ r x in weights per token. peft's mixed-adapter batches (`adapter_names=`, peft
 a packed step does not have; scripts/bench/lora_mixed.py measures both.
 
 Residency: a registered adapter's weights stay on the CPU side (`AdapterWeights`) until a
-request needs it; `LoraBank.assign` copies them into a free slot, or the least recently used
-slot that no running sequence uses, and says when none is free (the request then waits in the
-queue). All of this, the wrapping of the model's Linear layers included, runs on the engine's
-worker thread between steps.
+request needs it; `LoraBank.assign` (core.lora.AdapterSlots, which the mock engine shares)
+copies them into a free slot, or the least recently used slot that no running sequence uses,
+and says when none is free (the request then waits in the queue). All of this, the wrapping
+of the model's Linear layers included, runs on the engine's worker thread between steps.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 
 from core.errors import AdapterNotFound, InvalidArgument
-from core.lora import ADAPTER_WEIGHTS, AdapterSpec
+from core.lora import ADAPTER_WEIGHTS, AdapterSlots, AdapterSpec
 from logclip import clip
 
 #: Prefixes peft puts before the model's own module paths in adapter_model.safetensors.
@@ -182,8 +181,9 @@ class LoraLinear(torch.nn.Module):
         self.ranks[slot] = r
 
 
-class LoraBank:
-    """The engine's adapter slots and the model's adapted layers (worker thread only).
+class LoraBank(AdapterSlots[AdapterWeights]):
+    """The engine's adapter slots (core.lora.AdapterSlots: residency and eviction) and the
+    model's adapted layers, which hold each slot's weights (worker thread only).
 
     Args:
         model: the served transformers model (its Linear layers are wrapped as adapters need).
@@ -192,50 +192,16 @@ class LoraBank:
     """
 
     def __init__(self, model: torch.nn.Module, max_loras: int, max_rank: int):
+        super().__init__(max_loras)
         self.model = model
-        self.max_loras = max_loras
         self.max_rank = max_rank
         self.layers: dict[str, LoraLinear] = {}
-        self.slots: list[AdapterWeights | None] = [None] * max_loras
-        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict((s, None) for s in range(max_loras))
         # This step's token groups: (slot, token indices or None for all tokens).
         self.groups: list[tuple[int, torch.Tensor | None]] = []
 
-    def slot_of(self, weights: AdapterWeights) -> int | None:
-        """The slot holding `weights`, or None."""
-        for s, held in enumerate(self.slots):
-            if held is weights:
-                return s
-        return None
-
-    def assign(self, weights: AdapterWeights, busy: set[int]) -> int | None:
-        """A slot holding `weights` (made the most recently used): the one it is in, else a
-        free one, else the least recently used one not in `busy` (the slots running sequences
-        use), its weights copied in; None when every slot is busy with other adapters."""
-        slot = self.slot_of(weights)
-        if slot is None:
-            free = [s for s in self._lru if self.slots[s] is None]
-            idle = free or [s for s in self._lru if s not in busy]
-            if not idle:
-                return None
-            slot = idle[0]
-            self._write(slot, weights)
-        self._lru.move_to_end(slot)
-        return slot
-
     def resident(self) -> frozenset[str]:
         """Names of the adapters in slots."""
-        return frozenset(w.spec.name for w in self.slots if w is not None)
-
-    def forget(self, weights: AdapterWeights, busy: set[int]) -> None:
-        """Free the slot of an unregistered adapter unless running sequences use it (it is then
-        evicted like any idle slot once they end)."""
-        slot = self.slot_of(weights)
-        if slot is not None and slot not in busy:
-            for layer in self.layers.values():
-                layer.put(slot, None)
-            self.slots[slot] = None
-            self._lru.move_to_end(slot, last=False)
+        return frozenset(w.spec.name for w in self.held())
 
     def set_step(self, token_slots: list[int], device: torch.device) -> None:
         """Group the step's packed tokens by slot (-1: base model, no group)."""
@@ -252,13 +218,18 @@ class LoraBank:
         """After the forward: the layers run as the base model until the next `set_step`."""
         self.groups = []
 
-    def _write(self, slot: int, weights: AdapterWeights) -> None:
-        for path in weights.modules:
+    def _place(self, slot: int, adapter: AdapterWeights) -> None:
+        for path in adapter.modules:
             if path not in self.layers:
                 self._wrap(path)
         for path, layer in self.layers.items():
-            layer.put(slot, weights.modules.get(path))
-        self.slots[slot] = weights
+            layer.put(slot, adapter.modules.get(path))
+        super()._place(slot, adapter)
+
+    def _empty(self, slot: int) -> None:
+        for layer in self.layers.values():
+            layer.put(slot, None)
+        super()._empty(slot)
 
     def _wrap(self, path: str) -> None:
         parent_path, _, child = path.rpartition(".")
