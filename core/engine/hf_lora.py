@@ -3,15 +3,24 @@ of each adapter in the step, that adapter's `x @ A.T @ B.T * scale`, so that req
 different adapters, and none, share one forward.
 
 Layout (S-LoRA's and punica's, without their custom kernels): `--max-loras` slots; each
-adapted Linear holds A as [slots, max_rank, in] and scale * B as [slots, out, max_rank], zero
-beyond an adapter's rank. A step's tokens come grouped by slot (`LoraBank.set_step`, built from
-the per-token slots the engine packs in its forward's order), and each layer computes, per slot
-present, one dense GEMM pair over that slot's tokens and adds it in place (`index_add_`). A
-step has at most max_loras groups, each a plain matrix product on a contiguous copy of its
-tokens, where a per-token gather of A and B (a batched matmul of [N, in, r]) would copy
-r x in weights per token. peft's mixed-adapter batches (`adapter_names=`, peft
-`LoraLayer._mixed_batch_forward`) group the same way, per sub-batch of whole sequences, which
-a packed step does not have; scripts/bench/lora_mixed.py measures both.
+adapted Linear holds A as [max_rank, slots, in] and (scale * B)^T as [max_rank, slots, out],
+zero beyond an adapter's rank, so that the first r ranks of every slot are one contiguous
+[r * slots, in] (and [r * slots, out]) matrix. A step's tokens come with their slots
+(`LoraBank.set_step`, built from the per-token slots the engine packs in its forward's order),
+and a step mixes adapters in one of two ways:
+
+  * stacked (while ranks x slots <= STACKED_COLUMNS): one GEMM of the step's tokens with every
+    slot's A, a mask that keeps each token's own slot's columns (zero for the base model's
+    tokens), and one GEMM with every slot's B added in place: four operations per layer
+    whatever the number of adapters, at the cost of computing the other slots' columns;
+  * grouped: per slot present, one GEMM pair over a contiguous copy of that slot's tokens
+    added in place (`index_add_`): at most max_loras groups, where a per-token gather of A
+    and B (a batched matmul of [N, in, r]) would copy r x in weights per token.
+
+A step whose tokens all share one adapter takes that adapter's GEMM pair alone. peft's
+mixed-adapter batches (`adapter_names=`, peft `LoraLayer._mixed_batch_forward`) group per
+sub-batch of whole sequences, which a packed step does not have; scripts/bench/lora_mixed.py
+measures them against these layers.
 
 Residency: a registered adapter's weights stay on the CPU side (`AdapterWeights`) until a
 request needs it; `LoraBank.assign` (core.lora.AdapterSlots, which the mock engine shares)
@@ -35,6 +44,10 @@ from logclip import clip
 #: Prefixes peft puts before the model's own module paths in adapter_model.safetensors.
 _PREFIXES = ("base_model.model.", "base_model.")
 _ROOTS = itertools.count(1)
+#: The most columns (ranks x slots) a stacked step computes per token: below it the other
+#: slots' columns cost less than the grouped way's per-slot copies and kernel launches (on a
+#: 4096-wide layer, 256 columns add about 6 % to the base GEMM).
+STACKED_COLUMNS = 256
 
 
 @dataclass(eq=False, slots=True)
@@ -146,9 +159,10 @@ class LoraLinear(torch.nn.Module):
         self.bank = bank
         slots, rank = bank.max_loras, bank.max_rank
         w = base.weight
-        self.a = torch.zeros((slots, rank, base.in_features), dtype=w.dtype, device=w.device)
-        self.b = torch.zeros((slots, base.out_features, rank), dtype=w.dtype, device=w.device)
+        self.a = torch.zeros((rank, slots, base.in_features), dtype=w.dtype, device=w.device)
+        self.b = torch.zeros((rank, slots, base.out_features), dtype=w.dtype, device=w.device)
         self.ranks = [0] * slots
+        self.top = 0  # the largest rank in a slot: the stacked matrices' first `top` ranks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self.base(x)
@@ -156,29 +170,36 @@ class LoraLinear(torch.nn.Module):
         if not groups:
             return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+        mask = self.bank.mask
+        if mask is not None:
+            if self.top:
+                columns = self.top * self.bank.max_loras
+                a, b = self.a[: self.top].view(columns, -1), self.b[: self.top].view(columns, -1)
+                flat_y.addmm_((flat_x @ a.T).mul_(mask[:, :columns]), b)
+            return y
         for slot, idx in groups:
             r = self.ranks[slot]
             if not r:
                 continue
-            a, b = self.a[slot, :r], self.b[slot, :, :r]
+            a, b = self.a[:r, slot], self.b[:r, slot]
             if idx is None:  # every token of the step
-                flat_y += (flat_x @ a.T) @ b.T
+                flat_y.addmm_(flat_x @ a.T, b)
             else:
-                flat_y.index_add_(0, idx, (flat_x.index_select(0, idx) @ a.T) @ b.T)
+                flat_y.index_add_(0, idx, (flat_x.index_select(0, idx) @ a.T) @ b)
         return y
 
     def put(self, slot: int, weights: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """Write an adapter's (A, scale * B) into `slot` (None: this layer is not adapted)."""
-        self.a[slot].zero_()
-        self.b[slot].zero_()
-        if weights is None:
-            self.ranks[slot] = 0
-            return
-        a, b = weights
-        r = a.shape[0]
-        self.a[slot, :r] = a
-        self.b[slot, :, :r] = b
+        self.a[:, slot].zero_()
+        self.b[:, slot].zero_()
+        r = 0
+        if weights is not None:
+            a, b = weights
+            r = a.shape[0]
+            self.a[:r, slot] = a
+            self.b[:r, slot] = b.T
         self.ranks[slot] = r
+        self.top = max(self.ranks)
 
 
 class LoraBank(AdapterSlots[AdapterWeights]):
@@ -198,17 +219,30 @@ class LoraBank(AdapterSlots[AdapterWeights]):
         self.layers: dict[str, LoraLinear] = {}
         # This step's token groups: (slot, token indices or None for all tokens).
         self.groups: list[tuple[int, torch.Tensor | None]] = []
+        # A stacked step's [tokens, max_rank * slots] mask (column k belongs to slot
+        # k % slots); None for a grouped step (module docstring).
+        self.mask: torch.Tensor | None = None
+        self._stacked = max_rank * max_loras <= STACKED_COLUMNS
+        self._dtype = next(model.parameters()).dtype
 
     def resident(self) -> frozenset[str]:
         """Names of the adapters in slots."""
         return frozenset(w.spec.name for w in self.held())
 
     def set_step(self, token_slots: list[int], device: torch.device) -> None:
-        """Group the step's packed tokens by slot (-1: base model, no group)."""
+        """Prepare the step's packed tokens, each with its slot (-1: the base model): one
+        adapter for all, else a stacked step's mask or the grouped step's groups."""
         n = len(token_slots)
         present = sorted(set(token_slots) - {-1})
-        if len(present) == 1 and token_slots.count(present[0]) == n:
-            self.groups = [(present[0], None)]
+        self.mask = None
+        if not present or (len(present) == 1 and token_slots.count(present[0]) == n):
+            self.groups = [(s, None) for s in present]
+            return
+        if self._stacked:
+            owner = torch.tensor(token_slots, device=device)
+            column_slot = torch.arange(self.max_rank * self.max_loras, device=device) % self.max_loras
+            self.mask = (owner[:, None] == column_slot[None, :]).to(self._dtype)
+            self.groups = [(s, None) for s in present]
             return
         self.groups = [
             (s, torch.tensor([i for i, t in enumerate(token_slots) if t == s], device=device)) for s in present
@@ -217,6 +251,7 @@ class LoraBank(AdapterSlots[AdapterWeights]):
     def clear_step(self) -> None:
         """After the forward: the layers run as the base model until the next `set_step`."""
         self.groups = []
+        self.mask = None
 
     def _place(self, slot: int, adapter: AdapterWeights) -> None:
         for path in adapter.modules:
