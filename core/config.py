@@ -457,7 +457,7 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--max-loras",
         type=_count(0),
         default=d.max_loras,
-        help="HF engine: LoRA adapters resident at once, each in a slot of its own (the least recently used idle "
+        help="HF and mock engines: LoRA adapters resident at once, each in a slot of its own (the least recently used idle "
         "one is evicted for another; 0: no adapters)",
     )
     p.add_argument(
