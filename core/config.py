@@ -466,8 +466,8 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--max-loras",
         type=_count(0),
         default=d.max_loras,
-        help="HF engine: LoRA adapters resident at once, each in a slot of its own (the least recently used idle "
-        "one is evicted for another; 0: no adapters)",
+        help="HF and mock engines: LoRA adapters resident at once, each in a slot of its own (the least recently "
+        "used idle one is evicted for another; 0: no adapters)",
     )
     p.add_argument(
         "--max-lora-rank", type=_count(1), default=d.max_lora_rank, help="largest LoRA rank an adapter may have"

@@ -16,13 +16,14 @@ does not (or has max_loras 0) serves none, and a request naming one fails with N
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from core.errors import AdapterExists, AdapterNotFound, InvalidArgument
 from logclip import clip
@@ -37,6 +38,8 @@ MAX_LORA_RANK = 16
 MAX_LORAS = 4
 
 _NAME = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+
+W = TypeVar("W")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +108,69 @@ class ServesAdapters(Protocol):
         Raises:
             AdapterNotFound: `name` is not registered.
         """
+
+
+class AdapterSlots(Generic[W]):
+    """An engine's `--max-loras` adapter slots: which registered adapter each holds, and which
+    slot a request's adapter takes (pure bookkeeping; the HF engine's
+    core.engine.hf_lora.LoraBank copies weights in `_place`, the mock engine holds nothing more).
+
+    The rule (S-LoRA's and vLLM's LRU residency): an adapter already in a slot keeps it; else it
+    takes a free slot, else the least recently used slot that no running request uses; when
+    every slot holds another adapter with running requests, none (the request waits in the
+    queue, keeping its place: core.scheduling.WaitingQueue.set_aside). Adapters are compared by
+    identity, so a name registered again is another adapter.
+
+    Args:
+        max_loras: slots (> 0).
+    """
+
+    def __init__(self, max_loras: int):
+        self.max_loras = max_loras
+        self.slots: list[W | None] = [None] * max_loras
+        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict((s, None) for s in range(max_loras))
+
+    def slot_of(self, adapter: W) -> int | None:
+        """The slot holding `adapter`, or None."""
+        for s, held in enumerate(self.slots):
+            if held is adapter:
+                return s
+        return None
+
+    def held(self) -> list[W]:
+        """The adapters in slots."""
+        return [a for a in self.slots if a is not None]
+
+    def assign(self, adapter: W, busy: set[int]) -> int | None:
+        """A slot holding `adapter` (made the most recently used): the one it is in, else a
+        free one, else the least recently used one not in `busy` (the slots running requests
+        use), `adapter` placed in it; None when every slot is busy with other adapters."""
+        slot = self.slot_of(adapter)
+        if slot is None:
+            free = [s for s in self._lru if self.slots[s] is None]
+            idle = free or [s for s in self._lru if s not in busy]
+            if not idle:
+                return None
+            slot = idle[0]
+            self._place(slot, adapter)
+        self._lru.move_to_end(slot)
+        return slot
+
+    def forget(self, adapter: W, busy: set[int]) -> None:
+        """Free the slot of an unregistered adapter unless running requests use it (it is then
+        evicted like any idle slot once they end)."""
+        slot = self.slot_of(adapter)
+        if slot is not None and slot not in busy:
+            self._empty(slot)
+            self._lru.move_to_end(slot, last=False)
+
+    def _place(self, slot: int, adapter: W) -> None:
+        """Put `adapter` into `slot` (evicting what it held)."""
+        self.slots[slot] = adapter
+
+    def _empty(self, slot: int) -> None:
+        """Free `slot`."""
+        self.slots[slot] = None
 
 
 def lora_of(engine: object) -> ServesAdapters | None:

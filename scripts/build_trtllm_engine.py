@@ -19,7 +19,7 @@ LoRA (families in LORA_FAMILIES): any of the `--lora-*` flags builds the engine 
 trtllm-build's `--lora_plugin`, `--lora_dir`, `--lora_ckpt_source hf`, `--lora_target_modules`
 and `--max_lora_rank` (tensorrt_llm/commands/build.py; the first `--lora_dir` configures the
 build). The modules default to those the adapters' adapter_config.json `target_modules` name,
-mapped as `hf_modules_to_trtllm_modules` (tensorrt_llm/lora_manager.py); the rank to the
+mapped by the core's table (core.engine.trtllm.lora.HF_TO_TRTLLM); the rank to the
 largest adapter `r` (or trtllm-build's 64). Adapters are sent per request at serving time
 (`trellis-core --engine trtllm`, docs/lora.md), not compiled into the engine.
 
@@ -46,6 +46,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file: the core's tables come from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from core.engine.trtllm.lora import HF_TO_TRTLLM, MODULE_IDS  # noqa: E402
 
 MANIFEST = "trellis-engine.json"  # core.engine.registry.ENGINE_MANIFEST
 
@@ -77,24 +83,11 @@ CONTRIB = {"falcon", "gptj", "gptneox"}  # examples/models/contrib/<family> from
 # Families whose TensorRT-LLM model classes implement `use_lora` and whose examples document
 # LoRA builds (examples/llama, examples/qwen, examples/gpt: "Run ... with LoRA").
 LORA_FAMILIES = {"llama", "qwen", "gpt"}
-# trtllm-build --lora_target_modules choices of the decoder modules, and the Hugging Face names
-# that map to them (tensorrt_llm/lora_manager.py hf_modules_to_trtllm_modules).
-LORA_MODULES = ("attn_qkv", "attn_q", "attn_k", "attn_v", "attn_dense", "mlp_h_to_4h", "mlp_4h_to_h", "mlp_gate")
-HF_LORA_MODULES = {
-    "q_proj": "attn_q",
-    "k_proj": "attn_k",
-    "v_proj": "attn_v",
-    "qkv_proj": "attn_qkv",
-    "query_key_value": "attn_qkv",
-    "c_attn": "attn_qkv",
-    "o_proj": "attn_dense",
-    "dense": "attn_dense",
-    "gate_proj": "mlp_h_to_4h",
-    "down_proj": "mlp_4h_to_h",
-    "up_proj": "mlp_gate",
-    "c_fc": "mlp_h_to_4h",
-    "c_proj": "mlp_4h_to_h",
-}
+# trtllm-build --lora_target_modules choices of the decoder modules (LoraManager.LORA_MODULE_IDS),
+# and the Hugging Face names that map to them: the core's table, so that a build accepts exactly
+# the adapters the core can then register.
+LORA_MODULES = tuple(MODULE_IDS)
+HF_LORA_MODULES = HF_TO_TRTLLM
 LORA_PLUGIN_DTYPES = ("auto", "float16", "bfloat16", "float32")
 TRTLLM_BUILD_MAX_LORA_RANK = 64  # trtllm-build --max_lora_rank default
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")

@@ -3,26 +3,34 @@ of each adapter in the step, that adapter's `x @ A.T @ B.T * scale`, so that req
 different adapters, and none, share one forward.
 
 Layout (S-LoRA's and punica's, without their custom kernels): `--max-loras` slots; each
-adapted Linear holds A as [slots, max_rank, in] and scale * B as [slots, out, max_rank], zero
-beyond an adapter's rank. A step's tokens come grouped by slot (`LoraBank.set_step`, built from
-the per-token slots the engine packs in its forward's order), and each layer computes, per slot
-present, one dense GEMM pair over that slot's tokens and adds it in place (`index_add_`). A
-step has at most max_loras groups, each a plain matrix product on a contiguous copy of its
-tokens, where a per-token gather of A and B (a batched matmul of [N, in, r]) would copy
-r x in weights per token. peft's mixed-adapter batches (`adapter_names=`, peft
-`LoraLayer._mixed_batch_forward`) group the same way, per sub-batch of whole sequences, which
-a packed step does not have; scripts/bench/lora_mixed.py measures both.
+adapted Linear holds A as [max_rank, slots, in] and (scale * B)^T as [max_rank, slots, out],
+zero beyond an adapter's rank, so that the first r ranks of every slot are one contiguous
+[r * slots, in] (and [r * slots, out]) matrix. A step's tokens come with their slots
+(`LoraBank.set_step`, built from the per-token slots the engine packs in its forward's order),
+and a step mixes adapters in one of two ways:
+
+  * stacked (while ranks x slots <= STACKED_COLUMNS): one GEMM of the step's tokens with every
+    slot's A, a mask that keeps each token's own slot's columns (zero for the base model's
+    tokens), and one GEMM with every slot's B added in place: four operations per layer
+    whatever the number of adapters, at the cost of computing the other slots' columns;
+  * grouped: per slot present, one GEMM pair over a contiguous copy of that slot's tokens
+    added in place (`index_add_`): at most max_loras groups, where a per-token gather of A
+    and B (a batched matmul of [N, in, r]) would copy r x in weights per token.
+
+A step whose tokens all share one adapter takes that adapter's GEMM pair alone. peft's
+mixed-adapter batches (`adapter_names=`, peft `LoraLayer._mixed_batch_forward`) group per
+sub-batch of whole sequences, which a packed step does not have; scripts/bench/lora_mixed.py
+measures them against these layers.
 
 Residency: a registered adapter's weights stay on the CPU side (`AdapterWeights`) until a
-request needs it; `LoraBank.assign` copies them into a free slot, or the least recently used
-slot that no running sequence uses, and says when none is free (the request then waits in the
-queue). All of this, the wrapping of the model's Linear layers included, runs on the engine's
-worker thread between steps.
+request needs it; `LoraBank.assign` (core.lora.AdapterSlots, which the mock engine shares)
+copies them into a free slot, or the least recently used slot that no running sequence uses,
+and says when none is free (the request then waits in the queue). All of this, the wrapping
+of the model's Linear layers included, runs on the engine's worker thread between steps.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -30,12 +38,16 @@ from typing import Any
 import torch
 
 from core.errors import AdapterNotFound, InvalidArgument
-from core.lora import ADAPTER_WEIGHTS, AdapterSpec
+from core.lora import ADAPTER_WEIGHTS, AdapterSlots, AdapterSpec
 from logclip import clip
 
 #: Prefixes peft puts before the model's own module paths in adapter_model.safetensors.
 _PREFIXES = ("base_model.model.", "base_model.")
 _ROOTS = itertools.count(1)
+#: The most columns (ranks x slots) a stacked step computes per token: below it the other
+#: slots' columns cost less than the grouped way's per-slot copies and kernel launches (on a
+#: 4096-wide layer, 256 columns add about 6 % to the base GEMM).
+STACKED_COLUMNS = 256
 
 
 @dataclass(eq=False, slots=True)
@@ -147,9 +159,10 @@ class LoraLinear(torch.nn.Module):
         self.bank = bank
         slots, rank = bank.max_loras, bank.max_rank
         w = base.weight
-        self.a = torch.zeros((slots, rank, base.in_features), dtype=w.dtype, device=w.device)
-        self.b = torch.zeros((slots, base.out_features, rank), dtype=w.dtype, device=w.device)
+        self.a = torch.zeros((rank, slots, base.in_features), dtype=w.dtype, device=w.device)
+        self.b = torch.zeros((rank, slots, base.out_features), dtype=w.dtype, device=w.device)
         self.ranks = [0] * slots
+        self.top = 0  # the largest rank in a slot: the stacked matrices' first `top` ranks
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self.base(x)
@@ -157,33 +170,41 @@ class LoraLinear(torch.nn.Module):
         if not groups:
             return y
         flat_x, flat_y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+        mask = self.bank.mask
+        if mask is not None:
+            if self.top:
+                columns = self.top * self.bank.max_loras
+                a, b = self.a[: self.top].view(columns, -1), self.b[: self.top].view(columns, -1)
+                flat_y.addmm_((flat_x @ a.T).mul_(mask[:, :columns]), b)
+            return y
         for slot, idx in groups:
             r = self.ranks[slot]
             if not r:
                 continue
-            a, b = self.a[slot, :r], self.b[slot, :, :r]
+            a, b = self.a[:r, slot], self.b[:r, slot]
             if idx is None:  # every token of the step
-                flat_y += (flat_x @ a.T) @ b.T
+                flat_y.addmm_(flat_x @ a.T, b)
             else:
-                flat_y.index_add_(0, idx, (flat_x.index_select(0, idx) @ a.T) @ b.T)
+                flat_y.index_add_(0, idx, (flat_x.index_select(0, idx) @ a.T) @ b)
         return y
 
     def put(self, slot: int, weights: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """Write an adapter's (A, scale * B) into `slot` (None: this layer is not adapted)."""
-        self.a[slot].zero_()
-        self.b[slot].zero_()
-        if weights is None:
-            self.ranks[slot] = 0
-            return
-        a, b = weights
-        r = a.shape[0]
-        self.a[slot, :r] = a
-        self.b[slot, :, :r] = b
+        self.a[:, slot].zero_()
+        self.b[:, slot].zero_()
+        r = 0
+        if weights is not None:
+            a, b = weights
+            r = a.shape[0]
+            self.a[:r, slot] = a
+            self.b[:r, slot] = b.T
         self.ranks[slot] = r
+        self.top = max(self.ranks)
 
 
-class LoraBank:
-    """The engine's adapter slots and the model's adapted layers (worker thread only).
+class LoraBank(AdapterSlots[AdapterWeights]):
+    """The engine's adapter slots (core.lora.AdapterSlots: residency and eviction) and the
+    model's adapted layers, which hold each slot's weights (worker thread only).
 
     Args:
         model: the served transformers model (its Linear layers are wrapped as adapters need).
@@ -192,57 +213,36 @@ class LoraBank:
     """
 
     def __init__(self, model: torch.nn.Module, max_loras: int, max_rank: int):
+        super().__init__(max_loras)
         self.model = model
-        self.max_loras = max_loras
         self.max_rank = max_rank
         self.layers: dict[str, LoraLinear] = {}
-        self.slots: list[AdapterWeights | None] = [None] * max_loras
-        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict((s, None) for s in range(max_loras))
         # This step's token groups: (slot, token indices or None for all tokens).
         self.groups: list[tuple[int, torch.Tensor | None]] = []
-
-    def slot_of(self, weights: AdapterWeights) -> int | None:
-        """The slot holding `weights`, or None."""
-        for s, held in enumerate(self.slots):
-            if held is weights:
-                return s
-        return None
-
-    def assign(self, weights: AdapterWeights, busy: set[int]) -> int | None:
-        """A slot holding `weights` (made the most recently used): the one it is in, else a
-        free one, else the least recently used one not in `busy` (the slots running sequences
-        use), its weights copied in; None when every slot is busy with other adapters."""
-        slot = self.slot_of(weights)
-        if slot is None:
-            free = [s for s in self._lru if self.slots[s] is None]
-            idle = free or [s for s in self._lru if s not in busy]
-            if not idle:
-                return None
-            slot = idle[0]
-            self._write(slot, weights)
-        self._lru.move_to_end(slot)
-        return slot
+        # A stacked step's [tokens, max_rank * slots] mask (column k belongs to slot
+        # k % slots); None for a grouped step (module docstring).
+        self.mask: torch.Tensor | None = None
+        self._stacked = max_rank * max_loras <= STACKED_COLUMNS
+        self._dtype = next(model.parameters()).dtype
 
     def resident(self) -> frozenset[str]:
         """Names of the adapters in slots."""
-        return frozenset(w.spec.name for w in self.slots if w is not None)
-
-    def forget(self, weights: AdapterWeights, busy: set[int]) -> None:
-        """Free the slot of an unregistered adapter unless running sequences use it (it is then
-        evicted like any idle slot once they end)."""
-        slot = self.slot_of(weights)
-        if slot is not None and slot not in busy:
-            for layer in self.layers.values():
-                layer.put(slot, None)
-            self.slots[slot] = None
-            self._lru.move_to_end(slot, last=False)
+        return frozenset(w.spec.name for w in self.held())
 
     def set_step(self, token_slots: list[int], device: torch.device) -> None:
-        """Group the step's packed tokens by slot (-1: base model, no group)."""
+        """Prepare the step's packed tokens, each with its slot (-1: the base model): one
+        adapter for all, else a stacked step's mask or the grouped step's groups."""
         n = len(token_slots)
         present = sorted(set(token_slots) - {-1})
-        if len(present) == 1 and token_slots.count(present[0]) == n:
-            self.groups = [(present[0], None)]
+        self.mask = None
+        if not present or (len(present) == 1 and token_slots.count(present[0]) == n):
+            self.groups = [(s, None) for s in present]
+            return
+        if self._stacked:
+            owner = torch.tensor(token_slots, device=device)
+            column_slot = torch.arange(self.max_rank * self.max_loras, device=device) % self.max_loras
+            self.mask = (owner[:, None] == column_slot[None, :]).to(self._dtype)
+            self.groups = [(s, None) for s in present]
             return
         self.groups = [
             (s, torch.tensor([i for i, t in enumerate(token_slots) if t == s], device=device)) for s in present
@@ -251,14 +251,20 @@ class LoraBank:
     def clear_step(self) -> None:
         """After the forward: the layers run as the base model until the next `set_step`."""
         self.groups = []
+        self.mask = None
 
-    def _write(self, slot: int, weights: AdapterWeights) -> None:
-        for path in weights.modules:
+    def _place(self, slot: int, adapter: AdapterWeights) -> None:
+        for path in adapter.modules:
             if path not in self.layers:
                 self._wrap(path)
         for path, layer in self.layers.items():
-            layer.put(slot, weights.modules.get(path))
-        self.slots[slot] = weights
+            layer.put(slot, adapter.modules.get(path))
+        super()._place(slot, adapter)
+
+    def _empty(self, slot: int) -> None:
+        for layer in self.layers.values():
+            layer.put(slot, None)
+        super()._empty(slot)
 
     def _wrap(self, path: str) -> None:
         parent_path, _, child = path.rpartition(".")

@@ -42,8 +42,13 @@ not. Other requests draw as usual.
 
 LoRA adapters (`--max-loras`, default 4; core.lora): registered by their adapter_config.json
 alone (no weights are read), and a request with an adapter draws from generators keyed by the
-adapter's name as well, so each adapter gives its own deterministic output for a prompt. All
-registered adapters count as resident.
+adapter's name as well, so each adapter gives its own deterministic output for a prompt.
+Residency is the HF engine's (core.lora.AdapterSlots, shared with core.engine.hf_lora):
+`max_loras` slots; a request's adapter takes its slot at admission (its own, a free one, or
+the least recently used one no running request uses); when every slot holds another adapter
+with running requests, the request keeps its place in the queue while those behind it are
+admitted (core.scheduling.WaitingQueue.set_aside), and runs once a slot frees. An unregistered
+adapter's slot frees once no running request uses it; requests queued with it still run.
 
 Preemption and a full queue (core.scheduling; `--no-preemption` turns the first off): at a step
 boundary where the request to admit next does not fit the full batch, up to
@@ -79,7 +84,7 @@ from typing import TYPE_CHECKING
 
 from core.engine.base import EngineLifecycle, OutputStream
 from core.errors import EngineFailure, InvalidArgument, NotReady, Overloaded
-from core.lora import MAX_LORAS, AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
+from core.lora import MAX_LORAS, AdapterSlots, AdapterSpec, AdapterStatus, adapter_exists, unknown_adapter
 from core.sampling import resolve_generic
 from core.scheduling import MAX_PREEMPTIONS_PER_STEP, Running, WaitingQueue, admission_cost
 from core.types import (
@@ -202,6 +207,8 @@ class _Req:
     cancelled: bool = False
     scripted: list[int] | None = None
     seq: int = 0  # arrival number in the waiting queue (a preempted request keeps it)
+    lora: AdapterSpec | None = None  # its adapter (resolved when it is queued)
+    lora_slot: int = -1  # the adapter slot it runs in (-1: none)
 
 
 class MockEngine(EngineLifecycle):
@@ -219,7 +226,8 @@ class MockEngine(EngineLifecycle):
         script: scripted replies, `(when, reply)` pairs (the module docstring).
         scheduling_policy: order of waiting requests, "fcfs" or "priority" (core.scheduling).
         tenant_weights: tenant -> share weight (`--tenant-weight`; others weigh 1).
-        max_loras: 0 serves no LoRA adapters; else any number may be registered.
+        max_loras: adapter slots (0: no LoRA adapters); any number may be registered, this
+            many run at once (the module docstring).
         preemption: whether running requests are preempted for waiting ones that the queue
             would serve first (the module docstring).
 
@@ -298,6 +306,8 @@ class MockEngine(EngineLifecycle):
         self._aborts: set[str] = set()
         self.max_loras = max_loras
         self._adapters: dict[str, AdapterSpec] = {}
+        self._slots: AdapterSlots[AdapterSpec] = AdapterSlots(max(1, max_loras))
+        self._forgotten: list[AdapterSpec] = []  # unregistered, their slots to free once idle
 
     # ---------------------------------------------------------------- adapters
 
@@ -306,11 +316,13 @@ class MockEngine(EngineLifecycle):
         return name in self._adapters
 
     def adapters(self) -> list[AdapterStatus]:
-        """Every registered adapter (all resident) with its running and waiting requests."""
-        running = collections.Counter(r.req.adapter for r in self._running)
-        waiting = collections.Counter(r.req.adapter for r in self._pending)
+        """Every registered adapter with its residency and running and waiting requests."""
+        running = collections.Counter(r.lora.name for r in self._running if r.lora is not None)
+        waiting = collections.Counter(r.lora.name for r in self._pending if r.lora is not None)
+        held = {id(spec) for spec in self._slots.held()}
         return [
-            AdapterStatus(spec, True, running[name], waiting[name]) for name, spec in sorted(self._adapters.items())
+            AdapterStatus(spec, id(spec) in held, running[name], waiting[name])
+            for name, spec in sorted(self._adapters.items())
         ]
 
     async def load_adapter(self, spec: AdapterSpec) -> None:
@@ -329,8 +341,21 @@ class MockEngine(EngineLifecycle):
         Raises:
             AdapterNotFound: `name` is not registered.
         """
-        if self._adapters.pop(name, None) is None:
+        spec = self._adapters.pop(name, None)
+        if spec is None:
             raise unknown_adapter(name)
+        self._forgotten.append(spec)
+        self._free_forgotten(self._busy_slots())
+
+    def _busy_slots(self) -> set[int]:
+        """The adapter slots running requests use."""
+        return {r.lora_slot for r in self._running if r.lora_slot >= 0}
+
+    def _free_forgotten(self, busy: set[int]) -> None:
+        """Free the slots of unregistered adapters that no running request uses."""
+        for spec in self._forgotten:
+            self._slots.forget(spec, busy)
+        self._forgotten = [spec for spec in self._forgotten if self._slots.slot_of(spec) is not None]
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -393,7 +418,8 @@ class MockEngine(EngineLifecycle):
             )
         if request.request_id in self._requests:
             raise InvalidArgument(f"A request with id '{request.request_id}' is already running.", field="request_id")
-        if request.adapter and request.adapter not in self._adapters:
+        lora = self._adapters.get(request.adapter) if request.adapter else None
+        if request.adapter and lora is None:
             raise unknown_adapter(request.adapter)
         if len(self._pending) >= self._max_queue:
             self._make_room(request.tenant)
@@ -409,6 +435,7 @@ class MockEngine(EngineLifecycle):
             OutputStream(queued, on_close),
             sampled=request.sampling.do_sample,
             stops_on_eos=not request.ignore_eos and self._eos_p > 0.0,
+            lora=lora,
         )
         if self._script:
             r.scripted = self._scripted(request)
@@ -520,12 +547,18 @@ class MockEngine(EngineLifecycle):
 
     def _admit(self, now: float) -> int:
         """Move waiting requests into the batch, in the queue's order, while their sequences
-        fit (the first that does not waits at the head, so a large request is never starved).
-        Preempts for a head that does not fit where core.scheduling's rule allows. Returns the
-        prompt tokens admitted (a resumed request's prompt and generated tokens)."""
+        fit (the first that does not waits at the head, so a large request is never starved);
+        a request whose adapter gets no slot keeps its place while those behind it are
+        admitted (core.engine.hf `_take_admissible` does the same). Preempts for a head that
+        does not fit where core.scheduling's rule allows; a preempted request gives up its
+        adapter slot and takes one again when it is admitted again. Returns the prompt tokens
+        admitted (a resumed request's prompt and generated tokens)."""
         tokens = 0
         pending = self._pending
         preemptions = 0
+        busy = self._busy_slots()
+        if self._forgotten:
+            self._free_forgotten(busy)
         while (head := pending.peek()) is not None:
             if self._running_rows + head.req.num_sequences > self._max_batch:
                 if not self.info.preemption or preemptions == MAX_PREEMPTIONS_PER_STEP:
@@ -534,7 +567,15 @@ class MockEngine(EngineLifecycle):
                 if not done:
                     break
                 preemptions += done
+                busy = self._busy_slots()
                 continue
+            if head.lora is not None:
+                slot = self._slots.assign(head.lora, busy)
+                if slot is None:
+                    pending.set_aside()
+                    continue
+                head.lora_slot = slot
+                busy.add(slot)
             r = pending.pop()
             if r.rows:  # resumed after a preemption
                 self._running.append(r)
@@ -548,6 +589,7 @@ class MockEngine(EngineLifecycle):
             self._running_rows += len(r.rows)
             tokens += len(r.req.prompt_ids)
             r.outputs.put(EngineOutput(r.req.request_id, state=RequestState.SCHEDULED, time=now))
+        pending.restore()
         return tokens
 
     # ---------------------------------------------------------------- preemption, full queue

@@ -54,6 +54,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
+from gateways.common.adapter_admin import CoreReply, load_verdict, merged_listing, undo_failed, unload_error
 from gateways.common.config import GatewayConfig
 from gateways.common.core_call import CoreCall
 from gateways.common.multiplexed import MultiplexedStream
@@ -253,6 +254,9 @@ class CoreClient:
         self._dns = dns_name(self.target) if self.routing == "prefix" else None
         self._lookup: asyncio.Task[None] | None = None
         self._closing_channels: set[asyncio.Task[None]] = set()
+        # Adapter management's channel per core, when routing keeps none (gateways.common.adapter_admin).
+        self._management_stubs: dict[str, Any] = {}
+        self._management_channels: list[grpc.aio.Channel] = []
         if self.routing == "prefix":
             listed = listed_addresses(self.target)
             if listed is None and self._dns is None:
@@ -359,6 +363,8 @@ class CoreClient:
             self._lookup.cancel()
         for core in self._cores:
             await core.channel.close()
+        for channel in self._management_channels:
+            await channel.close()
         for task in [*self._unary, *self._closing_channels]:
             task.cancel()
 
@@ -585,42 +591,130 @@ class CoreClient:
         return cast(spb.TokenizeResponse, reply)
 
     async def list_adapters(self) -> spb.ListAdaptersResponse:
-        """The core's ListAdapters (not cached: adapters come and go at run time).
+        """The adapters of every core (not cached: adapters come and go at run time): their
+        union by name (gateways.common.adapter_admin.merged_listing).
 
         Raises:
-            GatewayError: the core cannot be reached (UNAVAILABLE) or fails.
+            GatewayError: a core's refusal, or no core can be reached (UNAVAILABLE).
         """
-        try:
-            reply = await self.stub.ListAdapters(spb.ListAdaptersRequest(), timeout=10, metadata=self.metadata)
-        except grpc.RpcError as e:
-            raise GatewayError.from_rpc_error(e) from None
-        return cast(spb.ListAdaptersResponse, reply)
+        replies = await self._each_core("ListAdapters", spb.ListAdaptersRequest(), 10.0)
+        return merged_listing(replies)
 
     async def load_adapter(self, name: str, path: str) -> spb.LoadAdapterResponse:
-        """The core's LoadAdapter. With several cores, the balanced channel's pick takes it:
-        adapters meant for every core are registered at their start (docs/lora.md).
+        """LoadAdapter on every core the gateway knows; it stands when every reachable core
+        registered the adapter, else it is unregistered again from those that did
+        (gateways.common.adapter_admin, docs/lora.md "Several cores").
+
+        Returns:
+            a core's answer (the adapter as registered).
 
         Raises:
-            GatewayError: the core's refusal (FAILED_PRECONDITION: management off; NOT_FOUND,
-                INVALID_ARGUMENT naming "name" or "path"; ALREADY_EXISTS) or UNAVAILABLE.
+            GatewayError: the refusal (FAILED_PRECONDITION: management off; NOT_FOUND,
+                INVALID_ARGUMENT naming "name" or "path"; ALREADY_EXISTS), as the core gave it
+                when every core gave it, else naming each core and what it said; UNAVAILABLE
+                when no core can be reached.
         """
+        targets = await self._management_targets()
         request = spb.LoadAdapterRequest(name=name, path=path)
-        try:
-            reply = await self.stub.LoadAdapter(request, timeout=self.timeout or 60, metadata=self.metadata)
-        except grpc.RpcError as e:
-            raise GatewayError.from_rpc_error(e) from None
-        return cast(spb.LoadAdapterResponse, reply)
+        replies = await self._each_core("LoadAdapter", request, self.timeout or 60.0, targets)
+        same_path: frozenset[str] = frozenset()
+        exists = [r.address for r in replies if r.error is not None and r.error.code is grpc.StatusCode.ALREADY_EXISTS]
+        if exists and any(r.error is None for r in replies):
+            listings = await self._each_core(
+                "ListAdapters", spb.ListAdaptersRequest(), 10.0, [t for t in targets if t[0] in exists]
+            )
+            same_path = frozenset(
+                r.address
+                for r in listings
+                if r.value is not None and any(a.name == name and a.path == path for a in r.value.adapters)
+            )
+        verdict = load_verdict(name, replies, same_path)
+        if verdict.error is None:
+            assert verdict.reply is not None
+            return verdict.reply
+        error = verdict.error
+        if verdict.undo:
+            undone = await self._each_core(
+                "UnloadAdapter", spb.UnloadAdapterRequest(name=name), 10.0, [t for t in targets if t[0] in verdict.undo]
+            )
+            error = undo_failed(error, undone)
+        raise error
 
     async def unload_adapter(self, name: str) -> None:
-        """The core's UnloadAdapter.
+        """UnloadAdapter on every core the gateway knows; it stands when a core unregistered
+        the adapter and none refused (gateways.common.adapter_admin).
 
         Raises:
-            GatewayError: the core's refusal (FAILED_PRECONDITION, NOT_FOUND) or UNAVAILABLE.
+            GatewayError: the refusal (FAILED_PRECONDITION: management off), naming the cores
+                when they differ; NOT_FOUND when no reachable core holds it; UNAVAILABLE when
+                no core can be reached.
         """
+        replies = await self._each_core("UnloadAdapter", spb.UnloadAdapterRequest(name=name), 10.0)
+        error = unload_error(name, replies)
+        if error is not None:
+            raise error
+
+    async def _management_targets(self) -> list[tuple[str, Any]]:
+        """(address, stub) of every core management calls reach: the cores of `--routing
+        prefix`, else each address the target lists or its `dns:` name resolves to now (a
+        channel of its own per core), else the balanced channel (a target whose cores only
+        grpc's resolver knows, or a single address)."""
+        if self._cores:
+            return [(c.address, c.stub) for c in self._cores]
+        addresses = listed_addresses(self.target)
+        if addresses is None:
+            try:
+                dns = dns_name(self.target)
+            except ValueError:
+                dns = None
+            if dns is not None:
+                addresses = await self._resolve(*dns)
+        if not addresses or len(addresses) == 1:
+            return [(self.address, self.stub)]
+        targets = []
+        for address in addresses:
+            stub = self._management_stubs.get(address)
+            if stub is None:
+                channel = self._make_channel(
+                    [*self._options, ("grpc.service_config", balanced_service_config())], address_target(address)
+                )
+                self._management_channels.append(channel)
+                stub = self._management_stubs[address] = spb_grpc.GenerateServiceStub(channel)
+            targets.append((address, stub))
+        return targets
+
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        """The `host:port` of every address `host` resolves to ([] when the lookup fails)."""
         try:
-            await self.stub.UnloadAdapter(spb.UnloadAdapterRequest(name=name), timeout=10, metadata=self.metadata)
-        except grpc.RpcError as e:
-            raise GatewayError.from_rpc_error(e) from None
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as e:
+            log.warning("looking up %s for adapter management failed: %s", host, e)
+            return []
+        addresses = []
+        for family, _, _, _, sockaddr in infos:
+            ip = str(sockaddr[0])
+            address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+            if address not in addresses:
+                addresses.append(address)
+        return addresses
+
+    async def _each_core(
+        self, method: str, request: Any, deadline_s: float, targets: list[tuple[str, Any]] | None = None
+    ) -> list[CoreReply[Any]]:
+        """Call `method` with `request` on every core of `targets` (default: every core
+        management reaches) at once, each call with a deadline of `deadline_s` seconds; one
+        CoreReply per core, in their order."""
+        if targets is None:
+            targets = await self._management_targets()
+
+        async def call(address: str, stub: Any) -> CoreReply[Any]:
+            try:
+                reply = await getattr(stub, method)(request, timeout=deadline_s, metadata=self.metadata)
+            except grpc.RpcError as e:
+                return CoreReply(address, error=GatewayError.from_rpc_error(e))
+            return CoreReply(address, value=reply)
+
+        return list(await asyncio.gather(*(call(address, stub) for address, stub in targets)))
 
     def drain(self) -> None:
         """The gateway stops (gateways.common.drain): `serving()` is False from now on."""

@@ -1,5 +1,6 @@
 """DJL-Serving's adapter management routes on the LMI gateway (docs.djl.ai, "DJL Serving
-Adapters Management API"), over the core's ListAdapters, LoadAdapter and UnloadAdapter:
+Adapters Management API"), over the cores' ListAdapters, LoadAdapter and UnloadAdapter (every
+core the gateway knows: gateways.common.adapter_admin):
 
 - `GET /models/{model_name}/adapters` (`limit`, default 100, and `next_page_token`, an
   offset): `{"adapters": [{"name", "src"}], "nextPageToken"?}`;

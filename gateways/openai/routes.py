@@ -145,9 +145,10 @@ async def retrieve_model(request: web.Request) -> web.Response:
 
 
 async def load_lora_adapter(request: web.Request) -> web.Response:
-    """`POST /v1/load_lora_adapter` `{"lora_name", "lora_path"}` (vLLM's route): 200 with vLLM's
-    success text, or the core's refusal in OpenAI's error shape (400 while management is off
-    or for a bad adapter, 404 for a path without one, 409 for a name taken)."""
+    """`POST /v1/load_lora_adapter` `{"lora_name", "lora_path"}` (vLLM's route), on every core
+    (gateways.common.adapter_admin): 200 with vLLM's success text, or the refusal in OpenAI's
+    error shape (400 while management is off or for a bad adapter, 404 for a path without one,
+    409 for a name taken)."""
     try:
         name, path = translate.adapter_request(await read_json(request, json_only=True), load=True)
         await core_client(request).load_adapter(name, path)

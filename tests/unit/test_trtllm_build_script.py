@@ -420,6 +420,15 @@ def test_dry_run_lora_flags(tools, hf_dir, tmp_path, capsys):
     assert build.endswith("--lora_plugin float16 --lora_target_modules attn_q attn_k --max_lora_rank 16")
 
 
+def test_lora_module_table_is_the_core_s():
+    """The build accepts exactly the modules the core converts at registration."""
+    from core.engine.trtllm.lora import HF_TO_TRTLLM, MODULE_IDS
+
+    assert script.HF_LORA_MODULES is HF_TO_TRTLLM
+    assert script.LORA_MODULES == tuple(MODULE_IDS)
+    assert "c_attn" not in HF_TO_TRTLLM
+
+
 @pytest.mark.parametrize(
     "prepare, extra, message",
     [
@@ -432,6 +441,8 @@ def test_dry_run_lora_flags(tools, hf_dir, tmp_path, capsys):
         (None, ["--lora-plugin", "auto"], "no modules to adapt"),
         (None, ["--lora-dir", "{wide}", "--max-lora-rank", "4"], "--max-lora-rank 4: must be >= 1"),
         (None, ["--lora-dir", "{odd}"], "module 'embed_tokens' has no TensorRT-LLM LoRA module"),
+        # QWen v1's fused c_attn: the core could not register the adapter (HF_TO_TRTLLM).
+        (None, ["--lora-dir", "{fused}"], "module 'c_attn' has no TensorRT-LLM LoRA module"),
         (None, ["--lora-dir", "{wide}", "--lora-target-modules", "attn_q"], "lacks attn_v"),
     ],
 )
@@ -439,7 +450,11 @@ def test_lora_inputs_are_checked(tools, hf_dir, tmp_path, capsys, prepare, extra
     examples, calls = tools
     if prepare is not None:
         prepare(hf_dir)
-    dirs = {"wide": _peft_dir(tmp_path / "wide", rank=8), "odd": _peft_dir(tmp_path / "odd", targets=("embed_tokens",))}
+    dirs = {
+        "wide": _peft_dir(tmp_path / "wide", rank=8),
+        "odd": _peft_dir(tmp_path / "odd", targets=("embed_tokens",)),
+        "fused": _peft_dir(tmp_path / "fused", targets=("c_attn",)),
+    }
     extra = [e.format(**dirs) for e in extra]
     assert script.main(args(hf_dir, tmp_path / "out", examples, *extra)) == 2
     assert message in capsys.readouterr().err

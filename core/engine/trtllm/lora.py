@@ -46,8 +46,15 @@ MODULE_IDS: dict[str, int] = {
     "mlp_4h_to_h": 6,
     "mlp_gate": 7,
 }
-#: `hf_modules_to_trtllm_modules` (tensorrt_llm/lora_manager.py), the modules of the decoder
-#: families whose builds take `--lora_plugin` (Llama, Mistral, Qwen, GPT-2's c_fc/c_proj...).
+#: Hugging Face module name -> TensorRT-LLM LoRA module: `hf_modules_to_trtllm_modules` of
+#: TensorRT-LLM's examples/hf_lora_convert.py (the converter this module's layout follows;
+#: 0.11 to 1.2), less its MoE entries and `gate_up_proj` (a fused module whose B halves that
+#: converter swaps). The same names as `get_default_trtllm_modules_to_hf_modules`
+#: (tensorrt_llm/lora_manager.py) plus GPT's `c_fc` / `c_proj` (tensorrt_llm/models/gpt/model.py,
+#: `GPTForCausalLM.trtllm_modules_to_hf_modules`). There is no `c_attn`: only QWen v1 maps it
+#: (tensorrt_llm/models/qwen/model.py, qwen_type "qwen", whose `attn.c_proj` is attn_dense
+#: where this table's `c_proj` is mlp_4h_to_h), and GPT's builds refuse it. The engine build
+#: script (scripts/build_trtllm_engine.py) uses this table too.
 HF_TO_TRTLLM: dict[str, str] = {
     "q_proj": "attn_q",
     "k_proj": "attn_k",

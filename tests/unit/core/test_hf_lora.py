@@ -94,13 +94,14 @@ def test_the_adapters_change_the_output(expected):
     assert expected["qv"] != expected["all"]
 
 
-@pytest.mark.parametrize("max_loras", [4, 1])
+@pytest.mark.parametrize(("max_loras", "max_lora_rank"), [(4, 16), (1, 16), (4, 128)])
 async def test_greedy_tokens_equal_the_merged_model_alone_and_mixed(
-    tiny_model_dir, tokenizer, adapters, expected, max_loras
+    tiny_model_dir, tokenizer, adapters, expected, max_loras, max_lora_rank
 ):
     """With 4 slots every adapter stays resident; with 1 the adapters take turns in the slot
-    (requests wait for it), and the base model's requests run alongside."""
-    e = await engine_with(tiny_model_dir, tokenizer, adapters, max_loras=max_loras)
+    (requests wait for it), and the base model's requests run alongside. Mixed steps are
+    stacked (ranks x slots <= hf_lora.STACKED_COLUMNS) or, with rank 128, grouped."""
+    e = await engine_with(tiny_model_dir, tokenizer, adapters, max_loras=max_loras, max_lora_rank=max_lora_rank)
     try:
         for name in ["", *adapters]:  # alone, one request at a time (each prompt cached after the first)
             for i, prompt in enumerate(PROMPTS):

@@ -10,6 +10,7 @@ import pytest
 from core.engine.base import OutputStream
 from core.engine.mock import MockEngine
 from core.errors import Overloaded
+from core.lora import AdapterSpec
 from core.types import EngineOutput, FinishReason, RequestState
 from tests.unit.core.test_mock_engine import drain, req, tokens
 
@@ -116,3 +117,23 @@ async def test_a_preempted_request_cancelled_while_it_waits_ends_cancelled(bpe_t
         high.close()
     finally:
         await e.shutdown()
+
+
+async def test_a_preempted_request_gives_up_its_adapter_slot_and_takes_one_again(bpe_tokenizer):
+    """With one adapter slot, a high-priority request with another adapter preempts the running
+    one, evicts its idle adapter, and the preempted request reloads it and continues exactly."""
+    e = await engine_of(bpe_tokenizer, scheduling_policy="priority", max_loras=1)
+    try:
+        for name in ("a", "b"):
+            await e.load_adapter(AdapterSpec(name, f"/adapters/{name}", 8, 2.0, ("q_proj",)))
+        alone = tokens(await drain(e.generate(req("alone", max_new=30, adapter="a"))))
+        low = e.generate(req("low", max_new=30, adapter="a"))
+        first = await until_tokens(low, 3)
+        high = await drain(e.generate(req("high", [1, 700], max_new=3, priority=-1, adapter="b")))
+        rest = await drain(low)
+    finally:
+        await e.shutdown()
+    outs = first + rest
+    assert tokens(outs) == alone
+    assert sum(o.preempted for o in outs) == 1
+    assert high[-1].finished and len(tokens(high)) == 3 and high[-1].time < outs[-1].time
