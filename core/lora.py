@@ -123,10 +123,14 @@ class AdapterSlots(Generic[W]):
 
     Args:
         max_loras: slots (> 0).
+
+    Attributes:
+        loads: adapters placed into a slot since start (each a miss: a load of its weights).
     """
 
     def __init__(self, max_loras: int):
         self.max_loras = max_loras
+        self.loads = 0
         self.slots: list[W | None] = [None] * max_loras
         self._lru: collections.OrderedDict[int, None] = collections.OrderedDict((s, None) for s in range(max_loras))
 
@@ -153,6 +157,7 @@ class AdapterSlots(Generic[W]):
                 return None
             slot = idle[0]
             self._place(slot, adapter)
+            self.loads += 1
         self._lru.move_to_end(slot)
         return slot
 

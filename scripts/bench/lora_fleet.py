@@ -8,12 +8,12 @@ requests. A closed loop of `--streams` clients sends `--requests` completions (8
 EOS never drawn), each for an adapter drawn at random (seeded): `uniform` over the six, and
 `skewed` with weights 8, 4, 2, 1, 1, 1 (one adapter gets 47 % of the requests).
 
-Residency: the mock engine serves every registered adapter from memory, so which adapters a
-core would hold is replayed from what it was given, in arrival order, under the HF engine's rule
-(core.engine.hf_lora: `--max-loras` slots, the least recently used adapter evicted for a new
-one). A request **hits** when its adapter is among the two its core most recently served
-before it; the first request for each adapter on each core is a miss. Also reported: on how
-many cores each adapter was served, and the busiest core's share of the requests.
+Residency: each mock core keeps its adapters in `--max-loras` slots under the HF engine's rule
+(core.lora.AdapterSlots: the least recently used idle adapter evicted for a new one, a request
+waiting when every slot runs another adapter). A request **hits** when its adapter was in a slot
+of its core when it was admitted; each placement into a slot (`AdapterSlots.loads`) is a miss,
+and the first request for each adapter on each core is one. Also reported: on how many cores
+each adapter was served, and the busiest core's share of the requests.
 
 Usage: python scripts/bench/lora_fleet.py [--model models/demo] [--requests 600] [--streams 12]
            [--json out.json]
@@ -72,19 +72,6 @@ def watch(core: CoreServer) -> list[str]:
     return seen
 
 
-def hits(arrivals: list[str], slots: int) -> int:
-    """Requests whose adapter was among the `slots` most recently served before them."""
-    held: collections.OrderedDict[str, None] = collections.OrderedDict()
-    count = 0
-    for name in arrivals:
-        count += name in held
-        held[name] = None
-        held.move_to_end(name)
-        while len(held) > slots:
-            held.popitem(last=False)
-    return count
-
-
 async def run(model: str, modules: tuple[tuple[str, str], ...], routing: str, workload: str, args) -> dict:
     """One setup: fresh cores and gateway, the closed loop, the figures."""
     cores = []
@@ -115,6 +102,7 @@ async def run(model: str, modules: tuple[tuple[str, str], ...], routing: str, wo
                 assert r.status == 200, await r.text()
             for s in seen:
                 s.clear()
+            loads = [c.engine._slots.loads for c in cores]
             queue = iter(enumerate(draws))
 
             async def client() -> None:
@@ -130,13 +118,14 @@ async def run(model: str, modules: tuple[tuple[str, str], ...], routing: str, wo
         for c in cores:
             await c.stop(0)
     served = sum(len(s) for s in seen)
+    misses = sum(c.engine._slots.loads for c in cores) - sum(loads)
     where = collections.defaultdict(set)
     for i, s in enumerate(seen):
         for name in s:
             where[name].add(i)
     return {
         "requests": served,
-        "resident_share": round(sum(hits(s, SLOTS) for s in seen) / served, 4),
+        "resident_share": round(1 - misses / served, 4),
         "cores_per_adapter": {name: len(where[name]) for name in ADAPTERS},
         "busiest_core_share": round(max(len(s) for s in seen) / served, 3),
     }

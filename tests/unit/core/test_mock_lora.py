@@ -63,6 +63,7 @@ def test_slots_fill_free_ones_then_evict_the_least_recently_used_idle_one():
     assert slots.assign("b", busy={0}) == 1  # a's slot is busy: c's goes
     assert slots.assign("d", busy={0, 1}) is None  # every slot runs another adapter
     assert slots.slot_of("d") is None
+    assert slots.loads == 4  # a, b, c, b again: a resident adapter and a refusal load nothing
 
 
 def test_forgetting_frees_an_idle_slot_only():
