@@ -124,11 +124,11 @@ def tracing_middleware(tracing: GatewayTracing) -> Middleware:
         ) as span:
             try:
                 response = await handler(request)
-            except web.HTTPException as e:
+            except web.HTTPException as e:  # below 400: the error middleware lets it through
                 _status(span, e.status)
                 raise
-            except BaseException:
-                span.set_status(Status(StatusCode.ERROR, "the handler failed"))
+            except Exception as e:  # after its response started (the error middleware answers the rest)
+                span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
                 raise
             _status(span, response.status)
             return response

@@ -262,3 +262,21 @@ async def test_a_refused_request_has_status_error(stacks, receiver, case, path):
         assert span.attributes["error.type"] == "INVALID_ARGUMENT"
     if CASES[case][0] != "ws":
         assert root.attributes["http.response.status_code"] == status
+
+
+async def test_a_prompt_its_socket_gives_up_ends_its_spans_without_error(stacks, receiver):
+    """A WebSocket closed while its prompt decodes: the prompt's span ends with the socket, and
+    the core's, whose request is cancelled, says so in its finish reason, not as an error."""
+    receiver.spans.clear()
+    body = {"prompts": [{"request_id": "long", "prompt": "Hello"}], "generation_config": {"max_new_tokens": 500}}
+    async with connect(ws_url(stacks["multiplex"]["ws"])) as sock:
+        await sock.send(json.dumps(body))
+        while not any(e.get("type") == "PROGRESS" for e in json.loads(await sock.recv())):
+            pass
+    spans = await receiver.wait_for(2 + len(STAGES))
+    root = check_connected(spans)
+    core = core_span(spans)
+    assert root.name == "/ws prompt" and core.parent_id == root.span_id
+    assert not root.error and not core.error
+    assert core.attributes["gen_ai.response.finish_reasons"] == ["cancelled"]
+    assert 0 < core.attributes["gen_ai.usage.output_tokens"] < 500
