@@ -67,10 +67,14 @@ class CoreTracing:
         self.tracer = tracing.tracer
         self.served_model = served_model
 
-    def begin(self, traceparent: str) -> RequestTrace:
+    def begin(self, traceparent: str) -> RequestTrace | None:
         """A request was received now; `traceparent` is its caller's span ("" or one that does
-        not parse: a trace of its own)."""
-        return RequestTrace(self, parent_context(traceparent), time.monotonic())
+        not parse: a trace of its own). None when the caller did not sample its trace: the
+        sampler (ParentBased) would record nothing of it, so nothing is made."""
+        parent = parent_context(traceparent)
+        if parent is not None and not trace.get_current_span(parent).get_span_context().trace_flags.sampled:
+            return None
+        return RequestTrace(self, parent, time.monotonic())
 
 
 def traceparent_metadata(metadata: Iterable[tuple[str, Any]] | None) -> str:
