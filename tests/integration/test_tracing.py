@@ -21,9 +21,12 @@ import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
+from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
+from core.server import CoreServer
 from core.service import GenerateServicer
+from tests.integration.core_helpers import generate, request
 from tests.integration.gateway_helpers import ws_url
 from tests.integration.otlp_receiver import ReceivedSpan, Receiver
 
@@ -109,12 +112,18 @@ async def _no_multiplex(self: Any, request_iterator: Any, context: grpc.aio.Serv
 
 
 @pytest_asyncio.fixture(scope="module")
-async def stacks(start_mock_core, start_gateway, receiver, unsampled_receiver) -> dict[str, dict[str, str]]:
+async def traced_core(start_mock_core, receiver) -> CoreServer:
+    return await start_mock_core(otlp_traces_endpoint=receiver.url)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def stacks(
+    start_mock_core, start_gateway, traced_core, receiver, unsampled_receiver
+) -> dict[str, dict[str, str]]:
     """Gateways by path: "multiplex" (a traced core), "generate" (a traced core without
     MultiplexGenerate, so each request is a Generate call) and "unsampled" (gateways at ratio
     0 in front of a core at ratio 1, all exporting to `unsampled_receiver`)."""
-    url = receiver.url
-    core = await start_mock_core(otlp_traces_endpoint=url)
+    url, core = receiver.url, traced_core
     original = GenerateServicer.MultiplexGenerate
     GenerateServicer.MultiplexGenerate = _no_multiplex  # type: ignore[method-assign,assignment]
     try:
@@ -280,3 +289,24 @@ async def test_a_prompt_its_socket_gives_up_ends_its_spans_without_error(stacks,
     assert not root.error and not core.error
     assert core.attributes["gen_ai.response.finish_reasons"] == ["cancelled"]
     assert 0 < core.attributes["gen_ai.usage.output_tokens"] < 500
+
+
+@pytest.mark.parametrize("how", ["metadata", "field"])
+async def test_a_grpc_client_of_the_core_passes_its_traceparent_either_way(traced_core, receiver, how):
+    """Generate continues the `traceparent` of the call's metadata or of the request's
+    `trace_context` field (the one MultiplexGenerate starts use)."""
+    receiver.spans.clear()
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    traceparent = f"00-{trace_id}-{span_id}-01"
+    body = {"text": "Hello", "stopping": {"max_new_tokens": 4}}
+    async with grpc.aio.insecure_channel(traced_core.address) as channel:
+        stub = spb_grpc.GenerateServiceStub(channel)
+        if how == "field":
+            msgs = await generate(stub, {**body, "trace_context": traceparent})
+        else:
+            msgs = [m async for m in stub.Generate(request(body), metadata=(("traceparent", traceparent),))]
+    assert msgs[-1].HasField("usage")
+    spans = await receiver.wait_for(1 + len(STAGES))
+    root = check_connected(spans, parent=span_id)
+    assert root.trace_id == trace_id and root.service == "trellis-core"
+    assert {s.name for s in spans if s is not root} == STAGES
