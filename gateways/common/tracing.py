@@ -19,6 +19,8 @@ unset), and a core call that ended with an error other than the client's own can
 error's reason (the core's, core.errors, or the gateway's own) as `error.type` and first word of
 the description.
 
+Health probes and metrics scrapes (`HEALTH_PATHS`, `/metrics`) get no span.
+
 With tracing off the app holds no `GatewayTracing`, no middleware is added, and a core call
 carries no span: a request costs nothing more.
 """
@@ -31,6 +33,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from gateways.common.auth import HEALTH_PATHS
 from gateways.common.config import GatewayConfig
 from gateways.common.status import GatewayError
 from oteltrace import TRACEPARENT, Tracing, parent_context, resolve_tracing, start_tracing
@@ -39,6 +42,10 @@ __all__ = ["TRACING_KEY", "GatewayTracing", "call_failed", "gateway_tracing", "t
 
 #: Spans' instrumentation scope.
 SCOPE = "trellis.gateway"
+
+#: Routes that get no span: probes and scrapes, which come every few seconds and say nothing of
+#: a request's path.
+UNTRACED = HEALTH_PATHS | {"/metrics"}
 
 #: The parent context of a WebSocket's prompts: the upgrade request's `traceparent`, if any.
 UPGRADE_PARENT = web.RequestKey("trellis_trace_parent", Context)
@@ -106,6 +113,8 @@ def tracing_middleware(tracing: GatewayTracing) -> Middleware:
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in UNTRACED:
+            return await handler(request)
         parent = parent_context(request.headers.get(TRACEPARENT, ""))
         if request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
             if parent is not None:

@@ -1,7 +1,7 @@
 """The gateway's request span (gateways.common.tracing.tracing_middleware) around handlers that
 answer, fail or redirect, on a real aiohttp server on loopback, exported to a real OTLP/HTTP
-receiver: its name, route and status attributes, and status ERROR for a 5xx answer or a handler
-that fails after its response started."""
+receiver: its name, route and status attributes, status ERROR for a 5xx answer or a handler that
+fails after its response started, and no span for probes and scrapes."""
 
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ async def served() -> AsyncIterator[tuple[str, Receiver, GatewayTracing]]:
     app.router.add_get("/unavailable", unavailable)
     app.router.add_get("/broken", broken)
     app.router.add_get("/moved", moved)
+    app.router.add_get("/health", ok)
+    app.router.add_get("/metrics", ok)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -79,3 +81,13 @@ async def test_the_request_span_names_its_route_and_status(served, path, route, 
     assert span.attributes["http.route"] == route and span.attributes["url.path"] == path
     assert span.attributes.get("http.response.status_code") == status
     assert span.error == bool(error) and span.status_message == error
+
+
+async def test_probes_and_scrapes_get_no_span(served):
+    base, receiver, tracing = served
+    async with aiohttp.ClientSession() as http:
+        for path in ("/health", "/metrics", "/items/b"):
+            async with http.get(base + path) as r:
+                assert r.status == 200
+    await asyncio.to_thread(tracing.shutdown)
+    assert [s.attributes["url.path"] for s in await receiver.wait_for(1)] == ["/items/b"]
