@@ -142,7 +142,7 @@ class CallOutput:
     def _give_up(self, job: Job, error: SlowReader) -> None:
         if job.done:  # it ended meanwhile (finish() set its own end)
             return
-        job.cancel()
+        job.cancel(error)
         job.p.metrics.slow_reader_cancels += 1
         self.pending = []
         self.ended = True
@@ -186,7 +186,8 @@ class _Preparing:
         self.task = task
         self.request_id = request_id
 
-    def cancel(self) -> None:
+    def cancel(self, error: CoreError | None = None) -> None:
+        """Drop the preparation (`error`: as Job.cancel's; a request not started has no spans)."""
         self.task.cancel()
 
 
@@ -431,7 +432,7 @@ class MultiplexSession:
         """Cancel every open request with `error` as its terminal status."""
         jobs, self.jobs = self.jobs, {}
         for rid, job in jobs.items():
-            job.cancel()
+            job.cancel(error)
             self.pipeline.metrics.slow_reader_cancels += 1
             self._status(rid, job.request_id, error)
 

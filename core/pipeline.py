@@ -500,13 +500,14 @@ class Job:
             self._timer = loop.call_at(loop.time() + prep.deadline - time.monotonic(), self._expire)
         self._stream.attach(self._on_engine_output)
 
-    def cancel(self) -> None:
-        """The consumer went away: abort the engine request (no more deliveries)."""
+    def cancel(self, error: CoreError | None = None) -> None:
+        """The consumer went away, or gives the request up with `error` (SLOW_READER): abort
+        the engine request (no more deliveries)."""
         if self.done:
             return
         self.done = True
         self._stop(failed=False)
-        self._count(FinishReason.CANCELLED.value)
+        self._count(FinishReason.CANCELLED.value, error)
 
     def _expire(self) -> None:
         """The time limit is spent while waiting (queued, or a slow step)."""

@@ -310,3 +310,29 @@ async def test_a_grpc_client_of_the_core_passes_its_traceparent_either_way(trace
     root = check_connected(spans, parent=span_id)
     assert root.trace_id == trace_id and root.service == "trellis-core"
     assert {s.name for s in spans if s is not root} == STAGES
+
+
+async def test_a_request_cancelled_for_a_slow_reader_has_status_error(start_mock_core, receiver):
+    """A Generate call whose client reads nothing is cancelled at the stream's bound
+    (SLOW_READER): its span says so, with status ERROR, though the core counts it cancelled."""
+    core = await start_mock_core(
+        mock_step_ms=0.0,
+        mock_context_length=8192,
+        max_queued_messages_per_stream=64,
+        slow_reader_timeout=0,
+        otlp_traces_endpoint=receiver.url,
+    )
+    receiver.spans.clear()
+    body = {
+        "text": "Hello",
+        "stopping": {"max_new_tokens": 3000},
+        "output": {"tokens": True, "logprobs": True, "top_logprobs": 20},
+    }
+    # A client that reads nothing: its HTTP/2 window stays at 64 KiB.
+    async with grpc.aio.insecure_channel(core.address, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+        call = spb_grpc.GenerateServiceStub(channel).Generate(request(body))
+        spans = await receiver.wait_for(1 + len(STAGES))
+        call.cancel()
+    root = check_connected(spans)
+    assert root.error and root.attributes["error.type"] == "SLOW_READER"
+    assert root.attributes["gen_ai.response.finish_reasons"] == ["cancelled"]
