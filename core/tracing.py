@@ -24,8 +24,9 @@ temperature and top_p where the request sets them, gen_ai.usage.input_tokens and
 output_tokens, gen_ai.response.finish_reasons, gen_ai.response.id (the request id), and
 gen_ai.server.time_to_first_token (seconds from admission to the first token, as the TTFT
 histogram of core.metrics). A request that fails has status ERROR with the core's reason
-(core.errors) as its description's first word and as `error.type`; a cancelled one (its caller
-went away) keeps status UNSET, finish reason "cancelled".
+(core.errors) as its description's first word and as `error.type`; a cancelled one keeps
+status UNSET, finish reason "cancelled", when its caller went away, and has status ERROR when
+the core gave it up (SLOW_READER).
 """
 
 from __future__ import annotations
