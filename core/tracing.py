@@ -111,9 +111,9 @@ class RequestTrace:
             if stop.max_new_tokens is not None:
                 attributes["gen_ai.request.max_tokens"] = stop.max_new_tokens
             if s.temperature is not None:
-                attributes["gen_ai.request.temperature"] = s.temperature
+                attributes["gen_ai.request.temperature"] = _float32(s.temperature)
             if s.top_p is not None:
-                attributes["gen_ai.request.top_p"] = s.top_p
+                attributes["gen_ai.request.top_p"] = _float32(s.top_p)
         return self._owner.tracer.start_span(
             f"{op} {model}",
             context=self._parent,
@@ -194,6 +194,12 @@ def _ns(monotonic: float, offset: int) -> int:
     """A time.monotonic() instant as nanoseconds since the epoch (`offset`: time.time_ns() less
     time.monotonic_ns(), read once per request)."""
     return int(monotonic * 1e9) + offset
+
+
+def _float32(value: float) -> float:
+    """A proto `float` (float32) field's value as the client wrote it: 0.7, not 0.699999988
+    (7 significant digits, float32's precision)."""
+    return float(f"{value:.7g}")
 
 
 def _fail(span: trace.Span, error: CoreError) -> None:

@@ -41,13 +41,19 @@ CASES: dict[str, tuple[str, str, dict[str, Any], dict[str, Any]]] = {
     "openai-chat": (
         "openai",
         "/v1/chat/completions",
-        {"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "stream": True},
+        {
+            "model": "mock",
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 8,
+            "stream": True,
+            "top_p": 0.9,
+        },
         {"model": "mock", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "top_p": 5},
     ),
     "openai-completions": (
         "openai",
         "/v1/completions",
-        {"model": "mock", "prompt": "Hello", "max_tokens": 8, "stream": True, "temperature": 0.5},
+        {"model": "mock", "prompt": "Hello", "max_tokens": 8, "stream": True, "temperature": 0.7},
         {"model": "mock", "prompt": "Hello", "max_tokens": 8, "top_p": 5},
     ),
     "openai-responses": (
@@ -219,7 +225,9 @@ async def test_one_request_is_one_connected_trace(stacks, receiver, case, path):
     chat = case in ("openai-chat", "openai-messages", "openai-responses")
     assert a["gen_ai.operation.name"] == ("chat" if chat else "text_completion")
     if case == "openai-completions":
-        assert a["gen_ai.request.temperature"] == 0.5
+        assert a["gen_ai.request.temperature"] == 0.7 and "gen_ai.request.top_p" not in a
+    if case == "openai-chat":
+        assert a["gen_ai.request.top_p"] == 0.9
     [decode] = [s for s in stages if s.name == "decode"]
     events = {name: attrs for name, _, attrs in decode.events}
     assert set(events) == {"gen_ai.first_token", "gen_ai.finish"}
