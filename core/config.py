@@ -20,6 +20,7 @@ from core.lora import MAX_LORA_RANK, MAX_LORAS, parse_lora_module
 from core.scheduling import POLICIES
 from envflags import EnvArgumentParser, ListAction, comma_list
 from envflags.tls import add_server_tls_arguments
+from oteltrace import add_tracing_arguments, resolve_tracing
 
 ENV_PREFIX = "TRELLIS_CORE_"
 
@@ -159,6 +160,9 @@ class CoreConfig:
     max_loras: int = MAX_LORAS
     max_lora_rank: int = MAX_LORA_RANK
     enable_lora_management: bool = False
+    # OpenTelemetry traces (core.tracing; flags, variables and rules: oteltrace): "" exports none.
+    otlp_traces_endpoint: str = ""
+    otlp_traces_sample_ratio: float | None = None
     # TensorRT-LLM executor options (ignored by other engines).
     trt_max_num_tokens: int = 0
     trt_kv_cache_free_gpu_memory_fraction: float = 0.9
@@ -447,6 +451,7 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "docs/fleet.md)",
     )
     add_server_tls_arguments(p, serves="gRPC over TLS", label="TLS")
+    add_tracing_arguments(p)
     p.add_argument(
         "--guide-cache-size",
         type=int,
@@ -592,7 +597,12 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         SystemExit: on a usage error (argparse prints the message).
     """
     environ = os.environ if environ is None else environ
-    ns = vars(build_parser(environ).parse_args(argv))
+    parser = build_parser(environ)
+    ns = vars(parser.parse_args(argv))
+    try:
+        resolve_tracing(ns["otlp_traces_endpoint"], ns["otlp_traces_sample_ratio"], environ)
+    except ValueError as e:
+        parser.error(str(e))
     ns["api_key"] = tuple(ns["api_key"])
     ns["tenant_weight"] = tuple(ns["tenant_weight"])
     ns["lora_modules"] = tuple(ns["lora_modules"])

@@ -33,6 +33,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from core import convert
 from core.errors import CoreError, EngineFailure, InvalidArgument, NotReady, Overloaded, SlowReader
 from core.pipeline import Job, RequestPipeline
+from core.tracing import CoreTracing, RequestTrace
 from core.types import GenerationRequest, ResponseDelta
 from core.wire import Malformed
 
@@ -141,7 +142,7 @@ class CallOutput:
     def _give_up(self, job: Job, error: SlowReader) -> None:
         if job.done:  # it ended meanwhile (finish() set its own end)
             return
-        job.cancel()
+        job.cancel(error)
         job.p.metrics.slow_reader_cancels += 1
         self.pending = []
         self.ended = True
@@ -185,7 +186,8 @@ class _Preparing:
         self.task = task
         self.request_id = request_id
 
-    def cancel(self) -> None:
+    def cancel(self, error: CoreError | None = None) -> None:
+        """Drop the preparation (`error`: as Job.cancel's; a request not started has no spans)."""
         self.task.cancel()
 
 
@@ -207,6 +209,8 @@ class MultiplexSession:
         caller: the identity of the stream's API key ("" without keys; it scopes sessions).
         tenant: the tenant every request of the stream is served for (the name of the call's
             API key), or None: each request's own `tenant` field.
+        tracing: makes each request's spans, continuing its `trace_context` (core.tracing);
+            None: tracing is off.
 
     Attributes:
         queued: GenerateResponses and Steps entries produced and not yet handed to gRPC.
@@ -221,8 +225,10 @@ class MultiplexSession:
         bounds: StreamBounds | None = None,
         caller: str = "",
         tenant: str | None = None,
+        tracing: CoreTracing | None = None,
     ):
         self.pipeline = pipeline
+        self.tracing = tracing
         self.caller = caller
         self.tenant = tenant
         self.context = context
@@ -327,6 +333,8 @@ class MultiplexSession:
 
     def _start(self, rid: int, request: spb.GenerateRequest, steps: bool) -> None:
         request_id = request.request_id or uuid.uuid4().hex
+        trace = None if self.tracing is None else self.tracing.begin(request.trace_context)
+        req = None
         try:
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
@@ -337,11 +345,13 @@ class MultiplexSession:
                 raise self._slow
             req = convert.to_generation_request(request, request_id, self.caller, self.tenant)
             if self.pipeline.tokenizes_off_loop(req):
-                task = self._start_off_loop(rid, request_id, req, steps)
+                task = self._start_off_loop(rid, request_id, req, steps, trace)
                 self.jobs[rid] = _Preparing(asyncio.create_task(task), request_id)
                 return
-            job = self.pipeline.start(self.pipeline.prepare(req), self, rid, steps)
+            job = self.pipeline.start(self.pipeline.prepare(req), self, rid, steps, trace)
         except CoreError as e:
+            if trace is not None:
+                trace.refused(e, req)
             self._status(rid, request_id, e)
             return
         except Exception:
@@ -352,7 +362,9 @@ class MultiplexSession:
         if not job.done:
             self.jobs[rid] = job
 
-    async def _start_off_loop(self, rid: int, request_id: str, req: GenerationRequest, steps: bool) -> None:
+    async def _start_off_loop(
+        self, rid: int, request_id: str, req: GenerationRequest, steps: bool, trace: RequestTrace | None
+    ) -> None:
         """Start a request whose long prompt is tokenized off the event loop; the other
         requests of the stream are started and streamed meanwhile. A cancel while it is
         prepared cancels this task (the tokenization's result is dropped)."""
@@ -362,9 +374,11 @@ class MultiplexSession:
                 self.pipeline.discard(prep)
                 return
             del self.jobs[rid]
-            job = self.pipeline.start(prep, self, rid, steps)
+            job = self.pipeline.start(prep, self, rid, steps, trace)
         except CoreError as e:
             self.jobs.pop(rid, None)
+            if trace is not None:
+                trace.refused(e, req)
             self._status(rid, request_id, e)
             return
         except Exception:
@@ -418,7 +432,7 @@ class MultiplexSession:
         """Cancel every open request with `error` as its terminal status."""
         jobs, self.jobs = self.jobs, {}
         for rid, job in jobs.items():
-            job.cancel()
+            job.cancel(error)
             self.pipeline.metrics.slow_reader_cancels += 1
             self._status(rid, job.request_id, error)
 

@@ -25,7 +25,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from core.detokenize import ByteDetokenizer, Detokenizer, IncrementalDetokenizer
 from core.engine.base import Engine, OutputStream
@@ -66,6 +66,9 @@ from core.validation import (
     validate_request,
 )
 from logclip import clip
+
+if TYPE_CHECKING:
+    from core.tracing import RequestTrace
 
 log = logging.getLogger(__name__)
 
@@ -341,17 +344,26 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ run
 
-    def start(self, prep: PreparedRequest, consumer: Consumer, tag: int = 0, steps: bool = False) -> Job:
+    def start(
+        self,
+        prep: PreparedRequest,
+        consumer: Consumer,
+        tag: int = 0,
+        steps: bool = False,
+        trace: RequestTrace | None = None,
+    ) -> Job:
         """Submit a prepared request to the engine; its ResponseDeltas go to `consumer` as the
         engine produces them (see Job). Whatever the engine has already put (its QUEUED output)
         is delivered before this returns. `steps`: the consumer takes plain decode steps as
-        values (`Consumer.deliver_step`, MultiplexStart.steps).
+        values (`Consumer.deliver_step`, MultiplexStart.steps). `trace`: the request's spans,
+        made when the Job ends (core.tracing; None: not traced).
 
         Raises:
             CoreError: admission (Overloaded, NotReady, EngineDead, InvalidArgument); the
                 request's session is released again.
         """
         job = Job(self, prep, consumer, tag, steps)
+        job.trace = trace
         job.start()
         return job
 
@@ -420,6 +432,7 @@ class Job:
         tag: the consumer's key of this job (a MultiplexGenerate id).
         request_id: the client's request id.
         done: no more deliveries will come.
+        trace: its spans, made once it ended (core.tracing), or None.
     """
 
     def __init__(
@@ -460,6 +473,7 @@ class Job:
         self._itl = pipeline.metrics.itl
         self._stream: OutputStream | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.trace: RequestTrace | None = None
 
     def start(self) -> None:
         """Submit to the engine (see RequestPipeline.start)."""
@@ -486,13 +500,14 @@ class Job:
             self._timer = loop.call_at(loop.time() + prep.deadline - time.monotonic(), self._expire)
         self._stream.attach(self._on_engine_output)
 
-    def cancel(self) -> None:
-        """The consumer went away: abort the engine request (no more deliveries)."""
+    def cancel(self, error: CoreError | None = None) -> None:
+        """The consumer went away, or gives the request up with `error` (SLOW_READER): abort
+        the engine request (no more deliveries)."""
         if self.done:
             return
         self.done = True
         self._stop(failed=False)
-        self._count(FinishReason.CANCELLED.value)
+        self._count(FinishReason.CANCELLED.value, error)
 
     def _expire(self) -> None:
         """The time limit is spent while waiting (queued, or a slow step)."""
@@ -535,11 +550,12 @@ class Job:
     def _end(self, error: CoreError) -> None:
         self.done = True
         self._stop(failed=True)
-        self._count(FinishReason.ERROR.value)
+        self._count(FinishReason.ERROR.value, error)
         self.consumer.finish(self, error)
 
-    def _count(self, reason: str) -> None:
-        """Count the ended request for Prometheus (core.metrics), once."""
+    def _count(self, reason: str, error: CoreError | None = None) -> None:
+        """Count the ended request for Prometheus (core.metrics), once, and make its spans
+        when it is traced."""
         req = self.prep.engine_request
         scheduled = self.times.get(RequestState.SCHEDULED)
         generated = sum(s.generated for s in self.seqs)
@@ -559,6 +575,8 @@ class Job:
             generation_tokens=generated,
             now=now,
         )
+        if self.trace is not None:
+            self.trace.ended(self, reason, error)
 
     def _stop(self, *, failed: bool) -> None:
         """Release the engine request (aborted unless it finished), the timer and the session."""

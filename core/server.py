@@ -32,9 +32,11 @@ from core.sessions import SessionStore
 from core.tenants import Tenants
 from core.tls import server_credentials
 from core.tokenizer import Tokenizer
+from core.tracing import SCOPE, CoreTracing
 from core.validation import Limits, prompt_chars_bound
 from core.wire import add_generate_service
 from envflags.apikeys import ApiKeys
+from oteltrace import resolve_tracing, start_tracing
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,9 @@ class CoreServer:
         await self.engine.shutdown()
         if self.metrics is not None:
             self.metrics.stop()
+        tracing = self.servicer.tracing
+        if tracing is not None:  # the spans of the last requests go out before the process ends
+            await asyncio.to_thread(tracing.tracing.shutdown)
 
 
 def server_options(config: CoreConfig) -> list[tuple[str, int]]:
@@ -181,7 +186,12 @@ async def _listen(config: CoreConfig, engine: Engine, tokenizer: Tokenizer) -> C
     if config.metrics_require_key and not config.api_key:
         raise ValueError("--metrics-require-key needs --api-key")
     keys = ApiKeys(config.api_key) if config.api_key else None
-    servicer = GenerateServicer(pipeline, config, keys)
+    settings = resolve_tracing(config.otlp_traces_endpoint, config.otlp_traces_sample_ratio)
+    tracing = None
+    if settings is not None:
+        tracing = CoreTracing(start_tracing(settings, "trellis-core", SCOPE), config.served_model_name)
+        log.info("exporting traces to %s (sample ratio %g)", settings.endpoint, settings.ratio)
+    servicer = GenerateServicer(pipeline, config, keys, tracing)
     interceptors = [ApiKeyInterceptor(keys)] if keys is not None else []
     server = grpc.aio.server(
         interceptors=interceptors,

@@ -26,6 +26,7 @@ from core.errors import CoreError, EngineFailure, InvalidArgument, ManagementDis
 from core.lora import AdapterStatus, ServesAdapters, lora_of, read_spec, unknown_adapter
 from core.multiplex import CallOutput, MultiplexSession, StreamBounds
 from core.pipeline import RequestPipeline, merge_deltas
+from core.tracing import CoreTracing, traceparent_metadata
 from core.types import GUIDE_KINDS, EngineInfo, SamplingOptions
 from core.validation import validate_request
 from core.wire import Malformed
@@ -39,11 +40,20 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
 
     `drain()` is called on graceful shutdown: new requests then fail with UNAVAILABLE.
     With `keys` that have names (`--api-key name:key`), a call's requests are served for the
-    tenant its key names, whatever their `tenant` field says (core.tenants).
+    tenant its key names, whatever their `tenant` field says (core.tenants). With `tracing`,
+    every request's spans are exported (core.tracing), continuing the call's `traceparent`
+    metadata or the request's `trace_context`.
     """
 
-    def __init__(self, pipeline: RequestPipeline, config: CoreConfig, keys: ApiKeys | None = None):
+    def __init__(
+        self,
+        pipeline: RequestPipeline,
+        config: CoreConfig,
+        keys: ApiKeys | None = None,
+        tracing: CoreTracing | None = None,
+    ):
         self.pipeline = pipeline
+        self.tracing = tracing
         self.config = config
         self._keys = keys if keys is not None and keys.named else None
         self.draining = False
@@ -68,6 +78,11 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
         error: CoreError | None = None
         out = CallOutput(self.bounds)
         job = None
+        req = None
+        trace = None
+        if self.tracing is not None:
+            sent = "" if isinstance(request, Malformed) else request.trace_context
+            trace = self.tracing.begin(sent or traceparent_metadata(context.invocation_metadata()))
         self._generate_calls += 1
         self._idle.clear()
         try:
@@ -76,7 +91,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             if self.draining:
                 raise NotReady("The server is shutting down; retry on another replica.")
             req = convert.to_generation_request(request, request_id, self._caller(context), self.key_tenant(context))
-            job = self.pipeline.start(await self.pipeline.prepare_off_loop(req), out)
+            job = self.pipeline.start(await self.pipeline.prepare_off_loop(req), out, trace=trace)
             while True:
                 for delta in merge_deltas(await out.take()):
                     yield convert.to_response(delta, request_id)
@@ -94,6 +109,8 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             if job is not None:
                 job.cancel()
         if error is not None:
+            if trace is not None and job is None:
+                trace.refused(error, req)
             log.info("request %s: %s %s", request_id, error.code.name, error.message)
             await context.abort_with_status(error.to_status())
 
@@ -110,6 +127,7 @@ class GenerateServicer(spb_grpc.GenerateServiceServicer):
             bounds=self.bounds,
             caller=self._caller(context),
             tenant=self.key_tenant(context),
+            tracing=self.tracing,
         )
         self._sessions.add(session)
         self._idle.clear()

@@ -16,6 +16,7 @@ COPY envflags ./envflags
 COPY logclip ./logclip
 COPY servegc ./servegc
 COPY servestop ./servestop
+COPY oteltrace ./oteltrace
 COPY core ./core
 COPY gateways ./gateways
 COPY gen ./gen

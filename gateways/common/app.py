@@ -47,6 +47,7 @@ from gateways.common.metrics import add_metrics, metrics_middleware
 from gateways.common.openapi import OPENAPI_PATH, add_openapi
 from gateways.common.status import GatewayError
 from gateways.common.tenant import tenant_middleware
+from gateways.common.tracing import TRACING_KEY, gateway_tracing, tracing_middleware
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +89,14 @@ def make_gateway_app(
 ) -> web.Application:
     """A gateway's app: config, settings (on `settings_key`), core client, body size limit, the
     error middleware with the schema's `render_error`, API keys (gateways.common.auth),
-    Prometheus metrics (`GET /metrics`, gateways.common.metrics), the routes from
+    Prometheus metrics (`GET /metrics`, gateways.common.metrics), OpenTelemetry request spans
+    when tracing is on (gateways.common.tracing), the routes from
     `add_routes`, and `GET /openapi.json`: the document `openapi(config, settings)` builds,
     once, here (gateways.common.openapi).
 
     Raises:
-        ValueError: --metrics-require-key without --api-key.
+        ValueError: --metrics-require-key without --api-key; tracing settings that
+            oteltrace.resolve_tracing refuses.
     """
     middlewares = [metrics_middleware, error_middleware(render_error)]
     if config.metrics_require_key and not config.api_key:
@@ -105,8 +108,14 @@ def make_gateway_app(
             open_paths |= {"/metrics"}
         middlewares.insert(1, auth_middleware(keys, render_error, open_paths=open_paths))
     middlewares.append(tenant_middleware(keys))
+    tracing = gateway_tracing(config)
+    if tracing is not None:  # outermost: its span sees the status the error middleware answers
+        middlewares.insert(0, tracing_middleware(tracing))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
+    if tracing is not None:
+        app[TRACING_KEY] = tracing
+        app.on_cleanup.append(_stop_tracing)
     app[settings_key] = settings
     app.cleanup_ctx.append(core_client_ctx)
     app.on_response_prepare.append(_mark_started)
@@ -115,6 +124,11 @@ def make_gateway_app(
     add_routes(app)
     add_openapi(app, openapi(config, settings))
     return app
+
+
+async def _stop_tracing(app: web.Application) -> None:
+    """Export the spans still batched before the app goes (blocking: on a thread)."""
+    await asyncio.to_thread(app[TRACING_KEY].shutdown)
 
 
 def core_client(request: web.Request) -> CoreClient:

@@ -19,6 +19,7 @@ from envflags import EnvArgumentParser, ListAction, comma_list
 from envflags.tls import add_server_tls_arguments
 from gateways.common.prefix_route import DEFAULT_ADAPTER_LOAD_FACTOR, DEFAULT_LOAD_FACTOR, DEFAULT_PREFIX_CHARS
 from gateways.common.targets import dns_name, listed_addresses, parse_core_target
+from oteltrace import add_tracing_arguments, resolve_tracing
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -84,6 +85,9 @@ class GatewayConfig:
         routing_load_factor: the `c` of bounded loads (a core takes a request while its
             requests in flight are below c times the average).
         routing_adapter_load_factor: the same for a request naming a LoRA adapter.
+        otlp_traces_endpoint, otlp_traces_sample_ratio: OpenTelemetry traces of every request
+            (gateways.common.tracing; flags, OTEL_* variables and rules: oteltrace); "" and
+            None: as the variables say, else off.
         options: the gateway's own flags as parsed (by argparse dest), the input of its
             settings dataclass (`settings_from`).
     """
@@ -126,6 +130,8 @@ class GatewayConfig:
     routing_prefix_chars: int = DEFAULT_PREFIX_CHARS
     routing_load_factor: float = DEFAULT_LOAD_FACTOR
     routing_adapter_load_factor: float = DEFAULT_ADAPTER_LOAD_FACTOR
+    otlp_traces_endpoint: str = ""
+    otlp_traces_sample_ratio: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def redacted(self) -> dict[str, Any]:
@@ -181,6 +187,8 @@ _COMMON = {
     "routing_prefix_chars",
     "routing_load_factor",
     "routing_adapter_load_factor",
+    "otlp_traces_endpoint",
+    "otlp_traces_sample_ratio",
 }
 _COMMON |= {f.name for f in fields(GatewayConfig) if f.name.startswith("core_")}
 
@@ -374,6 +382,7 @@ def load(
         help="on SIGTERM, seconds health reports not serving (requests still served) before the listener "
         "closes and in-flight requests finish",
     )
+    add_tracing_arguments(p)
     add_core_arguments(p, d)
     add_arguments(p)
     ns = vars(p.parse_args(argv))
@@ -385,6 +394,7 @@ def load(
                 f"--routing prefix needs the cores' addresses: a list, an ipv4:/ipv6: target or a dns: name, "
                 f"not {target.uri!r}"
             )
+        resolve_tracing(ns["otlp_traces_endpoint"], ns["otlp_traces_sample_ratio"], environ)
     except ValueError as e:
         p.error(str(e))
     if ns["routing_prefix_chars"] < 1:

@@ -19,10 +19,12 @@ import asyncio
 from collections.abc import Callable, Iterable
 
 import grpc
+from opentelemetry import trace
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.status import DEADLINE_PASSED, GatewayError
+from gateways.common.tracing import call_failed
 
 #: A plain decode step: (new text, token id, logprob or None when not asked for). A plain tuple:
 #: one is made per streamed token, and a tuple costs a tenth of a class instance to build.
@@ -47,6 +49,8 @@ class CoreCall:
         started: a delta of it arrived (it can no longer be resent).
         attempts: times it was sent (a refused request is resent to another core).
         hash_key: what keeps it on its session's core, if anything.
+        span: the gateway span the request serves, sent on to the core as its parent and
+            marked failed when the request fails (gateways.common.tracing); None: not traced.
     """
 
     __slots__ = (
@@ -62,6 +66,7 @@ class CoreCall:
         "hash_key",
         "request",
         "request_id",
+        "span",
         "started",
         "steps",
     )
@@ -75,6 +80,7 @@ class CoreCall:
         self.started = False
         self.attempts = 1
         self.error: GatewayError | None = None
+        self.span: trace.Span | None = None
         self._deltas: list[Delta] = []
         self._cancel: Callable[[], None] = _nothing
         self._listener: Callable[[], None] | None = None
@@ -141,6 +147,8 @@ class CoreCall:
         """The request's end (after the deltas added before); `_notify()` follows."""
         if not self.ended:
             self._finish(error)
+            if error is not None and self.span is not None:
+                call_failed(self.span, error)
 
     def _notify(self) -> None:
         """Tell the owner that news arrived (deltas, the end, or both)."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import math
@@ -51,6 +52,7 @@ from typing import Any, cast
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry import trace
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
@@ -83,6 +85,8 @@ from gateways.common.targets import (
 )
 from gateways.common.tenant import current_tenant
 from gateways.common.tls import channel_credentials
+from gateways.common.tracing import TRACING_KEY, GatewayTracing
+from oteltrace import TRACEPARENT, traceparent_of
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +171,8 @@ class CoreClient:
         prefix_chars: characters of a text prompt that make its prefix key.
         load_factor: the `c` of bounded loads (at least 1).
         adapter_load_factor: the same for a request naming a LoRA adapter (at least 1).
+        tracing: the gateway's tracer (gateways.common.tracing): each request carries its span
+            to the core; None: tracing is off.
 
     Raises:
         ValueError: a `target` that does not parse, an unknown `routing`, a `load_factor` below
@@ -191,6 +197,7 @@ class CoreClient:
         prefix_chars: int = DEFAULT_PREFIX_CHARS,
         load_factor: float = DEFAULT_LOAD_FACTOR,
         adapter_load_factor: float = DEFAULT_ADAPTER_LOAD_FACTOR,
+        tracing: GatewayTracing | None = None,
     ):
         if routing not in ROUTINGS:
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
@@ -202,6 +209,7 @@ class CoreClient:
             raise ValueError(f"the routing prefix length must be at least 1 character, got {prefix_chars}")
         self.target = parse_core_target(target) if isinstance(target, str) else target
         self.address = self.target.uri
+        self.tracing = tracing
         self.timeout = timeout
         self.queue_timeout = queue_timeout
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {api_key}"),) if api_key else ()
@@ -230,6 +238,7 @@ class CoreClient:
             self._session_channel = self._make_channel([*options, ("grpc.service_config", session_service_config())])
             self._session_stub = spb_grpc.GenerateServiceStub(self._session_channel)
         self._model_info: spb.GetModelInfoResponse | None = None
+        self._info_lookup: asyncio.Task[None] | None = None
         # The served model's names once its info is cached (a `model` naming anything else
         # names an adapter, for --routing prefix); None before.
         self._base_names: frozenset[str] | None = None
@@ -352,6 +361,21 @@ class CoreClient:
             core.channel.get_state(try_to_connect=True)
         if self._dns is not None and self._lookup is None:
             self._lookup = asyncio.get_running_loop().create_task(self._look_up())
+        if self.tracing is not None:
+            self._learn_model()
+
+    def _learn_model(self) -> None:
+        """Look the model info up in the background (spans name the served model of requests
+        that name none), unless it is known or being looked up; a failure is retried by the
+        next traced request."""
+        if self._model_info is not None or (self._info_lookup is not None and not self._info_lookup.done()):
+            return
+
+        async def look_up() -> None:
+            with contextlib.suppress(GatewayError):
+                await self.model_info()
+
+        self._info_lookup = asyncio.get_running_loop().create_task(look_up())
 
     async def close(self) -> None:
         """Close the channels (open requests end with UNAVAILABLE)."""
@@ -361,6 +385,8 @@ class CoreClient:
             await self._session_channel.close()
         if self._lookup is not None:
             self._lookup.cancel()
+        if self._info_lookup is not None:
+            self._info_lookup.cancel()
         for core in self._cores:
             await core.channel.close()
         for channel in self._management_channels:
@@ -368,7 +394,14 @@ class CoreClient:
         for task in [*self._unary, *self._closing_channels]:
             task.cancel()
 
-    def generate(self, request: spb.GenerateRequest, *, hash_key: str | None = None, steps: bool = False) -> CoreCall:
+    def generate(
+        self,
+        request: spb.GenerateRequest,
+        *,
+        hash_key: str | None = None,
+        steps: bool = False,
+        span: trace.Span | None = None,
+    ) -> CoreCall:
         """Start a Generate request; cancel its CoreCall (in a `finally`) when giving it up.
 
         Every schema served renders token records (ids, token text, bytes) only with logprobs,
@@ -382,6 +415,8 @@ class CoreClient:
             steps: the caller renders plain decode steps from their values (core_call.Step:
                 text, token id, logprob), reading nothing else of their tokens, so they arrive
                 so (MultiplexStart.steps); a per-request Generate call sends whole messages.
+            span: with tracing on, the span the request serves (default: the current one, the
+                HTTP request's); the core's spans of it become its children.
         """
         tenant = current_tenant()
         text_only = not request.output.logprobs and not request.output.HasField("tokens")
@@ -394,6 +429,16 @@ class CoreClient:
                 sent.tenant = tenant
             request = sent
         call = CoreCall(request, steps=steps and self._multiplex, hash_key=hash_key)
+        if self.tracing is not None:
+            span = span or trace.get_current_span()
+            if span.get_span_context().is_valid:
+                call.span = span
+                info = self._model_info
+                if info is None:
+                    self._learn_model()
+                model = request.model or (info.model_name if info is not None else "")
+                if model:
+                    span.set_attribute("gen_ai.request.model", model)
         if self._multiplex:
             self._stream_for(hash_key, request=request).start(call)
         else:
@@ -544,7 +589,10 @@ class CoreClient:
         self._relay_unary(call)
 
     def _relay_unary(self, call: CoreCall) -> None:
-        grpc_call = self.stub.Generate(call.request, metadata=self.metadata)
+        metadata = self.metadata
+        if call.span is not None:
+            metadata = (*metadata, (TRACEPARENT, traceparent_of(call.span)))
+        grpc_call = self.stub.Generate(call.request, metadata=metadata or None)
         call._cancel = lambda: grpc_call.cancel() and None
 
         async def relay() -> None:
@@ -758,6 +806,7 @@ async def core_client_ctx(app: web.Application) -> AsyncIterator[None]:
         prefix_chars=config.routing_prefix_chars,
         load_factor=config.routing_load_factor,
         adapter_load_factor=config.routing_adapter_load_factor,
+        tracing=app.get(TRACING_KEY),
     )
     client.connect()
     app[CORE_CLIENT_KEY] = client

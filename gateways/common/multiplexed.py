@@ -20,6 +20,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 
 from gateways.common.core_call import CoreCall
 from gateways.common.status import GatewayError
+from oteltrace import traceparent_of
 
 if TYPE_CHECKING:
     from gateways.common.core_client import CoreClient
@@ -62,6 +63,8 @@ class MultiplexedStream:
         self.open[rid] = call
         start = spb.MultiplexStart(id=rid, steps=call.steps)
         start.request.CopyFrom(call.request)
+        if call.span is not None:
+            start.request.trace_context = traceparent_of(call.span)
         self._starts.append(start)
         self._wake()
 

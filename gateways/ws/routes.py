@@ -35,6 +35,7 @@ from gateways.common.core_client import CONFIG_KEY, CoreClient
 from gateways.common.framing import Template, dump_bytes
 from gateways.common.status import GatewayError
 from gateways.common.tenant import current_tenant
+from gateways.common.tracing import upgrade_parent
 from gateways.common.writer import ResponseWriter
 from gateways.ws import errors, schema, translate
 from gateways.ws.config import SETTINGS_KEY, WsSettings
@@ -74,6 +75,9 @@ class Connection:
         self.settings = settings
         self.max_json_depth = request.app[CONFIG_KEY].max_json_depth
         self.tenant = current_tenant()
+        self.tracing = client.tracing
+        self.trace_parent = upgrade_parent(request)
+        self.route = request.path
         self.prompts: dict[str, CoreCall] = {}
         self._writer = ResponseWriter(request, frames=True)
         self._out: list[Outgoing] = []
@@ -103,6 +107,8 @@ class Connection:
             calls, self.prompts = list(self.prompts.values()), {}
             for call in calls:
                 call.cancel()
+                if call.span is not None:
+                    call.span.end()
             self._done = True
             if self._drainer is not None:
                 self._drainer.cancel()
@@ -142,7 +148,10 @@ class Connection:
             request = translate.to_generate_request(body, item, s.defaults, self.tenant)
             state = translate.PromptState.start(body, item)
             progress = Template(lambda text, state=state: dump_bytes(translate.progress_event(state, text)))
-            call = self.client.generate(request, hash_key=item.request_id, steps=True)
+            span = None
+            if self.tracing is not None:
+                span = self.tracing.prompt_span(self.trace_parent, self.route, item.request_id, request.model)
+            call = self.client.generate(request, hash_key=item.request_id, steps=True, span=span)
             self.prompts[item.request_id] = call
             call.listen(functools.partial(self._on_news, call, state, progress))
 
@@ -180,6 +189,8 @@ class Connection:
             call.cancel()
             if self.prompts.get(state.request_id) is call:
                 del self.prompts[state.request_id]
+            if call.span is not None:
+                call.span.end()
         if events:
             self._queue(events)
 

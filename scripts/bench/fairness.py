@@ -301,7 +301,10 @@ def scenario(model: str, name: str, streams: list[Stream], args, core_flags: tup
 
 
 def run_fairness(model: str, duration: float = 30.0, warmup: float = 5.0) -> dict[str, Any]:
-    """Every scenario; returns the "fairness" section of summary.json."""
+    """Every scenario, and the tracing figure (overhead.run_tracing); returns the "fairness"
+    section of summary.json."""
+    from overhead import run_tracing
+
     args = argparse.Namespace(duration=duration, warmup=warmup)
     total = 2 * CAPACITY_RPS
     b_rate, a_rate = total / 11, 10 * total / 11
@@ -383,6 +386,9 @@ def run_fairness(model: str, duration: float = 30.0, warmup: float = 5.0) -> dic
         },
         "runs": runs,
         "goals": goals,
+        # OpenTelemetry tracing off against on (ratio 0.1) on the mock engine, through the
+        # OpenAI gateway: tokens/s and CPU per streamed token (scripts/bench/overhead.py).
+        "tracing": run_tracing(model),
     }
 
 

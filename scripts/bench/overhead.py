@@ -45,6 +45,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -251,11 +252,12 @@ async def measure(
     return run
 
 
-def start_core(model: str, step_ms: float, streams: int) -> tuple[Proc, int]:
-    """A core on the mock engine (EOS never drawn) with room for `streams` sequences, and its port."""
+def start_core(model: str, step_ms: float, streams: int, *extra: str, name: str = "core-mock") -> tuple[Proc, int]:
+    """A core on the mock engine (EOS never drawn) with room for `streams` sequences and the
+    flags `extra`, and its port; `name` names its log."""
     port = free_port()
     return Proc(
-        "core-mock",
+        name,
         [
             sys.executable,
             "-m",
@@ -264,6 +266,7 @@ def start_core(model: str, step_ms: float, streams: int) -> tuple[Proc, int]:
             *("--mock-step-ms", str(step_ms), "--mock-eos-probability", "0"),
             *("--max-batch-size", str(streams), "--max-queue-size", str(4 * streams)),
             *("--log-level", "WARNING"),
+            *extra,
         ],
         ready="serving",
     ), port
@@ -277,15 +280,17 @@ _ON_UVLOOP = (
 )
 
 
-def start_gateway(name: str, core_port: int) -> tuple[Proc, int]:
+def start_gateway(name: str, core_port: int, *flags: str, log: str = "overhead") -> tuple[Proc, int]:
     """Gateway `name` (or `name@uvloop`: on uvloop's loop; a target of GATEWAY_OF: that
-    gateway) in front of the core at `core_port`, and its port."""
+    gateway) in front of the core at `core_port` with the flags `flags`, and its port; `log`
+    tells its log from others'."""
     port = free_port()
     name, _, loop = name.partition("@")
     name = GATEWAY_OF.get(name, name)
     extra = ["--env-file", ""] if name == "ws" else []
+    extra += flags
     return Proc(
-        f"gateway-{name}-overhead",
+        f"gateway-{name}-{log}",
         [
             sys.executable,
             *(("-c", _ON_UVLOOP) if loop == "uvloop" else ("-m", "gateways")),
@@ -376,6 +381,120 @@ def run_overhead(
         },
         "engine_floor": floor,
         "runs": dict(runs),
+    }
+
+
+#: The OTLP/HTTP receiver of run_tracing: the tests' (tests/integration/otlp_receiver.py) in a
+#: process of its own, logging how many spans it received every second.
+_RECEIVER = (
+    "import asyncio\n"
+    "from tests.integration.otlp_receiver import Receiver\n"
+    "async def main():\n"
+    "    r, total = await Receiver().start(), 0\n"
+    "    print('receiving', r.url, flush=True)\n"
+    "    while True:\n"
+    "        await asyncio.sleep(1)\n"
+    "        total += len(r.spans)\n"
+    "        r.spans.clear()\n"
+    "        print('spans', total, flush=True)\n"
+    "asyncio.run(main())\n"
+)
+
+
+def _spans_received(receiver: Proc) -> int:
+    lines = [line for line in receiver.log_path.read_text().splitlines() if line.startswith("spans ")]
+    return int(lines[-1].split()[1]) if lines else 0
+
+
+def run_tracing(
+    model: str,
+    *,
+    streams: int = 64,
+    rounds: int = 3,
+    ratio: float = 0.1,
+    step_ms: float = 10.0,
+    tokens: int = 64,
+    warmup_s: float = 2.0,
+    window_s: float = 6.0,
+) -> dict[str, Any]:
+    """OpenTelemetry tracing off against on: two stacks (a mock core and the OpenAI gateway),
+    one without tracing and one with --otlp-traces-endpoint (a local receiver, its own
+    process) and --otlp-traces-sample-ratio `ratio` on both processes; `streams` closed-loop
+    streaming chat completions of `tokens` tokens, measured alternately (off, on, then on, off,
+    ...) for `rounds` rounds. Per setting, the median over rounds of tokens/s and of CPU µs per
+    streamed token (core, gateway, and their sum); `on_vs_off` gives on / off (goal: within
+    2 %, i.e. tokens/s >= 0.98 and CPU <= 1.02). Returns the "tracing" figure of the fairness
+    section."""
+    receiver = Proc("otlp-receiver", [sys.executable, "-c", _RECEIVER], ready="receiving")
+    url = next(line.split()[1] for line in receiver.log_path.read_text().splitlines() if line.startswith("receiving"))
+    flags = ("--otlp-traces-endpoint", url, "--otlp-traces-sample-ratio", str(ratio))
+    procs: list[Proc] = [receiver]
+    stacks: dict[str, tuple[dict[str, Proc], int]] = {}
+    samples: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    try:
+        for setting, extra in (("off", ()), ("on", flags)):
+            core, core_port = start_core(model, step_ms, streams, *extra, name=f"core-mock-tracing-{setting}")
+            procs.append(core)
+            gateway, port = start_gateway("openai", core_port, *extra, log=f"tracing-{setting}")
+            procs.append(gateway)
+            stacks[setting] = ({"core": core, "gateway": gateway}, port)
+        spans_before = _spans_received(receiver)
+        for r in range(rounds):
+            for setting in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                stack, port = stacks[setting]
+                label = f"tracing {setting} x{streams} (round {r + 1}/{rounds})"
+                print(f"== {label}", flush=True)
+                run = asyncio.run(
+                    measure(
+                        make_client("openai", f"127.0.0.1:{port}", tokens),
+                        streams,
+                        warmup_s=warmup_s,
+                        window_s=window_s,
+                        procs=stack,
+                        step_ms=step_ms,
+                        label=label,
+                    )
+                )
+                print("  " + row("openai", run), flush=True)
+                samples[setting].append(run)
+        time.sleep(1.5)  # the last batches reach the receiver
+        spans = _spans_received(receiver) - spans_before
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+    figures: dict[str, dict[str, float]] = {}
+    for setting, runs in samples.items():
+        us = [r["cpu_us_per_token"] for r in runs]
+        figures[setting] = {
+            "tokens_per_s": round(statistics.median([r["tokens_per_s"] for r in runs]), 1),
+            "core_cpu_us_per_token": round(statistics.median([u["core"] for u in us]), 2),
+            "gateway_cpu_us_per_token": round(statistics.median([u["gateway"] for u in us]), 2),
+            "cpu_us_per_token": round(statistics.median([u["core"] + u["gateway"] for u in us]), 2),
+            "errors": sum(r["errors"] for r in runs),
+        }
+    off, on = figures["off"], figures["on"]
+    return {
+        "measured_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "config": {
+            "engine": "mock",
+            "target": "openai chat completions, streamed",
+            "streams": streams,
+            "rounds": rounds,
+            "sample_ratio": ratio,
+            "step_ms": step_ms,
+            "max_new_tokens": tokens,
+            "warmup_s": warmup_s,
+            "window_s": window_s,
+        },
+        "off": off,
+        "on": on,
+        "spans_exported": spans,
+        "on_vs_off": {
+            "tokens_per_s": round(on["tokens_per_s"] / off["tokens_per_s"], 4),
+            "cpu_us_per_token": round(on["cpu_us_per_token"] / off["cpu_us_per_token"], 4),
+        },
+        "goal": "tokens/s within 2 % of off, CPU per token within 2 % of off",
     }
 
 
@@ -630,8 +749,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", metavar="TARGET", help="py-spy profiles of the core and TARGET's gateway instead")
     p.add_argument("--native", action="store_true", help="with --profile: native frames too (py-spy --native)")
     p.add_argument("--engine-floor", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--tracing",
+        action="store_true",
+        help="only the tracing figure (off against on at ratio 0.1; run_tracing), into the fairness section",
+    )
     args = p.parse_args(argv)
     streams = [int(x) for x in args.streams.split(",") if x]
+    if args.tracing:
+        figure = run_tracing(args.model, streams=streams[0], step_ms=args.step_ms, tokens=args.tokens)
+        summary = ROOT / args.out / "summary.json"
+        fairness = json.loads(summary.read_text()).get("fairness", {}) if summary.exists() else {}
+        path = merge_summary(ROOT / args.out, {"fairness": {**fairness, "tracing": figure}})
+        print(json.dumps({k: figure[k] for k in ("off", "on", "on_vs_off", "spans_exported")}, indent=2))
+        print(f"wrote {path}")
+        return 0
     if args.engine_floor:
         # On uvloop, as the core runs.
         result = uvloop.run(_engine_floor(args.model, streams[0], args.step_ms, args.tokens, args.window_s))

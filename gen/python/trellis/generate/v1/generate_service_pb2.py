@@ -26,7 +26,7 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from trellis.generate.v1 import generate_pb2 as trellis_dot_generate_dot_v1_dot_generate__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trellis/generate/v1/generate_service.proto\x12\x13trellis.generate.v1\x1a\x19google/protobuf/any.proto\x1a\"trellis/generate/v1/generate.proto\"\x82\x04\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05model\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x32\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1d.trellis.generate.v1.TokenIdsH\x00\x12\x35\n\x08messages\x18\x05 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12\x35\n\x08stopping\x18\x07 \x01(\x0b\x32#.trellis.generate.v1.StoppingParams\x12\x32\n\x06output\x18\x08 \x01(\x0b\x32\".trellis.generate.v1.OutputOptions\x12\x17\n\nsession_id\x18\t \x01(\tH\x02\x88\x01\x01\x12<\n\x0fguided_decoding\x18\n \x01(\x0b\x32#.trellis.generate.v1.GuidedDecoding\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x0f\n\x07\x61\x64\x61pter\x18\r \x01(\tB\x07\n\x05inputB\x08\n\x06_modelB\r\n\x0b_session_id\"\xf4\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".trellis.generate.v1.GenerateState\x12\x34\n\x07outputs\x18\x03 \x03(\x0b\x32#.trellis.generate.v1.SequenceOutput\x12\x18\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rprompt_tokens\x18\x05 \x03(\x0b\x32\x1a.trellis.generate.v1.Token\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.trellis.generate.v1.Usage\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12?\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x08 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12+\n\x06timing\x18\t \x01(\x0b\x32\x1b.trellis.generate.v1.Timing\x12\x19\n\x11session_continued\x18\n \x01(\x08\x12\x1f\n\x12prompt_token_count\x18\x0b \x01(\x05H\x02\x88\x01\x01\x42\x0e\n\x0c_prompt_textB\x07\n\x05_seedB\x15\n\x13_prompt_token_count\"`\n\x18MultiplexGenerateRequest\x12\x33\n\x06starts\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexStart\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x04\"b\n\x0eMultiplexStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.trellis.generate.v1.GenerateRequest\x12\r\n\x05steps\x18\x03 \x01(\x08\"{\n\x19MultiplexGenerateResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexEvent\x12)\n\x05steps\x18\x02 \x01(\x0b\x32\x1a.trellis.generate.v1.Steps\"H\n\x05Steps\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\xb1\x01\n\x0eMultiplexEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x38\n\tresponses\x18\x02 \x03(\x0b\x32%.trellis.generate.v1.GenerateResponse\x12+\n\x06status\x18\x03 \x01(\x0b\x32\x1b.trellis.generate.v1.StatusJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x05textsR\ttoken_idsR\x08logprobs\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x15\n\x13GetModelInfoRequest\"\xfc\x04\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pts_images\x18\t \x01(\x08\x12\x15\n\rmax_num_beams\x18\n \x01(\x05\x12\x18\n\x10max_top_logprobs\x18\x0b \x01(\x05\x12\x1a\n\x12max_stop_sequences\x18\x0c \x01(\x05\x12<\n\x0fgreedy_defaults\x18\r \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12>\n\x11sampling_defaults\x18\x0e \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12#\n\x1bunsupported_sampling_fields\x18\x0f \x03(\t\x12\r\n\x05max_n\x18\x10 \x01(\x05\x12\x17\n\x0fguided_decoding\x18\x11 \x03(\t\x12\x18\n\x10max_input_tokens\x18\x12 \x01(\x05\x12\x32\n\x08\x61\x64\x61pters\x18\x13 \x03(\x0b\x32 .trellis.generate.v1.AdapterInfo\x12\x11\n\tmax_loras\x18\x14 \x01(\x05\x12\x15\n\rmodel_aliases\x18\x15 \x03(\t\"k\n\x0b\x41\x64\x61pterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x10\n\x08resident\x18\x04 \x01(\x08\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\"\x15\n\x13ListAdaptersRequest\"]\n\x14ListAdaptersResponse\x12\x32\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32 .trellis.generate.v1.AdapterInfo\x12\x11\n\tmax_loras\x18\x02 \x01(\x05\"0\n\x12LoadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"H\n\x13LoadAdapterResponse\x12\x31\n\x07\x61\x64\x61pter\x18\x01 \x01(\x0b\x32 .trellis.generate.v1.AdapterInfo\"$\n\x14UnloadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x17\n\x15UnloadAdapterResponse\"a\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x42\x07\n\x05input\"m\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x17\n\x0frendered_prompt\x18\x02 \x01(\t\x12-\n\x05spans\x18\x03 \x03(\x0b\x32\x1e.trellis.generate.v1.TokenSpan\"(\n\tTokenSpan\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0c\n\x04stop\x18\x02 \x01(\x05\x32\xd1\x05\n\x0fGenerateService\x12Y\n\x08Generate\x12$.trellis.generate.v1.GenerateRequest\x1a%.trellis.generate.v1.GenerateResponse0\x01\x12v\n\x11MultiplexGenerate\x12-.trellis.generate.v1.MultiplexGenerateRequest\x1a..trellis.generate.v1.MultiplexGenerateResponse(\x01\x30\x01\x12\x63\n\x0cGetModelInfo\x12(.trellis.generate.v1.GetModelInfoRequest\x1a).trellis.generate.v1.GetModelInfoResponse\x12W\n\x08Tokenize\x12$.trellis.generate.v1.TokenizeRequest\x1a%.trellis.generate.v1.TokenizeResponse\x12\x63\n\x0cListAdapters\x12(.trellis.generate.v1.ListAdaptersRequest\x1a).trellis.generate.v1.ListAdaptersResponse\x12`\n\x0bLoadAdapter\x12\'.trellis.generate.v1.LoadAdapterRequest\x1a(.trellis.generate.v1.LoadAdapterResponse\x12\x66\n\rUnloadAdapter\x12).trellis.generate.v1.UnloadAdapterRequest\x1a*.trellis.generate.v1.UnloadAdapterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trellis/generate/v1/generate_service.proto\x12\x13trellis.generate.v1\x1a\x19google/protobuf/any.proto\x1a\"trellis/generate/v1/generate.proto\"\x99\x04\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\x05model\x18\x02 \x01(\tH\x01\x88\x01\x01\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\x32\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x1d.trellis.generate.v1.TokenIdsH\x00\x12\x35\n\x08messages\x18\x05 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x12\x35\n\x08sampling\x18\x06 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12\x35\n\x08stopping\x18\x07 \x01(\x0b\x32#.trellis.generate.v1.StoppingParams\x12\x32\n\x06output\x18\x08 \x01(\x0b\x32\".trellis.generate.v1.OutputOptions\x12\x17\n\nsession_id\x18\t \x01(\tH\x02\x88\x01\x01\x12<\n\x0fguided_decoding\x18\n \x01(\x0b\x32#.trellis.generate.v1.GuidedDecoding\x12\x0e\n\x06tenant\x18\x0b \x01(\t\x12\x10\n\x08priority\x18\x0c \x01(\x05\x12\x0f\n\x07\x61\x64\x61pter\x18\r \x01(\t\x12\x15\n\rtrace_context\x18\x0e \x01(\tB\x07\n\x05inputB\x08\n\x06_modelB\r\n\x0b_session_id\"\xf4\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x31\n\x05state\x18\x02 \x01(\x0e\x32\".trellis.generate.v1.GenerateState\x12\x34\n\x07outputs\x18\x03 \x03(\x0b\x32#.trellis.generate.v1.SequenceOutput\x12\x18\n\x0bprompt_text\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x31\n\rprompt_tokens\x18\x05 \x03(\x0b\x32\x1a.trellis.generate.v1.Token\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x1a.trellis.generate.v1.Usage\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x01\x88\x01\x01\x12?\n\x12\x65\x66\x66\x65\x63tive_sampling\x18\x08 \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12+\n\x06timing\x18\t \x01(\x0b\x32\x1b.trellis.generate.v1.Timing\x12\x19\n\x11session_continued\x18\n \x01(\x08\x12\x1f\n\x12prompt_token_count\x18\x0b \x01(\x05H\x02\x88\x01\x01\x42\x0e\n\x0c_prompt_textB\x07\n\x05_seedB\x15\n\x13_prompt_token_count\"`\n\x18MultiplexGenerateRequest\x12\x33\n\x06starts\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexStart\x12\x0f\n\x07\x63\x61ncels\x18\x02 \x03(\x04\"b\n\x0eMultiplexStart\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x35\n\x07request\x18\x02 \x01(\x0b\x32$.trellis.generate.v1.GenerateRequest\x12\r\n\x05steps\x18\x03 \x01(\x08\"{\n\x19MultiplexGenerateResponse\x12\x33\n\x06\x65vents\x18\x01 \x03(\x0b\x32#.trellis.generate.v1.MultiplexEvent\x12)\n\x05steps\x18\x02 \x01(\x0b\x32\x1a.trellis.generate.v1.Steps\"H\n\x05Steps\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x10\n\x08logprobs\x18\x04 \x03(\x02\"\xb1\x01\n\x0eMultiplexEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x38\n\tresponses\x18\x02 \x03(\x0b\x32%.trellis.generate.v1.GenerateResponse\x12+\n\x06status\x18\x03 \x01(\x0b\x32\x1b.trellis.generate.v1.StatusJ\x04\x08\x04\x10\x05J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x05textsR\ttoken_idsR\x08logprobs\"N\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\x15\n\x13GetModelInfoRequest\"\xfc\x04\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x03 \x01(\t\x12\x1a\n\x12max_context_length\x18\x04 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x05 \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_max_new_tokens\x18\x06 \x01(\x05\x12\x12\n\nvocab_size\x18\x07 \x01(\x05\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pts_images\x18\t \x01(\x08\x12\x15\n\rmax_num_beams\x18\n \x01(\x05\x12\x18\n\x10max_top_logprobs\x18\x0b \x01(\x05\x12\x1a\n\x12max_stop_sequences\x18\x0c \x01(\x05\x12<\n\x0fgreedy_defaults\x18\r \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12>\n\x11sampling_defaults\x18\x0e \x01(\x0b\x32#.trellis.generate.v1.SamplingParams\x12#\n\x1bunsupported_sampling_fields\x18\x0f \x03(\t\x12\r\n\x05max_n\x18\x10 \x01(\x05\x12\x17\n\x0fguided_decoding\x18\x11 \x03(\t\x12\x18\n\x10max_input_tokens\x18\x12 \x01(\x05\x12\x32\n\x08\x61\x64\x61pters\x18\x13 \x03(\x0b\x32 .trellis.generate.v1.AdapterInfo\x12\x11\n\tmax_loras\x18\x14 \x01(\x05\x12\x15\n\rmodel_aliases\x18\x15 \x03(\t\"k\n\x0b\x41\x64\x61pterInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x10\n\x08resident\x18\x04 \x01(\x08\x12\x0f\n\x07running\x18\x05 \x01(\x05\x12\x0f\n\x07waiting\x18\x06 \x01(\x05\"\x15\n\x13ListAdaptersRequest\"]\n\x14ListAdaptersResponse\x12\x32\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32 .trellis.generate.v1.AdapterInfo\x12\x11\n\tmax_loras\x18\x02 \x01(\x05\"0\n\x12LoadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"H\n\x13LoadAdapterResponse\x12\x31\n\x07\x61\x64\x61pter\x18\x01 \x01(\x0b\x32 .trellis.generate.v1.AdapterInfo\"$\n\x14UnloadAdapterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x17\n\x15UnloadAdapterResponse\"a\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x35\n\x08messages\x18\x02 \x01(\x0b\x32!.trellis.generate.v1.ChatMessagesH\x00\x42\x07\n\x05input\"m\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x17\n\x0frendered_prompt\x18\x02 \x01(\t\x12-\n\x05spans\x18\x03 \x03(\x0b\x32\x1e.trellis.generate.v1.TokenSpan\"(\n\tTokenSpan\x12\r\n\x05start\x18\x01 \x01(\x05\x12\x0c\n\x04stop\x18\x02 \x01(\x05\x32\xd1\x05\n\x0fGenerateService\x12Y\n\x08Generate\x12$.trellis.generate.v1.GenerateRequest\x1a%.trellis.generate.v1.GenerateResponse0\x01\x12v\n\x11MultiplexGenerate\x12-.trellis.generate.v1.MultiplexGenerateRequest\x1a..trellis.generate.v1.MultiplexGenerateResponse(\x01\x30\x01\x12\x63\n\x0cGetModelInfo\x12(.trellis.generate.v1.GetModelInfoRequest\x1a).trellis.generate.v1.GetModelInfoResponse\x12W\n\x08Tokenize\x12$.trellis.generate.v1.TokenizeRequest\x1a%.trellis.generate.v1.TokenizeResponse\x12\x63\n\x0cListAdapters\x12(.trellis.generate.v1.ListAdaptersRequest\x1a).trellis.generate.v1.ListAdaptersResponse\x12`\n\x0bLoadAdapter\x12\'.trellis.generate.v1.LoadAdapterRequest\x1a(.trellis.generate.v1.LoadAdapterResponse\x12\x66\n\rUnloadAdapter\x12).trellis.generate.v1.UnloadAdapterRequest\x1a*.trellis.generate.v1.UnloadAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,45 +34,45 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'trellis.generate.v1.generat
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=131
-  _globals['_GENERATEREQUEST']._serialized_end=645
-  _globals['_GENERATERESPONSE']._serialized_start=648
-  _globals['_GENERATERESPONSE']._serialized_end=1148
-  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_start=1150
-  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_end=1246
-  _globals['_MULTIPLEXSTART']._serialized_start=1248
-  _globals['_MULTIPLEXSTART']._serialized_end=1346
-  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_start=1348
-  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_end=1471
-  _globals['_STEPS']._serialized_start=1473
-  _globals['_STEPS']._serialized_end=1545
-  _globals['_MULTIPLEXEVENT']._serialized_start=1548
-  _globals['_MULTIPLEXEVENT']._serialized_end=1725
-  _globals['_STATUS']._serialized_start=1727
-  _globals['_STATUS']._serialized_end=1805
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1807
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1828
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1831
-  _globals['_GETMODELINFORESPONSE']._serialized_end=2467
-  _globals['_ADAPTERINFO']._serialized_start=2469
-  _globals['_ADAPTERINFO']._serialized_end=2576
-  _globals['_LISTADAPTERSREQUEST']._serialized_start=2578
-  _globals['_LISTADAPTERSREQUEST']._serialized_end=2599
-  _globals['_LISTADAPTERSRESPONSE']._serialized_start=2601
-  _globals['_LISTADAPTERSRESPONSE']._serialized_end=2694
-  _globals['_LOADADAPTERREQUEST']._serialized_start=2696
-  _globals['_LOADADAPTERREQUEST']._serialized_end=2744
-  _globals['_LOADADAPTERRESPONSE']._serialized_start=2746
-  _globals['_LOADADAPTERRESPONSE']._serialized_end=2818
-  _globals['_UNLOADADAPTERREQUEST']._serialized_start=2820
-  _globals['_UNLOADADAPTERREQUEST']._serialized_end=2856
-  _globals['_UNLOADADAPTERRESPONSE']._serialized_start=2858
-  _globals['_UNLOADADAPTERRESPONSE']._serialized_end=2881
-  _globals['_TOKENIZEREQUEST']._serialized_start=2883
-  _globals['_TOKENIZEREQUEST']._serialized_end=2980
-  _globals['_TOKENIZERESPONSE']._serialized_start=2982
-  _globals['_TOKENIZERESPONSE']._serialized_end=3091
-  _globals['_TOKENSPAN']._serialized_start=3093
-  _globals['_TOKENSPAN']._serialized_end=3133
-  _globals['_GENERATESERVICE']._serialized_start=3136
-  _globals['_GENERATESERVICE']._serialized_end=3857
+  _globals['_GENERATEREQUEST']._serialized_end=668
+  _globals['_GENERATERESPONSE']._serialized_start=671
+  _globals['_GENERATERESPONSE']._serialized_end=1171
+  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_start=1173
+  _globals['_MULTIPLEXGENERATEREQUEST']._serialized_end=1269
+  _globals['_MULTIPLEXSTART']._serialized_start=1271
+  _globals['_MULTIPLEXSTART']._serialized_end=1369
+  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_start=1371
+  _globals['_MULTIPLEXGENERATERESPONSE']._serialized_end=1494
+  _globals['_STEPS']._serialized_start=1496
+  _globals['_STEPS']._serialized_end=1568
+  _globals['_MULTIPLEXEVENT']._serialized_start=1571
+  _globals['_MULTIPLEXEVENT']._serialized_end=1748
+  _globals['_STATUS']._serialized_start=1750
+  _globals['_STATUS']._serialized_end=1828
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1830
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1851
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1854
+  _globals['_GETMODELINFORESPONSE']._serialized_end=2490
+  _globals['_ADAPTERINFO']._serialized_start=2492
+  _globals['_ADAPTERINFO']._serialized_end=2599
+  _globals['_LISTADAPTERSREQUEST']._serialized_start=2601
+  _globals['_LISTADAPTERSREQUEST']._serialized_end=2622
+  _globals['_LISTADAPTERSRESPONSE']._serialized_start=2624
+  _globals['_LISTADAPTERSRESPONSE']._serialized_end=2717
+  _globals['_LOADADAPTERREQUEST']._serialized_start=2719
+  _globals['_LOADADAPTERREQUEST']._serialized_end=2767
+  _globals['_LOADADAPTERRESPONSE']._serialized_start=2769
+  _globals['_LOADADAPTERRESPONSE']._serialized_end=2841
+  _globals['_UNLOADADAPTERREQUEST']._serialized_start=2843
+  _globals['_UNLOADADAPTERREQUEST']._serialized_end=2879
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_start=2881
+  _globals['_UNLOADADAPTERRESPONSE']._serialized_end=2904
+  _globals['_TOKENIZEREQUEST']._serialized_start=2906
+  _globals['_TOKENIZEREQUEST']._serialized_end=3003
+  _globals['_TOKENIZERESPONSE']._serialized_start=3005
+  _globals['_TOKENIZERESPONSE']._serialized_end=3114
+  _globals['_TOKENSPAN']._serialized_start=3116
+  _globals['_TOKENSPAN']._serialized_end=3156
+  _globals['_GENERATESERVICE']._serialized_start=3159
+  _globals['_GENERATESERVICE']._serialized_end=3880
 # @@protoc_insertion_point(module_scope)

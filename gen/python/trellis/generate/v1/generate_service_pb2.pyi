@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "text", "token_ids", "messages", "sampling", "stopping", "output", "session_id", "guided_decoding", "tenant", "priority", "adapter")
+    __slots__ = ("request_id", "model", "text", "token_ids", "messages", "sampling", "stopping", "output", "session_id", "guided_decoding", "tenant", "priority", "adapter", "trace_context")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class GenerateRequest(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     text: str
@@ -36,7 +37,8 @@ class GenerateRequest(_message.Message):
     tenant: str
     priority: int
     adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., guided_decoding: _Optional[_Union[_generate_pb2.GuidedDecoding, _Mapping]] = ..., tenant: _Optional[str] = ..., priority: _Optional[int] = ..., adapter: _Optional[str] = ...) -> None: ...
+    trace_context: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[_generate_pb2.TokenIds, _Mapping]] = ..., messages: _Optional[_Union[_generate_pb2.ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_generate_pb2.SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[_generate_pb2.StoppingParams, _Mapping]] = ..., output: _Optional[_Union[_generate_pb2.OutputOptions, _Mapping]] = ..., session_id: _Optional[str] = ..., guided_decoding: _Optional[_Union[_generate_pb2.GuidedDecoding, _Mapping]] = ..., tenant: _Optional[str] = ..., priority: _Optional[int] = ..., adapter: _Optional[str] = ..., trace_context: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "state", "outputs", "prompt_text", "prompt_tokens", "usage", "seed", "effective_sampling", "timing", "session_continued", "prompt_token_count")
