@@ -349,15 +349,8 @@ class MultiplexSession:
                 self.jobs[rid] = _Preparing(asyncio.create_task(task), request_id)
                 return
             job = self.pipeline.start(self.pipeline.prepare(req), self, rid, steps, trace)
-        except CoreError as e:
-            if trace is not None:
-                trace.refused(e, req)
-            self._status(rid, request_id, e)
-            return
-        except Exception:
-            log.exception("request %s failed", request_id)
-            message = f"Internal error while serving request {request_id}; see the server log."
-            self._status(rid, request_id, EngineFailure(message))
+        except Exception as e:
+            self._not_started(rid, request_id, e, trace, req)
             return
         if not job.done:
             self.jobs[rid] = job
@@ -375,20 +368,31 @@ class MultiplexSession:
                 return
             del self.jobs[rid]
             job = self.pipeline.start(prep, self, rid, steps, trace)
-        except CoreError as e:
+        except Exception as e:
             self.jobs.pop(rid, None)
-            if trace is not None:
-                trace.refused(e, req)
-            self._status(rid, request_id, e)
-            return
-        except Exception:
-            self.jobs.pop(rid, None)
-            log.exception("request %s failed", request_id)
-            self._status(rid, request_id, EngineFailure(f"Internal error while serving request {request_id}."))
+            self._not_started(rid, request_id, e, trace, req)
             return
         if not job.done:
             self.jobs[rid] = job
         self._wake()
+
+    def _not_started(
+        self,
+        rid: int,
+        request_id: str,
+        error: Exception,
+        trace: RequestTrace | None,
+        req: GenerationRequest | None,
+    ) -> None:
+        """End a request that failed to start: with its CoreError, or with an internal error
+        (ENGINE_FAILURE; the exception is logged). Its span, when traced, ends with that error
+        (`req`: the request as converted, when it was)."""
+        if not isinstance(error, CoreError):
+            log.error("request %s failed", request_id, exc_info=error)
+            error = EngineFailure(f"Internal error while serving request {request_id}; see the server log.")
+        if trace is not None:
+            trace.refused(error, req)
+        self._status(rid, request_id, error)
 
     # ------------------------------------------------------------------ Consumer protocol
 

@@ -24,7 +24,8 @@ bounded loads, so requests that share a prefix meet the core that caches it, and
 an adapter the cores that hold it resident. The client then keeps one channel per core
 (the listed addresses, or what a `dns:` name resolves to, looked up again every
 `--core-stream-max-age` seconds) with its own small pool of streams, and counts each core's
-requests in flight itself; unary calls stay on the balanced channel.
+requests in flight itself. A core without MultiplexGenerate gets its Generate calls by the same
+choice; unary calls stay on the balanced channel.
 
 A request that ends with UNAVAILABLE or RESOURCE_EXHAUSTED before its first message (refused
 by a draining or full core, or on a stream that broke before it started) is sent again, up to
@@ -103,6 +104,13 @@ SESSION_BUCKETS = 64
 #: Seconds the requests on the streams of a core that left a dns: name may still run.
 CLOSE_GRACE = 600.0
 
+
+def session_bucket(hash_key: str) -> int:
+    """The session channel's hash bucket of a hash key (CRC-32 mod SESSION_BUCKETS: the same
+    in every gateway process)."""
+    return zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
+
+
 #: The request-routing policies of `--routing`.
 ROUTINGS = ("round_robin", "prefix")
 
@@ -126,6 +134,7 @@ class _Core:
         self.stub = spb_grpc.GenerateServiceStub(channel)
         self.pool: list[MultiplexedStream | None] = [None] * streams
         self.streams: set[MultiplexedStream] = set()  # the pool's and retired ones still open
+        self.calls = 0  # Generate calls in flight (a core without MultiplexGenerate)
         # The LoRA adapters it holds as far as this gateway knows: the last `max_loras` distinct
         # ones sent there, least recently used first (the HF engine evicts in that order).
         self.adapters: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -139,7 +148,7 @@ class _Core:
 
     def load(self) -> int:
         """Requests of this gateway in flight on the core."""
-        return sum(len(s.open) for s in self.streams)
+        return self.calls + sum(len(s.open) for s in self.streams)
 
     def usable(self) -> bool:
         """Whether the core may take a request (connecting counts: a refusal is retried)."""
@@ -462,7 +471,7 @@ class CoreClient:
         requests, other than `avoid`."""
         now = time.monotonic()
         if hash_key is not None and self._session_channel is not None:
-            bucket = zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
+            bucket = session_bucket(hash_key)
             stream = self._sessions.get(bucket)
             if stream is None or stream.broken or now > stream.expires:
                 if stream is not None:
@@ -472,23 +481,29 @@ class CoreClient:
                 )
             return stream
         if self._ring is not None and request is not None:
-            cores = self._cores
-            avoided = next((i for i, c in enumerate(cores) if avoid is not None and c.address == avoid.core), None)
-            loads, usable = [c.load() for c in cores], [c.usable() for c in cores]
-            name = requested_adapter(request, self._base_names)
-            if name:
-                slots = self._model_info.max_loras if self._model_info is not None else 0
-                tiers = adapter_tiers(name, [c.adapters for c in cores], slots)
-                i = pick(self._ring, adapter_key(name), loads, usable, self.adapter_load_factor, avoided, tiers)
-                cores[i].sent(name, slots)
-            else:
-                i = pick(self._ring, prefix_key(request, self.prefix_chars), loads, usable, self.load_factor, avoided)
-            core = cores[i]
+            core = self._route(self._ring, request, avoid.core if avoid is not None else None)
             stream = self._least_loaded(core.pool, core.stub, core.channel, avoid, now, provisional=False)
             stream.core = core.address
             core.streams.add(stream)
             return stream
         return self._least_loaded(self._pool, self.stub, self._channel, avoid, now)
+
+    def _route(self, ring: HashRing, request: spb.GenerateRequest, avoid: str | None = None) -> _Core:
+        """The core of `--routing prefix` that `request` goes to, whether on a stream or in a
+        Generate call: by its adapter (preferring a core that holds it), else by its prefix;
+        not the core at address `avoid` while another is usable."""
+        cores = self._cores
+        avoided = next((i for i, c in enumerate(cores) if c.address == avoid), None)
+        loads, usable = [c.load() for c in cores], [c.usable() for c in cores]
+        name = requested_adapter(request, self._base_names)
+        if name:
+            slots = self._model_info.max_loras if self._model_info is not None else 0
+            tiers = adapter_tiers(name, [c.adapters for c in cores], slots)
+            i = pick(ring, adapter_key(name), loads, usable, self.adapter_load_factor, avoided, tiers)
+            cores[i].sent(name, slots)
+        else:
+            i = pick(ring, prefix_key(request, self.prefix_chars), loads, usable, self.load_factor, avoided)
+        return cores[i]
 
     def _least_loaded(
         self,
@@ -589,11 +604,22 @@ class CoreClient:
         self._relay_unary(call)
 
     def _relay_unary(self, call: CoreCall) -> None:
-        metadata = self.metadata
+        """Serve `call` with one Generate call, routed as on a stream: with a hash key on the
+        session channel (its bucket in the call's metadata), else on the core `--routing
+        prefix` picks (counted in its load while it runs), else on the balanced channel."""
+        stub, metadata, core = self.stub, self.metadata, None
+        if call.hash_key is not None and self._session_channel is not None:
+            bucket = session_bucket(call.hash_key)
+            stub, metadata = self._session_stub, (*self.metadata, (HASH_HEADER, str(bucket)))
+        elif self._ring is not None:
+            core = self._route(self._ring, call.request)
+            stub = core.stub
         if call.span is not None:
             metadata = (*metadata, (TRACEPARENT, traceparent_of(call.span)))
-        grpc_call = self.stub.Generate(call.request, metadata=metadata or None)
+        grpc_call = stub.Generate(call.request, metadata=metadata or None)
         call._cancel = lambda: grpc_call.cancel() and None
+        if core is not None:
+            core.calls += 1
 
         async def relay() -> None:
             try:
@@ -604,6 +630,9 @@ class CoreClient:
                 call._news((), True, GatewayError.from_rpc_error(e))
             except asyncio.CancelledError:
                 grpc_call.cancel()
+            finally:
+                if core is not None:
+                    core.calls -= 1
 
         task = asyncio.create_task(relay())
         self._unary.add(task)

@@ -151,13 +151,13 @@ class HashRing:
         ValueError: no member, or a name given twice.
     """
 
-    def __init__(self, members: Sequence[str], vnodes: int = VNODES):
+    def __init__(self, members: Sequence[str]):
         if not members:
             raise ValueError("a hash ring needs at least one member")
         if len(set(members)) != len(members):
             raise ValueError(f"hash ring members must be distinct: {list(members)}")
         self.members = tuple(members)
-        points = sorted((_hash(f"{name}#{v}".encode()), i) for i, name in enumerate(members) for v in range(vnodes))
+        points = sorted((_hash(f"{name}#{v}".encode()), i) for i, name in enumerate(members) for v in range(VNODES))
         self._positions = [p for p, _ in points]
         self._owners = [i for _, i in points]
 

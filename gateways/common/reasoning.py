@@ -60,6 +60,12 @@ class ReasoningParser:
         """
         return cls(PARSERS[name])
 
+    @property
+    def done(self) -> bool:
+        """Whether the reasoning section is over (or never opened): `feed` then gives every
+        text back as content, unchanged, and `finish` gives nothing."""
+        return self._state == _CONTENT
+
     def feed(self, text: str) -> tuple[str, str]:
         """`(reasoning, content)` of the next delta of the output (either may be "")."""
         text = self._held + text

@@ -44,6 +44,9 @@ GENERATE_SERVICE = spb.DESCRIPTOR.services_by_name["GenerateService"].full_name
 #: The service whose health decides whether a core takes requests (the core serves it with "").
 HEALTH_SERVICE = GENERATE_SERVICE
 
+#: Extra attempts the balanced channel makes of a call refused before its response started.
+RETRIES = 2
+
 #: The metadata key whose value places a session stream on the ring (lowercase: HTTP/2).
 HASH_HEADER = "trellis-session-bucket"
 
@@ -156,37 +159,31 @@ def address_target(address: str) -> str:
         return address
 
 
-def balanced_service_config(*, health_check: bool = True, retries: int = 2) -> str:
+def balanced_service_config() -> str:
     """The service config (JSON) of the balanced channel: round_robin, health checking of
     HEALTH_SERVICE, and gRPC retries of UNAVAILABLE (gRFC A6: only a call refused before its
-    response started is retried) for the unary methods and the Generate fallback; the requests
-    on a MultiplexGenerate stream are retried by `core_client`, one by one.
-
-    Args:
-        health_check: add `healthCheckConfig`.
-        retries: extra attempts of a refused call (0: none).
-    """
-    config: dict[str, object] = {"loadBalancingConfig": [{"round_robin": {}}]}
-    if health_check:
-        config["healthCheckConfig"] = {"serviceName": HEALTH_SERVICE}
-    if retries > 0:
-        config["methodConfig"] = [
-            {
-                "name": [
-                    {"service": GENERATE_SERVICE, "method": "GetModelInfo"},
-                    {"service": GENERATE_SERVICE, "method": "Generate"},
-                    {"service": "grpc.health.v1.Health", "method": "Check"},
-                ],
-                "retryPolicy": {
-                    "maxAttempts": min(retries + 1, 5),  # grpc caps maxAttempts at 5
-                    "initialBackoff": "0.05s",
-                    "maxBackoff": "0.5s",
-                    "backoffMultiplier": 2,
-                    "retryableStatusCodes": ["UNAVAILABLE"],
-                },
-            }
-        ]
-    return json.dumps(config)
+    response started is retried; RETRIES more attempts) for the unary methods and the Generate
+    fallback; the requests on a MultiplexGenerate stream are retried by `core_client`, one by
+    one."""
+    retry = {
+        "maxAttempts": RETRIES + 1,
+        "initialBackoff": "0.05s",
+        "maxBackoff": "0.5s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    methods = [
+        {"service": GENERATE_SERVICE, "method": "GetModelInfo"},
+        {"service": GENERATE_SERVICE, "method": "Generate"},
+        {"service": "grpc.health.v1.Health", "method": "Check"},
+    ]
+    return json.dumps(
+        {
+            "loadBalancingConfig": [{"round_robin": {}}],
+            "healthCheckConfig": {"serviceName": HEALTH_SERVICE},
+            "methodConfig": [{"name": methods, "retryPolicy": retry}],
+        }
+    )
 
 
 def session_service_config() -> str:

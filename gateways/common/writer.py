@@ -13,32 +13,11 @@ encoding while preparing the response: HTTP/1.1 without a length).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.http import StreamWriter
 
 from gateways.common.metrics import TIMER_KEY
-
-
-@dataclass
-class WriteCounters:
-    """What the gateway's streamed writes did, since the process started.
-
-    Attributes:
-        writes: writes to a client's connection.
-        merged_writes: writes that merged several pieces that had waited for a paused
-            connection (a client reading slower than the records come).
-        merged_pieces: the pieces those merged writes carried.
-    """
-
-    writes: int = 0
-    merged_writes: int = 0
-    merged_pieces: int = 0
-
-
-#: The process's write counters (tests read them to see that merging happened).
-WRITES = WriteCounters()
 
 
 class ClientTooSlow(ConnectionResetError):
@@ -109,7 +88,6 @@ class ResponseWriter:
         transport = protocol.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
-        WRITES.writes += 1
         if self._timer is not None:
             self._timer.wrote()
             self._timer = None
@@ -141,9 +119,6 @@ class ResponseWriter:
                 raise ConnectionResetError("the client closed the connection")
             pieces, self.waiting = self.waiting, []
             self._waiting_bytes = 0
-            if len(pieces) > 1:
-                WRITES.merged_writes += 1
-                WRITES.merged_pieces += len(pieces)
             self.write(b"".join(pieces))  # kept again if the connection paused meanwhile
 
     def _give_up(self, why: str) -> None:

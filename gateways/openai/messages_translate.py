@@ -430,8 +430,12 @@ class EventStream:
 
     def text(self, text: str) -> bytes:
         """The events of a plain decode step's text (core_call.Step; the route asks for steps
-        when chat_translate.plain_deltas holds: no reasoning or tool calls to parse): what
-        `message` gives for a message with that text alone."""
+        when chat_translate.plain_deltas holds: no tool calls to parse): what `message` gives
+        for a message with that text alone. Reasoning is split out of it until the reasoning
+        section is over; then the text goes straight into the open text block."""
+        if not self.state.plain_text(0):
+            chunk = chat_translate.step_chunk(self.state, text)
+            return b"" if chunk is None else b"".join(self._choice(chunk["choices"][0]))
         return b"".join(self._text(text)) if text else b""
 
     def _text(self, text: str) -> list[bytes]:

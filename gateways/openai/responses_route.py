@@ -119,7 +119,10 @@ async def handle_create(request: web.Request, body: Any, *, reasoning_parser: st
 
     def render(item: Delta) -> bytes:
         if type(item) is tuple:
-            return events.text(item[0])
+            if state.plain_text(0):
+                return events.text(item[0])
+            step = chat_translate.step_chunk(state, item[0])  # reasoning to split out
+            return events.begin() if step is None else events.chunk(step)
         chunks = chat_translate.to_chunks(cast(spb.GenerateResponse, item), state)
         return b"".join(events.chunk(c) for c in chunks) or events.begin()
 

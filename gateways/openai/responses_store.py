@@ -66,8 +66,9 @@ class ResponseStore(Protocol):
         ...
 
     async def check(self) -> None:
-        """Raise GatewayError UNAVAILABLE when the store cannot be reached now (asked before a
-        response to be stored is generated, so that none is generated in vain)."""
+        """Raise GatewayError UNAVAILABLE when the store is known to be unreachable (asked
+        before a response to be stored is generated, so that none is generated in vain). It
+        costs no round trip while the store's last command succeeded."""
         ...
 
     async def close(self) -> None:
@@ -152,6 +153,11 @@ class RedisStore:
     """Stored responses in Redis, one string key per response (`trellis:response:<id>`, the
     record as JSON), each expiring `ttl_seconds` after it was stored.
 
+    The store remembers whether its last command reached Redis. `check` sends a PING only
+    while that is not known (before the first command, and after a failed one), so a healthy
+    store costs no round trip per request; a Redis that goes away fails the command that
+    meets it first (UNAVAILABLE), and every later `check` until a PING gets through.
+
     Args:
         url: a redis-py URL (`redis://host:port/db`, `rediss://...`, `unix://...`).
         ttl_seconds: how long a record is kept (>= 1).
@@ -172,6 +178,8 @@ class RedisStore:
             raise ImportError("a Redis response store needs redis-py: pip install 'trellis[redis]'") from None
         self.ttl_seconds = ttl_seconds
         self._redis: Redis = Redis.from_url(url)
+        #: Whether the last command reached Redis.
+        self._reached = False
 
     async def get(self, response_id: str) -> StoredResponse | None:
         """See ResponseStore.get."""
@@ -188,21 +196,24 @@ class RedisStore:
         return bool(await self._call(self._redis.delete(self.PREFIX + response_id)))
 
     async def check(self) -> None:
-        """See ResponseStore.check: a PING."""
-        await self._call(self._redis.ping())
+        """See ResponseStore.check: a PING, unless the last command reached Redis."""
+        if not self._reached:
+            await self._call(self._redis.ping())
 
     async def close(self) -> None:
         """Close the connection pool."""
         await self._redis.aclose()
 
-    @staticmethod
-    async def _call(pending: Any) -> Any:
+    async def _call(self, pending: Any) -> Any:
         from redis.exceptions import RedisError
 
         try:
-            return await pending
+            result = await pending
         except (RedisError, OSError) as e:
+            self._reached = False
             raise store_unavailable(e) from None
+        self._reached = True
+        return result
 
 
 #: `--response-store` values besides a Redis URL.

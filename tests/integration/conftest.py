@@ -1,7 +1,7 @@
 """Fixtures of the OpenAI gateway's test modules: a module's OpenAI gateway on the shared core
 (`base_url`), the openai SDK's async client on it (`aclient`), and an OpenAI gateway with
-`--reasoning-parser qwen3` on a mock core whose replies are scripted by prompt (`scripted_url`,
-SCRIPT), for what the gateway reads out of a model's text (reasoning, tool calls)."""
+`--reasoning-parser qwen3` on a mock core whose replies are scripted by prompt (`scripted_url`
+on `scripted_core`, SCRIPT), for what the gateway reads out of a model's text (reasoning, tool calls)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 
 import openai
 import pytest_asyncio
+
+from core.server import CoreServer
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -46,10 +48,14 @@ SCRIPT = [
 
 
 @pytest_asyncio.fixture(scope="module")
-async def scripted_url(start_mock_core, start_gateway, tmp_path_factory) -> str:
-    """An OpenAI gateway with --reasoning-parser qwen3 on a mock core (model 'mock') answering
-    SCRIPT."""
+async def scripted_core(start_mock_core, tmp_path_factory) -> CoreServer:
+    """A mock core (model 'mock') answering SCRIPT, for this module."""
     path = tmp_path_factory.mktemp("script") / "script.json"
     path.write_text(json.dumps(SCRIPT))
-    core = await start_mock_core(mock_script=str(path))
-    return await start_gateway("openai", core=core.address, reasoning_parser="qwen3")
+    return await start_mock_core(mock_script=str(path))
+
+
+@pytest_asyncio.fixture(scope="module")
+async def scripted_url(scripted_core, start_gateway) -> str:
+    """An OpenAI gateway with --reasoning-parser qwen3 on `scripted_core`."""
+    return await start_gateway("openai", core=scripted_core.address, reasoning_parser="qwen3")

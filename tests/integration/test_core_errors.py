@@ -13,8 +13,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from trellis.generate.v1 import generate_pb2 as pb
+from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
+from core.pipeline import OFF_LOOP_CHARS
 from core.server import start_core
 from core.types import EngineOutput, SequenceStep
 from tests.conftest import core_config
@@ -52,6 +54,38 @@ async def test_an_unexpected_exception_is_internal_and_logged(tiny_model_dir, to
     assert msgs == [] and error.code() == grpc.StatusCode.INTERNAL
     assert error.details() == "Internal error while serving request bug-1; see the server log."
     assert "request bug-1 failed" in caplog.text and "a bug in the engine" in caplog.text
+
+
+async def test_an_unexpected_exception_at_a_multiplexed_start_is_internal_and_logged(tiny_model_dir, tokenizer, caplog):
+    """On MultiplexGenerate, the request's terminal status: the same for a prompt tokenized on
+    the event loop and for a long one tokenized off it."""
+
+    def broken(req):
+        raise RuntimeError("a bug in the engine")
+
+    starts = [
+        spb.MultiplexStart(id=1, request=request({"text": "x", "requestId": "bug-1"})),
+        spb.MultiplexStart(
+            id=2,
+            request=request(
+                {"text": "x" * (OFF_LOOP_CHARS + 1), "requestId": "bug-2", "stopping": {"truncateInputTokens": 8}}
+            ),
+        ),
+    ]
+    async with scripted_core(tiny_model_dir, tokenizer, broken) as (stub, _engine):
+        call = stub.MultiplexGenerate()
+        await call.write(spb.MultiplexGenerateRequest(starts=starts))
+        statuses = {}
+        while len(statuses) < 2:
+            msg = await call.read()
+            assert msg is not grpc.aio.EOF
+            statuses.update({e.id: e.status for e in msg.events if e.HasField("status")})
+        call.cancel()
+    for rid, request_id in ((1, "bug-1"), (2, "bug-2")):
+        assert statuses[rid].code == grpc.StatusCode.INTERNAL.value[0]
+        assert statuses[rid].message == f"Internal error while serving request {request_id}; see the server log."
+        assert f"request {request_id} failed" in caplog.text
+    assert "a bug in the engine" in caplog.text
 
 
 async def test_a_stalled_engine_is_ended_by_the_time_limit_and_aborted(tiny_model_dir, tokenizer):

@@ -9,9 +9,14 @@ in-process core's `engine.generate` (tests/integration/test_fleet.py's counter).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import aiohttp
+import grpc
+import pytest_asyncio
+from grpc_health.v1 import health_pb2_grpc
 
+from core.wire import add_generate_service
 from tests.integration.test_fleet import count_requests
 
 
@@ -48,6 +53,59 @@ async def test_each_conversation_stays_on_one_core_with_prefix_routing(start_moc
         await chat_turns(http, url, "ships", 2)
         assert [c[0] - b for c, b in zip(counters, before, strict=True)][homes[0]] == 2
     assert len(set(homes)) > 1, homes  # nine openings do not all hash to one core
+
+
+class _WithoutMultiplex:
+    """A core's servicer whose MultiplexGenerate answers UNIMPLEMENTED with grpc's own words
+    for a method a server lacks."""
+
+    def __init__(self, servicer):
+        self._servicer = servicer
+
+    def __getattr__(self, name: str):
+        return getattr(self._servicer, name)
+
+    async def MultiplexGenerate(self, requests, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+
+
+@pytest_asyncio.fixture
+async def generate_only() -> AsyncIterator:
+    """Factory: `await generate_only(core)` serves `core`'s GenerateService and health on a
+    second port, without MultiplexGenerate (answered UNIMPLEMENTED, as by a core that predates
+    it); returns the address."""
+    servers: list[grpc.aio.Server] = []
+
+    async def factory(core) -> str:
+        server = grpc.aio.server()
+        servicer = _WithoutMultiplex(core.servicer)
+        add_generate_service(servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(core.health, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield factory
+    for server in servers:
+        await server.stop(0)
+
+
+async def test_conversations_stay_on_one_core_over_generate_calls(start_mock_core, start_gateway, generate_only):
+    """Cores without MultiplexGenerate get one Generate call per request, routed alike."""
+    cores = [await start_mock_core() for _ in range(3)]
+    counters = [count_requests(c) for c in cores]
+    addresses = [await generate_only(c) for c in cores]
+    url = await start_gateway("openai", core=",".join(addresses), routing="prefix")
+    homes = []
+    async with aiohttp.ClientSession() as http:
+        for topic in ("ships", "trains", "bees", "tides", "salt", "maps"):
+            before = [c[0] for c in counters]
+            await chat_turns(http, url, topic, 4)
+            served = [c[0] - b for c, b in zip(counters, before, strict=True)]
+            assert sorted(served) == [0, 0, 4], (topic, served)
+            homes.append(served.index(4))
+    assert len(set(homes)) > 1, homes
 
 
 async def test_round_robin_spreads_a_conversation(start_mock_core, start_gateway):

@@ -16,6 +16,8 @@ from websockets.asyncio.client import connect
 
 from core.server import start_core
 from tests.conftest import core_config
+from tests.integration.test_fleet import count_requests
+from tests.integration.test_fleet_prefix import generate_only  # noqa: F401 (a fixture)
 from tests.integration.test_gateway_ws import batch, check_lifecycle, greedy, run, ws_url
 
 CHAINS = 20
@@ -54,6 +56,25 @@ async def test_continued_chains_equal_one_long_run_over_three_cores(cores, start
         assert chained == whole, (i, chained, whole)
     holders = [sum(1 for i in range(CHAINS) if c.servicer.pipeline.sessions.get(f"chain-{i}")) for c in cores]
     assert sum(holders) == CHAINS and max(holders) < CHAINS, holders  # spread, each session on one core
+
+
+async def test_sessions_find_their_core_over_generate_calls(start_mock_core, start_gateway, generate_only):  # noqa: F811
+    """Cores without MultiplexGenerate get one Generate call per request, on the session's
+    core alike."""
+    cores = [await start_mock_core() for _ in range(3)]
+    counters = [count_requests(c) for c in cores]
+    addresses = [await generate_only(c) for c in cores]
+    url = await start_gateway("ws", env_file="", core=",".join(addresses))
+    async with connect(ws_url(url)) as ws:
+        for i in range(8):
+            before = [c[0] for c in counters]
+            for _ in range(STEPS):
+                events = await run(ws, batch((f"chain-{i}", PROMPT), **greedy(TOKENS)))
+                assert events[f"chain-{i}"][-1]["type"] == "COMPLETE", events
+            served = [c[0] - b for c, b in zip(counters, before, strict=True)]
+            assert sorted(served) == [0, 0, STEPS], (i, served)
+    holders = [sum(1 for i in range(8) if c.servicer.pipeline.sessions.get(f"chain-{i}")) for c in cores]
+    assert sum(holders) == 8 and max(holders) < 8, holders
 
 
 async def test_a_session_whose_core_is_gone_starts_fresh(tiny_model_dir, start_gateway):

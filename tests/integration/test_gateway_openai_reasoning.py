@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import openai
 import pytest_asyncio
 
@@ -47,6 +48,43 @@ async def test_delta_reasoning_streams_without_tag_pieces(scripted):
     assert len(reasoning) > 1 and "".join(reasoning) == "Two and two\nmake four."
     assert not any(set(piece) & set("<>") for piece in reasoning)
     assert "".join(content) == "The answer is 4."
+
+
+def step_outputs(core) -> int:
+    """Engine outputs the core sent as plain decode steps (MultiplexGenerate `steps`)."""
+    return core.servicer.pipeline.metrics.step_outputs
+
+
+async def test_a_streamed_reply_with_reasoning_takes_steps_and_says_what_a_whole_one_says(
+    scripted, scripted_url, scripted_core
+):
+    """The reasoning parser keeps the stream on plain decode steps (split as whole messages
+    are), on chat completions, Responses and Anthropic Messages alike."""
+    whole = (await scripted.chat.completions.create(model="mock", messages=THINK, max_tokens=100)).choices[0]
+    before = step_outputs(scripted_core)
+    stream = await scripted.chat.completions.create(model="mock", messages=THINK, max_tokens=100, stream=True)
+    chunks = [chunk async for chunk in stream]
+    assert step_outputs(scripted_core) > before
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == whole.message.reasoning
+    assert "".join(d.content or "" for d in deltas) == whole.message.content
+
+    before = step_outputs(scripted_core)
+    events = [e async for e in await scripted.responses.create(model="mock", input="Think first", stream=True)]
+    assert step_outputs(scripted_core) > before
+    done = events[-1].response
+    assert [item.type for item in done.output] == ["reasoning", "message"]
+    assert done.output[0].content[0].text == whole.message.reasoning and done.output_text == whole.message.content
+
+    before = step_outputs(scripted_core)
+    body = {"model": "mock", "max_tokens": 100, "stream": True, "messages": THINK}
+    async with aiohttp.ClientSession() as http, http.post(f"{scripted_url}/v1/messages", json=body) as resp:
+        raw = (await resp.read()).decode()
+    assert step_outputs(scripted_core) > before
+    data = [json.loads(line[len("data: ") :]) for line in raw.splitlines() if line.startswith("data: ")]
+    deltas = [e["delta"] for e in data if e["type"] == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == whole.message.reasoning
+    assert "".join(d.get("text", "") for d in deltas) == whole.message.content
 
 
 async def test_reasoning_then_a_tool_call(scripted):

@@ -1,7 +1,8 @@
 """The Redis response store (gateways/openai/responses_store.py, `--response-store redis://...`)
 against a real redis-server on loopback: records round-trip and expire, two gateways share
 stored responses (a chain started on one continues on the other, directly and behind haproxy),
-and an unreachable store is 503 `store_unavailable` before anything is generated. Skipped where
+and an unreachable store is 503 `store_unavailable` before anything is generated (a PING only
+before the first stored request and while the store is down). Skipped where
 redis-server or redis-py is absent (`make system-deps` installs redis-server and haproxy)."""
 
 from __future__ import annotations
@@ -33,26 +34,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory) -> Iterator[str]:
-    """A redis-server of this module, on loopback, persisting nothing."""
-    port = free_port()
-    workdir: Path = tmp_path_factory.mktemp("redis")
+def start_redis(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    """A redis-server on loopback `port`, persisting nothing, once it listens."""
     args = [str(REDIS), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen([*args, "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    for _ in range(200):  # up to 10 s for it to listen
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(f"redis-server exited with {proc.returncode}")
+            time.sleep(0.05)
+    proc.terminate()
+    pytest.fail("redis-server did not listen within 10 s")
+
+
+def stop_redis(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    """A redis-server of this module."""
+    port = free_port()
+    proc = start_redis(port, tmp_path_factory.mktemp("redis"))
     try:
-        for _ in range(200):  # up to 10 s for it to listen
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.fail(f"redis-server exited with {proc.returncode}")
-                time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_redis(proc)
 
 
 def record(rid: str) -> StoredResponse:
@@ -142,6 +153,62 @@ async def test_a_chain_continues_through_the_other_gateway_behind_haproxy(redis_
         await client.close()
         haproxy.terminate()
         await haproxy.wait()
+
+
+async def pings(url: str) -> int:
+    """How many PINGs the redis-server at `url` answered since its statistics were reset."""
+    redis = pytest.importorskip("redis.asyncio").Redis.from_url(url)
+    try:
+        stats = await redis.info("commandstats")
+    finally:
+        await redis.aclose()
+    return int(stats.get("cmdstat_ping", {}).get("calls", 0))
+
+
+async def test_stored_requests_do_not_ping_a_store_that_answers(redis_url, start_gateway):
+    """Only the first stored request, before the store has answered anything, checks it."""
+    url = await start_gateway("openai", response_store=redis_url)
+    redis = pytest.importorskip("redis.asyncio").Redis.from_url(redis_url)
+    await redis.config_resetstat()
+    await redis.aclose()
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        for stream in (False, True, False, True):
+            resp = await client.responses.create(model=MODEL, input="Hi", max_output_tokens=2, stream=stream)
+            if stream:
+                resp = [event async for event in resp][-1].response
+            assert (await client.responses.retrieve(resp.id)).id == resp.id
+    assert await pings(redis_url) == 1
+
+
+async def test_a_store_that_goes_away_is_503_before_generating_until_it_is_back(
+    start_gateway, start_mock_core, tmp_path
+):
+    """The command that meets a stopped Redis fails (503); the stored requests after it are
+    refused before the core is asked, until a PING gets through again."""
+    port = free_port()
+    redis = start_redis(port, tmp_path)
+    core = await start_mock_core()
+    url = await start_gateway("openai", core=core.address, response_store=f"redis://127.0.0.1:{port}/0")
+    try:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+            first = await client.responses.create(model="mock", input="Hi", max_output_tokens=1)
+            stop_redis(redis)
+            with pytest.raises(openai.InternalServerError) as err:
+                await client.responses.create(model="mock", input="Hi", max_output_tokens=1)
+            assert err.value.status_code == 503 and err.value.code == "store_unavailable"
+            generated = ended_requests(core)
+            for stream in (False, True):
+                with pytest.raises(openai.InternalServerError) as err:
+                    await client.responses.create(model="mock", input="Hi", max_output_tokens=1, stream=stream)
+                assert err.value.status_code == 503 and err.value.code == "store_unavailable"
+            assert ended_requests(core) == generated
+            redis = start_redis(port, tmp_path)
+            again = await client.responses.create(model="mock", input="Hi", max_output_tokens=1)
+            assert (await client.responses.retrieve(again.id)).id == again.id
+            with pytest.raises(openai.NotFoundError):  # that Redis kept nothing
+                await client.responses.retrieve(first.id)
+    finally:
+        stop_redis(redis)
 
 
 def ended_requests(core) -> int:

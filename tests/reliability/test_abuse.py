@@ -13,6 +13,8 @@ import zlib
 import aiohttp
 import pytest
 
+from gateways.common.config import GatewayConfig
+
 pytestmark = pytest.mark.timeout(120)
 
 CHAT = b'{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
@@ -26,6 +28,8 @@ ROUTES = {
 }
 #: A body a refusing gateway must never wait for: declared this long, only its first KiB sent.
 DECLARED = 64 * 1024 * 1024
+#: The gateways' --max-body-bytes (the default).
+LIMIT = GatewayConfig.max_body_bytes
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +72,38 @@ def _head(path: str, length: int, encoding: str | None = None, extra: str = "") 
     )
 
 
-async def test_a_compressed_body_expanding_past_the_limit_is_413(gateways):
+class _CountingInflater:
+    """A zlib decompression object that adds the bytes it puts out to `counter[0]`."""
+
+    def __init__(self, inner, counter: list[int]):
+        self._inner = inner
+        self._counter = counter
+
+    def decompress(self, data, max_length: int = 0) -> bytes:
+        out = self._inner.decompress(data, max_length)
+        self._counter[0] += len(out)
+        return out
+
+    def flush(self, *args) -> bytes:
+        out = self._inner.flush(*args)
+        self._counter[0] += len(out)
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+
+async def test_a_compressed_body_expanding_past_the_limit_is_413(gateways, monkeypatch):
     """A gzip body of 64 MiB of zeros (about 64 KiB on the wire) expands past --max-body-bytes:
-    413, having inflated no more than the limit."""
+    413, having inflated no more than the limit and a byte. Every inflater in the process (the
+    gateway's, and aiohttp's had it decoded the body) counts what it puts out."""
+    inflated = [0]
+    decompressobj = zlib.decompressobj
+    monkeypatch.setattr(zlib, "decompressobj", lambda *a, **k: _CountingInflater(decompressobj(*a, **k), inflated))
     bomb = gzip.compress(b"0" * DECLARED, compresslevel=9)
     response, _ = await _raw(gateways["openai"], _head("/v1/chat/completions", len(bomb), "gzip"), bomb)
     assert response.startswith(b"HTTP/1.1 413")
+    assert 0 < inflated[0] <= LIMIT + 1, inflated[0]
 
 
 @pytest.mark.parametrize("gateway", ["keyed"])

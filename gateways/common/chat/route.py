@@ -48,15 +48,16 @@ def encode(chunks: list[dict[str, Any]], framing: str) -> bytes:
 def chunk_renderer(state: translate.StreamState, framing: str) -> Callable[[Delta], bytes]:
     """The framed chunks of each delta of one stream: `encode(to_chunks(msg, state), framing)`
     for a message; for a plain decode step (which the route asks for only when
-    `translate.plain_deltas(state)`), `translate.step_chunk`'s chunk, its content delta filled
-    into a Template of the chunk encoded once per request: the same bytes as to_chunks gives
-    for the message the step stands for."""
+    `translate.plain_deltas(state)`), `translate.step_chunk`'s chunk, or, once the role went
+    out and the text is plain content (`state.plain_text(0)`: no reasoning parser, or after
+    the reasoning), its content delta filled into a Template of the chunk encoded once per
+    request: the same bytes as to_chunks gives for the message the step stands for."""
     content = wire.Template(lambda value: encode([translate.content_chunk(state, 0, value)], framing))
 
     def render(delta: Delta) -> bytes:
         if type(delta) is tuple:
             text = delta[0]
-            if text and 0 in state.role_sent:
+            if text and 0 in state.role_sent and state.plain_text(0):
                 return content.fill_text(text)
             chunk = translate.step_chunk(state, text)
             return b"" if chunk is None else encode([chunk], framing)

@@ -243,6 +243,15 @@ class StreamState:
     prompt_logprobs: int | None = None
     prompt_tokens: list[pb.Token] = field(default_factory=list)
 
+    def plain_text(self, index: int) -> bool:
+        """Whether the next texts of choice `index` are content as they come: no reasoning
+        parser, or its reasoning section is over (after `</think>`, or an output that did
+        not open one), so `split` would give them back unchanged."""
+        if not self.reasoning:
+            return True
+        parser = self.reasoners.get(index)
+        return parser is not None and parser.done
+
     def split(self, index: int, text: str, *, last: bool) -> tuple[str, str]:
         """`(reasoning, content)` of the next text of choice `index` (`last`: the choice ends
         with it); `("", text)` without a reasoning parser."""
@@ -368,26 +377,29 @@ def _choice(index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None, 
 
 def step_chunk(state: StreamState, text: str) -> dict[str, Any] | None:
     """The chunk `to_chunks` gives for a plain decode step of choice 0 (a message with `text`
-    alone; core_call.Step) of a stream with `plain_deltas`, or None for no text; the first
-    delta of the choice carries the role."""
-    if not text:
+    alone; core_call.Step) of a stream with `plain_deltas`, or None when it has nothing to
+    say; the first delta of the choice carries the role. With a reasoning parser the text is
+    split as `to_chunks` splits it; once `state.plain_text(0)`, a step's chunk is
+    `content_chunk`'s, which a renderer may fill into a template instead."""
+    reasoning, text = state.split(0, text, last=False)
+    if not text and not reasoning:
         return None
     if 0 in state.role_sent:
-        return content_chunk(state, 0, text)
-    state.role_sent.add(0)
-    return _chunk(state, [_choice(0, {"role": "assistant", "content": text}, None, None)])
+        delta: dict[str, Any] = {"content": text}
+    else:
+        state.role_sent.add(0)
+        delta = {"role": "assistant", "content": text}
+    if reasoning:
+        delta["reasoning"] = reasoning
+    return _chunk(state, [_choice(0, delta, None, None)])
 
 
 def plain_deltas(state: StreamState) -> bool:
     """Whether the stream renders plain decode steps (`step_chunk`): no logprobs to render, no
-    tool calls and no reasoning to parse out of the text."""
-    return (
-        not state.logprobs
-        and state.tool_calls is None
-        and not state.reasoning
-        and not state.continuous_usage
-        and not state.echo
-    )
+    tool calls to read out of the text (a call's arguments are parsed from the whole of it),
+    no usage per chunk and no echo. A reasoning parser keeps steps: `step_chunk` splits their
+    text, and after the reasoning section they are content as they come (`plain_text`)."""
+    return not state.logprobs and state.tool_calls is None and not state.continuous_usage and not state.echo
 
 
 def content_chunk(state: StreamState, index: int, text: str) -> dict[str, Any]:

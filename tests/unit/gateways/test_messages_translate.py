@@ -189,18 +189,27 @@ def test_stream_events_parse_with_the_sdk_models_and_rebuild_the_message():
     assert parsed[-2].delta.stop_reason == "tool_use" and parsed[-2].usage.input_tokens == 6
 
 
-def test_plain_steps_render_as_the_messages_they_stand_for():
-    """A plain stream (no reasoning parser, no tools) may get its text as steps (the route asks
-    for them): the events are the bytes the same text in whole messages gives."""
+@pytest.mark.parametrize(
+    ("reasoning", "pieces"),
+    [
+        ("", ["Hel", "lo", ' "x"\n']),
+        ("qwen3", [" ", "<th", "ink>plan", " it</th", "ink>Sure", ". ", "Hel", "lo"]),
+        ("qwen3", ["Hel", "lo <think>", "not reasoning</think>"]),
+        ("deepseek_r1", ["plan", " it</", "think>", "Sure", "."]),
+        ("deepseek_r1", ["cut", " short </thi"]),
+    ],
+)
+def test_plain_steps_render_as_the_messages_they_stand_for(reasoning, pieces):
+    """A stream without tools may get its text as steps (the route asks for them): the events
+    are the bytes the same text in whole messages gives, reasoning split out of it alike."""
     req = parse_messages_request(body())
-    plain = mt.state_for(req, message_id="msg_abc", model="m", reasoning="")
+    plain = mt.state_for(req, message_id="msg_abc", model="m", reasoning=reasoning)
     assert chat_translate.plain_deltas(plain)
     final = response(pb.SequenceOutput(finish_reason=pb.FINISH_REASON_LENGTH), usage=pb.Usage(completion_tokens=3))
-    pieces = ["Hel", "lo", ' "x"\n']
     whole = mt.EventStream(plain, "msg_abc")
     expected = whole.start() + b"".join(whole.message(response(pb.SequenceOutput(text=t))) for t in pieces)
     expected += whole.message(final) + whole.end()
-    stepped = mt.EventStream(mt.state_for(req, message_id="msg_abc", model="m", reasoning=""), "msg_abc")
+    stepped = mt.EventStream(mt.state_for(req, message_id="msg_abc", model="m", reasoning=reasoning), "msg_abc")
     got = stepped.start() + b"".join(stepped.text(t) for t in pieces) + stepped.text("")
     got += stepped.message(final) + stepped.end()
     assert got == expected

@@ -13,6 +13,7 @@ rendering."""
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -191,6 +192,53 @@ def test_chat_steps_render_as_their_messages(framing_name, include_usage, model,
     assert all(data for delta, data in zip(stream, got, strict=True) if isinstance(delta, tuple) and delta[0])
 
 
+def reasoning_renderer(parser: str) -> Renderer:
+    """chunk_renderer of a streamed chat request on a gateway with a reasoning parser."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    state = chat.state_for(parse_chat_request(body), completion_id="c", created=5, model="m", reasoning=parser)
+    assert chat.plain_deltas(state)  # the route asks for steps
+    return chat_route.chunk_renderer(state, "sse"), lambda: (state.role_sent, state.reasoners)
+
+
+#: Texts of a reasoning model's tokens: tags cut anywhere, and a tag after the first block.
+THINKING = [" ", "<th", "ink>", "Two", " and\n", "two</", "think", ">The", " answer", "", " is <think>4</think>"]
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("first", ["message", "step"])
+@pytest.mark.parametrize("cut", [0, 3, 6, len(THINKING)])
+def test_chat_steps_with_reasoning_render_as_their_messages(parser, first, cut):
+    """Reasoning is split out of steps as out of messages, and after `</think>` a step is
+    content as it comes; whatever part of the stream arrives as whole messages (`cut`)."""
+    head: Delta = _msg(out(index=0, text=THINKING[0])) if first == "message" else (THINKING[0], 1, None)
+    tail = [(t, i + 2, None) for i, t in enumerate(THINKING[1:])]
+    middle = [_msg(out(index=0, text=d[0])) if i < cut else d for i, d in enumerate(tail)]
+    final = _msg(out(index=0, text=".", finish_reason=pb.FINISH_REASON_EOS), final=True)
+    stream: list[Delta] = [QUEUED, head, *middle, final]
+    got = same_bytes(functools.partial(reasoning_renderer, parser), stream, tokens=False)
+    text = b"".join(got).decode()
+    assert "<think>4</think>" in text and "</think>The" not in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    parser=st.sampled_from(["qwen3", "deepseek_r1"]),
+    whole=st.lists(st.sampled_from(["<think>", "</think>", " ", "a", "<", "</", "think", ">", *AWKWARD]), max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=40), max_size=8),
+    as_message=st.lists(st.booleans(), max_size=8),
+)
+def test_any_reasoning_text_renders_the_same_bytes_as_steps(parser, whole, cuts, as_message):
+    """Any text, cut anywhere into steps and messages, renders the bytes of all messages."""
+    text = "".join(whole)
+    bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    stream: list[Delta] = [QUEUED]
+    for i, piece in enumerate(pieces):
+        stream.append(_msg(out(index=0, text=piece)) if i < len(as_message) and as_message[i] else (piece, i, None))
+    stream.append(_msg(out(index=0, finish_reason=pb.FINISH_REASON_LENGTH), final=True))
+    same_bytes(functools.partial(reasoning_renderer, parser), stream, tokens=False)
+
+
 def test_chat_with_logprobs_or_tools_takes_no_steps():
     """Such a stream renders from messages only: the route asks for no steps."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -289,8 +337,11 @@ class _CoreClient:
 
     def __init__(self) -> None:
         self.calls: list[CoreCall] = []
+        self.tracing = None  # tracing off
 
-    def generate(self, request: spb.GenerateRequest, *, hash_key: str | None = None, steps: bool = False) -> CoreCall:
+    def generate(
+        self, request: spb.GenerateRequest, *, hash_key: str | None = None, steps: bool = False, span: None = None
+    ) -> CoreCall:
         assert steps  # the socket takes plain decode steps
         call = CoreCall(request, steps=steps, hash_key=hash_key)
         self.calls.append(call)
@@ -303,7 +354,11 @@ def ws_renderer(stream_response: bool, request_id: str) -> Renderer:
     transport = _Transport()
     protocol = SimpleNamespace(transport=transport, writing_paused=False)
     request = SimpleNamespace(
-        app={CONFIG_KEY: SimpleNamespace(max_json_depth=64)}, protocol=protocol, writer=None, get=lambda key: None
+        app={CONFIG_KEY: SimpleNamespace(max_json_depth=64)},
+        protocol=protocol,
+        writer=None,
+        get=lambda key: None,
+        path="/ws",
     )
     client = _CoreClient()
     conn = ws_routes.Connection(request, SimpleNamespace(closed=False), client, WsSettings())  # type: ignore[arg-type]
