@@ -9,6 +9,7 @@ import collections
 import logging
 import random
 
+import grpc
 import pytest
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
@@ -320,7 +321,13 @@ async def test_a_dns_name_s_addresses_become_the_ring(caplog):
 
 
 async def test_sessions_keep_their_ring_hash_stream_and_other_requests_go_by_prefix():
-    client = CoreClient("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", routing="prefix")
+    # Listening gRPC servers: with closed ports the channels' states move to TRANSIENT_FAILURE
+    # at a moment of their own, and an unusable core is routed around.
+    servers = [grpc.aio.server() for _ in range(3)]
+    ports = [server.add_insecure_port("127.0.0.1:0") for server in servers]
+    for server in servers:
+        await server.start()
+    client = CoreClient(",".join(f"127.0.0.1:{port}" for port in ports), routing="prefix")
     request = chat(("system", "s"), ("user", "about ships"))
     session = client._stream_for("session-7", request=request)
     assert session.core is None and session in client._sessions.values()
@@ -329,3 +336,5 @@ async def test_sessions_keep_their_ring_hash_stream_and_other_requests_go_by_pre
     assert routed.core == home.address and routed in home.streams
     assert client._stream_for(None, request=request).core == home.address  # idle: home again
     await client.close()
+    for server in servers:
+        await server.stop(None)
