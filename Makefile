@@ -85,7 +85,7 @@ $(AIPERF_VENV)/.installed: $(AIPERF_REQS)
 	touch $@
 
 # vLLM's CPU build, the comparator of `scripts/bench/prefix.py --baseline vllm` (not part of make
-# test; about 3.4 GB). Every version is pinned in the requirements file and installed without
+# test; about 2.5 GB). Every version is pinned in the requirements file and installed without
 # dependencies (why: its header). torch 2.13.0+cpu is not on PyPI: pip finds it through the
 # machine's pip configuration (a local wheel) or through VLLM_PIP_ARGS, e.g.
 # VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
