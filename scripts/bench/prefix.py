@@ -29,6 +29,8 @@ what prefix-aware routing keeps of it over several cores. Four parts (`--only`):
   round(0.4 x that) blocks, given as `--prefix-cache-mib` (blocks x the bytes of a block's
   keys and values: layers x 2 x kv heads x head dim x 16 x 4 bytes, 16 KiB on the demo
   model). The bounded one-core setup is one core with the same per-core bound.
+  `--fleet-load-factor` sets the prefix-routing gateway's `--routing-load-factor` (its bounded
+  loads' `c`: with a few chats in flight, a low `c` sends turns past their core).
 - `memory`: one core with the cache on and a small bound (`--prefix-cache-mib 4`), 10,000
   distinct short prompts: the resident memory of the core and its engine process every 1,000
   prompts (flat within 5 % after the first 1,000 is the goal) and the cache's blocks (Prometheus
@@ -346,10 +348,11 @@ def fleet_config(args, model: str, config: str, flags: tuple[str, ...], seed: in
         for i, port in enumerate(ports)
     ]
     figures: dict[str, object] = {}
+    load_factor = ("--routing-load-factor", str(args.fleet_load_factor)) if args.fleet_load_factor else ()
     try:
         every = ",".join(address for _, address in cores)
         setups: list[tuple[str, str, tuple[str, ...]]] = [
-            ("prefix", every, ("--routing", "prefix")),
+            ("prefix", every, ("--routing", "prefix", *load_factor)),
             ("round_robin", every, ("--routing", "round_robin")),
             ("one_core", cores[0][1], ()),
         ]
@@ -686,6 +689,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--user-tokens", type=int, default=24)
     p.add_argument("--fleet-conversations", type=int, default=12)
+    p.add_argument(
+        "--fleet-load-factor",
+        type=float,
+        help="fleet: the prefix-routing gateway's --routing-load-factor (default: the gateway's own)",
+    )
     p.add_argument("--memory-prompts", type=int, default=10_000)
     p.add_argument(
         "--baseline",
