@@ -38,10 +38,10 @@ what prefix-aware routing keeps of it over several cores. Four parts (`--only`):
 
 With `--baseline vllm`, the shared-prefix and multi-turn workloads also run over HTTP
 (`/v1/completions`, token-id prompts, one client) against vLLM's CPU build (its OpenAI API
-server, prefix caching on, from `--vllm-venv`) and against a core behind the OpenAI gateway;
-skipped, saying why, when vLLM is not installed there or does not start. `make vllm-venv`
-creates that virtualenv (.cache/vllm-venv) from scripts/bench/vllm-requirements.txt, every
-version pinned; by hand:
+server, prefix caching on, from `--vllm-venv`) and against a core behind the OpenAI gateway,
+one server up at a time (vllm_baseline); skipped, saying why, when vLLM is not installed there
+or does not start. `make vllm-venv` creates that virtualenv (.cache/vllm-venv) from
+scripts/bench/vllm-requirements.txt, every version pinned; by hand:
 
     python3 -m venv .cache/vllm-venv
     .cache/vllm-venv/bin/pip install --no-deps -r scripts/bench/vllm-requirements.txt
