@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test lint gateway-check proto proto-check bench bench-overhead bench-guided bench-prefix soak venv model clean system-deps aiperf
+.PHONY: run test lint gateway-check proto proto-check bench bench-overhead bench-guided bench-prefix soak venv model clean system-deps aiperf vllm-venv
 
 venv: $(STAMP)
 
@@ -84,6 +84,21 @@ $(AIPERF_VENV)/.installed: $(AIPERF_REQS)
 	$(AIPERF_VENV)/bin/python -m pip install -q -r $(AIPERF_REQS)
 	touch $@
 
+# vLLM's CPU build, the comparator of `scripts/bench/prefix.py --baseline vllm` (not part of make
+# test; about 2.5 GB). Every version is pinned in the requirements file and installed without
+# dependencies (why: its header). torch 2.13.0+cpu is not on PyPI: pip finds it through the
+# machine's pip configuration (a local wheel) or through VLLM_PIP_ARGS, e.g.
+# VLLM_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu".
+VLLM_VENV ?= .cache/vllm-venv
+VLLM_REQS := scripts/bench/vllm-requirements.txt
+VLLM_PIP_ARGS ?=
+vllm-venv: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: $(VLLM_REQS)
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(VLLM_PIP_ARGS) -r $(VLLM_REQS)
+	touch $@
+
 test: proto-check lint system-deps aiperf
 	TRELLIS_AIPERF=$(CURDIR)/$(AIPERF_VENV)/bin/aiperf $(PY) -m pytest -q
 
@@ -112,4 +127,4 @@ soak: $(STAMP) $(GEN) model
 	$(PY) scripts/bench/soak.py --model $(MODEL) $(SOAK_ARGS)
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) models bench-results .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(AIPERF_VENV) $(VLLM_VENV) models bench-results .pytest_cache .ruff_cache .mypy_cache

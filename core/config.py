@@ -125,7 +125,7 @@ class CoreConfig:
     engine_max_restarts: int = 3
     hf_step_trace: str = ""
     prefix_cache: bool = True
-    prefix_cache_mib: int = 1024
+    prefix_cache_mib: float = 1024
     prefix_cache_block_size: int = 16
     drain_seconds: float = 30.0
     session_max_tokens: int = 1_000_000
@@ -321,10 +321,10 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
     )
     p.add_argument(
         "--prefix-cache-mib",
-        type=_count(0),
+        type=_non_negative,
         default=d.prefix_cache_mib,
-        help="HF engine: memory of the prefix cache's keys and values in MiB, least recently used blocks "
-        "evicted beyond it (0: no prefix cache)",
+        help="HF engine: memory of the prefix cache's keys and values in MiB (a fraction allowed, e.g. 2.5), "
+        "least recently used blocks evicted beyond it (0: no prefix cache)",
     )
     p.add_argument(
         "--prefix-cache-block-size",

@@ -94,7 +94,7 @@ def engine_kwargs(config: CoreConfig, tokenizer: Tokenizer) -> dict[str, Any]:
         threads=config.threads,
         step_trace=config.hf_step_trace,
         guides=hf_guided.GuideMatchers(tokenizer.hf, tokenizer.eos_token_ids, config.guide_cache_size),
-        prefix_cache_bytes=config.prefix_cache_mib * 2**20 if config.prefix_cache else 0,
+        prefix_cache_bytes=int(config.prefix_cache_mib * 2**20) if config.prefix_cache else 0,
         prefix_block_size=config.prefix_cache_block_size,
         scheduling_policy=config.scheduling_policy,
         tenant_weights=dict(config.tenant_weight),

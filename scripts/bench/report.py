@@ -245,11 +245,34 @@ def prefix_rows(s: Summary) -> list[Row]:
         )
     if "fleet" in p:
         f = p["fleet"]
+        for config, what in (("ample", "ample caches"), ("bounded", "caches of {share} % of the working set")):
+            c = f[config]
+            share = num(100 * f["bound_share"]) if "bound_share" in f else ""
+            rows.append(
+                (
+                    f"token hit rate, 12 chats over 3 cores, {what.format(share=share)}: "
+                    "prefix routing / round robin / one core",
+                    f"{num(100 * c['prefix']['hit_rate'], 1)} / {num(100 * c['round_robin']['hit_rate'], 1)} / "
+                    f"{num(100 * c['one_core']['hit_rate'], 1)} %",
+                )
+            )
+    if "vllm" in p and "trellis" in p["vllm"]:
+        v = p["vllm"]
+        t, b = v["trellis"], v["vllm"]
         rows.append(
             (
-                "token hit rate, 12 chats over 3 cores: prefix routing / round robin / one core",
-                f"{num(100 * f['prefix']['hit_rate'], 1)} / {num(100 * f['round_robin']['hit_rate'], 1)} / "
-                f"{num(100 * f['one_core']['hit_rate'], 1)} %",
+                "vs vLLM CPU, same HTTP client, shared prefix: tokens/s, TTFT p50",
+                f"{num(t['shared_tokens_per_s'])} vs {num(b['shared_tokens_per_s'])} "
+                f"({num(t['shared_tokens_per_s'] / b['shared_tokens_per_s'], 2)}x); "
+                f"{num(t['shared_ttft_p50_ms'], 1)} vs {num(b['shared_ttft_p50_ms'], 1)} ms",
+            )
+        )
+        rows.append(
+            (
+                "vs vLLM CPU, same HTTP client, multi-turn: tokens/s, TTFT p50 (all turns)",
+                f"{num(t['multiturn_tokens_per_s'])} vs {num(b['multiturn_tokens_per_s'])} "
+                f"({num(t['multiturn_tokens_per_s'] / b['multiturn_tokens_per_s'], 2)}x); "
+                f"{num(t['multiturn_ttft_p50_ms'], 1)} vs {num(b['multiturn_ttft_p50_ms'], 1)} ms",
             )
         )
     if "memory" in p:

@@ -201,7 +201,7 @@ def main() -> int:
         "--baseline",
         choices=["none", "vllm"],
         default="none",
-        help="prefix section: also compare with vLLM's CPU build in /tmp/vllm-venv (skipped when absent)",
+        help="prefix section: also compare with vLLM's CPU build (make vllm-venv; skipped when absent)",
     )
     args = p.parse_args()
 

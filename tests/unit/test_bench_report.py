@@ -109,7 +109,33 @@ def summary() -> dict:
                 "last_turn_ttft_ratio": 0.3,
                 "tokens_per_s_ratio": 1.6,
             },
-            "fleet": {"prefix": {"hit_rate": 0.8}, "round_robin": {"hit_rate": 0.35}, "one_core": {"hit_rate": 0.85}},
+            "fleet": {
+                "ample": {
+                    "prefix": {"hit_rate": 0.8},
+                    "round_robin": {"hit_rate": 0.35},
+                    "one_core": {"hit_rate": 0.85},
+                },
+                "bounded": {
+                    "prefix": {"hit_rate": 0.7},
+                    "round_robin": {"hit_rate": 0.1},
+                    "one_core": {"hit_rate": 0.05},
+                },
+                "bound_share": 0.402,
+            },
+            "vllm": {
+                "trellis": {
+                    "shared_tokens_per_s": 900.0,
+                    "shared_ttft_p50_ms": 120.0,
+                    "multiturn_tokens_per_s": 800.0,
+                    "multiturn_ttft_p50_ms": 60.0,
+                },
+                "vllm": {
+                    "shared_tokens_per_s": 600.0,
+                    "shared_ttft_p50_ms": 150.0,
+                    "multiturn_tokens_per_s": 1000.0,
+                    "multiturn_ttft_p50_ms": 40.0,
+                },
+            },
             "memory": {
                 "prompts": 10000,
                 "rss_growth_after_first_1000": 0.012,
@@ -167,7 +193,15 @@ def test_every_section_renders_its_row():
         "prefix cache vs none: 3-turn chats (+24 user tokens a turn), 8 conversations": (
             "turn-3 TTFT p50 7.5 vs 25.0 ms (0.30x); tokens/s 1.60x"
         ),
-        "token hit rate, 12 chats over 3 cores: prefix routing / round robin / one core": "80.0 / 35.0 / 85.0 %",
+        "token hit rate, 12 chats over 3 cores, ample caches: prefix routing / round robin / one core": (
+            "80.0 / 35.0 / 85.0 %"
+        ),
+        "token hit rate, 12 chats over 3 cores, caches of 40 % of the working set: prefix routing / round robin / "
+        "one core": "70.0 / 10.0 / 5.0 %",
+        "vs vLLM CPU, same HTTP client, shared prefix: tokens/s, TTFT p50": "900 vs 600 (1.50x); 120.0 vs 150.0 ms",
+        "vs vLLM CPU, same HTTP client, multi-turn: tokens/s, TTFT p50 (all turns)": (
+            "800 vs 1,000 (0.80x); 60.0 vs 40.0 ms"
+        ),
         "memory over 10,000 distinct prompts, prefix cache on": "RSS +1.2 % after the first 1,000; cache at most "
         "256 of 256 blocks",
     }

@@ -94,13 +94,15 @@ def test_prefix_cache_flags():
     c = load(["--model", "/m", "--no-prefix-cache", "--prefix-cache-mib", "0", "--prefix-cache-block-size", "32"], {})
     assert (c.prefix_cache, c.prefix_cache_mib, c.prefix_cache_block_size) == (False, 0, 32)
     assert load(["--model", "/m"], {"TRELLIS_CORE_PREFIX_CACHE": "false"}).prefix_cache is False
+    assert load(["--model", "/m", "--prefix-cache-mib", "2.5"], {}).prefix_cache_mib == 2.5
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--prefix-cache-mib", "-1"], "must be at least 0"),
-        (["--prefix-cache-mib", "lots"], "expected an integer"),
+        (["--prefix-cache-mib", "-1"], "must be a finite number >= 0"),
+        (["--prefix-cache-mib", "lots"], "expected a number"),
+        (["--prefix-cache-mib", "inf"], "must be a finite number >= 0"),
         (["--prefix-cache-block-size", "0"], "must be at least 1"),
     ],
 )

@@ -257,6 +257,13 @@ async def test_eviction_keeps_the_store_within_a_tiny_bound(tiny_model_dir, toke
         await e.shutdown()
 
 
+def test_a_fraction_of_a_mib_bounds_the_cache_in_bytes(tiny_model_dir, tokenizer):
+    kwargs = hf.engine_kwargs(core_config(tiny_model_dir, prefix_cache_mib=0.25), tokenizer)
+    assert kwargs["prefix_cache_bytes"] == 2**18
+    off = hf.engine_kwargs(core_config(tiny_model_dir, prefix_cache=False, prefix_cache_mib=0.25), tokenizer)
+    assert off["prefix_cache_bytes"] == 0
+
+
 async def test_the_off_switch(uncached, chats):
     for i in range(2):
         assert (await run(uncached, greedy(f"r{i}", chats[0])))["cached"] == 0
