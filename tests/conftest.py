@@ -69,20 +69,22 @@ def tokenizer_only_dir(tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def collector_off() -> Iterator[Callable[..., Awaitable[list[str]]]]:
-    """The cyclic garbage collector off for the test. Yields `left_behind(*types)`: the type
-    names of the objects of `types` that the test made and that are still alive once handlers
-    had up to 5 s to return (a reference cycle keeps them alive while the collector is off)."""
+    """The cyclic garbage collector off for the test. Yields `left_behind(*types, mine=...)`:
+    the type names of the objects of `types` that were made during the test and are still alive
+    once handlers had up to 15 s to return (a reference cycle keeps them alive while the
+    collector is off). `mine(obj)` narrows them to the test's own, where the session's event
+    loop may serve other tests' leftovers meanwhile."""
     gc.collect()
     gc.disable()
     # By id and type, without holding the objects (a held object would hold whatever it comes to
     # reference): a new object at a freed one's address counts unless both have one type.
     before = {id(o): type(o) for o in gc.get_objects()}
 
-    async def left_behind(*types: type) -> list[str]:
+    async def left_behind(*types: type, mine: Callable[[Any], bool] = lambda o: True) -> list[str]:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5.0
+        deadline = loop.time() + 15.0
         while True:
-            made = (o for o in gc.get_objects() if type(o) in types and before.get(id(o)) is not type(o))
+            made = (o for o in gc.get_objects() if type(o) in types and before.get(id(o)) is not type(o) and mine(o))
             alive = [type(o).__name__ for o in made]
             if not alive or loop.time() > deadline:
                 return alive
