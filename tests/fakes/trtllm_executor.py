@@ -149,6 +149,25 @@ def _signature(positional: Sequence[tuple[str, object]], keyword_only: Sequence[
     return inspect.Signature(params)
 
 
+def _read_only_config(cls_name: str, sig: inspect.Signature) -> type:
+    """A config class as pybind11 binds it with read-only properties: constructed by `sig`
+    (`_bind`), its fields readable, none settable."""
+
+    def __init__(self, *args, **kwargs):
+        object.__setattr__(self, "_v", _bind(sig, cls_name, args, kwargs))
+
+    def __getattr__(self, name):
+        v = object.__getattribute__(self, "_v")
+        if name in v:
+            return v[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"can't set attribute {name!r}")
+
+    return type(cls_name, (), {"__init__": __init__, "__getattr__": __getattr__, "__setattr__": __setattr__})
+
+
 def _bind(sig: inspect.Signature, cls_name: str, args, kwargs) -> dict:
     """Bind like pybind11 does: wrong arguments raise TypeError ("incompatible constructor
     arguments")."""
@@ -595,23 +614,8 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     ]
     peft_sig = _signature(peft_fields)
 
-    class PeftCacheConfig:
-        """`PeftCacheConfig(num_host_module_layer=0, num_device_module_layer=0, ...)`;
-        read-only properties."""
-
-        def __init__(self, *args, **kwargs):
-            object.__setattr__(self, "_v", _bind(peft_sig, "PeftCacheConfig", args, kwargs))
-
-        def __getattr__(self, name):
-            v = object.__getattribute__(self, "_v")
-            if name in v:
-                return v[name]
-            raise AttributeError(name)
-
-        def __setattr__(self, name, value):
-            raise AttributeError(f"can't set attribute {name!r}")
-
-    m.PeftCacheConfig = PeftCacheConfig
+    # `PeftCacheConfig(num_host_module_layer=0, num_device_module_layer=0, ...)`
+    m.PeftCacheConfig = _read_only_config("PeftCacheConfig", peft_sig)
 
     if True:
         sched_sig = _signature(
@@ -622,22 +626,8 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
             ]
         )
 
-    class SchedulerConfig:
-        """read-only properties; 0.11 calls the policy `policy`."""
-
-        def __init__(self, *args, **kwargs):
-            object.__setattr__(self, "_v", _bind(sched_sig, "SchedulerConfig", args, kwargs))
-
-        def __getattr__(self, name):
-            v = object.__getattribute__(self, "_v")
-            if name in v:
-                return v[name]
-            raise AttributeError(name)
-
-        def __setattr__(self, name, value):
-            raise AttributeError(f"can't set attribute {name!r}")
-
-    m.SchedulerConfig = SchedulerConfig
+    # read-only properties; 0.11 calls the policy `policy`
+    SchedulerConfig = m.SchedulerConfig = _read_only_config("SchedulerConfig", sched_sig)
 
     ec_fields = [
         ("max_beam_width", 1),

@@ -79,6 +79,17 @@ def bad_request_field(error: grpc.aio.AioRpcError) -> str | None:
     return None
 
 
+def reason_of(error: grpc.aio.AioRpcError) -> str:
+    """The ErrorInfo reason of a failed call ("" without one)."""
+    status = rpc_status.from_call(error)
+    assert status is not None
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info):
+            return info.reason
+    return ""
+
+
 async def wait_for(predicate: Callable[[], bool]) -> None:
     """Poll `predicate` until it holds. No time limit of its own: the test's timeout bounds it,
     so a slow machine cannot fail a test that waits for something that does happen."""

@@ -10,29 +10,17 @@ import shutil
 import grpc
 import pytest
 import pytest_asyncio
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 
 from core.server import start_core
 from tests.conftest import core_config
-from tests.integration.core_helpers import bad_request_field
+from tests.integration.core_helpers import bad_request_field, reason_of
 from tests.lora_helpers import linear_shapes, make_adapter, merged_greedy
 
 STEPS = 6
 PROMPT = [1, *range(40, 60)]
-
-
-def reason_of(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)
-    assert status is not None
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info.reason
-    return ""
 
 
 @pytest.fixture(scope="module")

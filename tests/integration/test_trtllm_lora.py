@@ -9,8 +9,6 @@ import shutil
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
 from trellis.generate.v1 import generate_service_pb2 as spb
 
 from core.engine.trtllm import executor as trtllm
@@ -19,6 +17,7 @@ from core.engine.trtllm.lora import MODULE_IDS
 from tests.fakes import trtllm_executor
 from tests.fakes import trtllm_llm as fake_llm
 from tests.fakes.trtllm_harness import collect, make_engine_output, serve_engine, tokens_of
+from tests.integration.core_helpers import reason_of
 from tests.integration.core_helpers import request_of as request
 from tests.lora_helpers import linear_shapes, make_adapter
 
@@ -34,16 +33,6 @@ SHAPES = {
         ("mlp.gate_proj", (HIDDEN, 4 * HIDDEN)),
     )
 }
-
-
-def reason_of(error: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(error)
-    assert status is not None
-    for detail in status.details:
-        info = error_details_pb2.ErrorInfo()
-        if detail.Unpack(info):
-            return info.reason
-    return ""
 
 
 def adapter(path, *, seed=1, rank=4, targets=("q_proj", "v_proj")):
