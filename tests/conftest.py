@@ -132,20 +132,30 @@ GatewayFactory = Callable[..., Awaitable[str]]
 MockCoreFactory = Callable[..., Awaitable[CoreServer]]
 
 
-@pytest_asyncio.fixture(scope="session")
-async def start_mock_core(tiny_model_dir) -> AsyncIterator[MockCoreFactory]:
+async def _mock_core(tiny_model_dir: Path, tokenizer: Tokenizer, **overrides: Any) -> CoreServer:
+    values: dict[str, Any] = dict(engine="mock", model_name="mock", mock_step_ms=2.0, max_batch_size=64)
+    values.update(overrides)
+    return await start_core(core_config(tiny_model_dir, **values), tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="session")
+def mock_tokenizer(tiny_model_dir) -> Tokenizer:
+    """The tiny model's tokenizer, loaded once for every mock-engine core of the session."""
+    return Tokenizer.load(tiny_model_dir)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def start_mock_core(tiny_model_dir, mock_tokenizer) -> AsyncIterator[MockCoreFactory]:
     """Factory: `await start_mock_core(mock_step_ms=5, max_batch_size=4)` starts an in-process core
     on the mock engine (`--engine mock`, the tiny model's tokenizer, served as model 'mock') on
     127.0.0.1:0 and returns the running CoreServer. Keyword arguments override CoreConfig fields
     (defaults: 2 ms steps, EOS never drawn, batch 64, queue 256). Every core started is stopped
-    at session end; a test may stop one earlier with `await core.stop(0)`."""
-    tokenizer = Tokenizer.load(tiny_model_dir)
+    at the end of the test module that started it; a test may stop one earlier with
+    `await core.stop(0)`."""
     started: list[CoreServer] = []
 
     async def factory(**overrides: Any) -> CoreServer:
-        values: dict[str, Any] = dict(engine="mock", model_name="mock", mock_step_ms=2.0, max_batch_size=64)
-        values.update(overrides)
-        server = await start_core(core_config(tiny_model_dir, **values), tokenizer=tokenizer)
+        server = await _mock_core(tiny_model_dir, mock_tokenizer, **overrides)
         started.append(server)
         return server
 
@@ -155,17 +165,20 @@ async def start_mock_core(tiny_model_dir) -> AsyncIterator[MockCoreFactory]:
 
 
 @pytest_asyncio.fixture(scope="session")
-async def mock_core(start_mock_core) -> CoreServer:
+async def mock_core(tiny_model_dir, mock_tokenizer) -> AsyncIterator[CoreServer]:
     """The shared in-process mock-engine core (2 ms steps, batch 64, served as model 'mock')."""
-    return await start_mock_core()
+    server = await _mock_core(tiny_model_dir, mock_tokenizer)
+    yield server
+    await server.stop(0)
 
 
-@pytest_asyncio.fixture(scope="session")
+@pytest_asyncio.fixture(scope="module")
 async def start_gateway(core) -> AsyncIterator[GatewayFactory]:
     """Factory: `await start_gateway("openai", some_option=value, core=addr)` starts that gateway
     in-process on 127.0.0.1:0 and returns its base URL ("http://127.0.0.1:PORT"). Options are
     the gateway's own flags by argparse dest; common fields (core, request_timeout,
-    max_body_bytes, ...) may be overridden too. Everything started is stopped at session end."""
+    max_body_bytes, ...) may be overridden too. Everything started is stopped at the end of the
+    test module that started it, so no gateway outlives the module cores it was pointed at."""
     runners = []
 
     async def factory(name: str, **options: Any) -> str:

@@ -95,6 +95,12 @@ log = logging.getLogger(__name__)
 #: Status codes of a refusal that another core may not give (before the request's first message).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
+#: The status grpc.aio reads when it lost a stream's own: the server ended the stream while the
+#: client was writing to it (`_AioCall.set_internal_error`, grpc 1.85
+#: src/python/grpcio/grpc/_cython/_cygrpc/aio/call.pyx.pxi). About 1 in 100 MultiplexGenerate
+#: streams to a core without that method read it instead of UNIMPLEMENTED (measured on loopback).
+LOST_STATUS = "Internal error from Core"
+
 #: Seconds a stream opened before its channel was READY takes new requests (see CoreClient._open).
 PROVISIONAL_AGE = 1.0
 
@@ -109,6 +115,23 @@ def session_bucket(hash_key: str) -> int:
     """The session channel's hash bucket of a hash key (CRC-32 mod SESSION_BUCKETS: the same
     in every gateway process)."""
     return zlib.crc32(hash_key.encode()) % SESSION_BUCKETS
+
+
+async def _resolve(host: str, port: int, purpose: str) -> list[str]:
+    """The distinct `host:port` of every address `host` resolves to now ([] when the lookup
+    fails, logged with its `purpose`)."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        log.warning("looking up %s for %s failed: %s", host, purpose, e)
+        return []
+    addresses = []
+    for family, _, _, _, sockaddr in infos:
+        ip = str(sockaddr[0])
+        address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
 
 
 #: The request-routing policies of `--routing`.
@@ -319,18 +342,10 @@ class CoreClient:
         """Resolve the dns: name of `--routing prefix` now and every stream max age (30 s when
         streams never expire); a failed lookup keeps the cores known."""
         assert self._dns is not None
-        host, port = self._dns
-        loop = asyncio.get_running_loop()
         while not self._closing:
-            try:
-                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                addresses = []
-                for family, _, _, _, sockaddr in infos:
-                    ip = str(sockaddr[0])
-                    addresses.append(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+            addresses = await _resolve(*self._dns, "prefix routing")
+            if addresses:
                 self.set_cores(addresses)
-            except OSError as e:
-                log.warning("looking up %s for prefix routing failed: %s", host, e)
             await asyncio.sleep(self.stream_max_age or 30.0)
 
     def after_news(self, fn: Callable[[], None]) -> None:
@@ -562,8 +577,11 @@ class CoreClient:
 
     def _retry(self, call: CoreCall, error: GatewayError, failed: MultiplexedStream) -> bool:
         """Resend `call` (refused with `error` before its first message on stream `failed`) on
-        another stream, when retries are left; False when it must end with `error`."""
-        if self._closing or error.code not in RETRYABLE or call.attempts > self.retries or call.ended:
+        another stream, when retries are left; False when it must end with `error`. A stream
+        whose status grpc lost (LOST_STATUS) resends its requests once even with one core."""
+        lost = error.code is grpc.StatusCode.INTERNAL and error.message == LOST_STATUS
+        retries = max(self.retries, 1) if lost else self.retries
+        if self._closing or call.ended or call.attempts > retries or not (lost or error.code in RETRYABLE):
             return False
         call.attempts += 1
         log.info(
@@ -575,7 +593,7 @@ class CoreClient:
         )
         # A session's stream that broke reopens where the ring now points; a refusal by a live
         # core (full, draining) goes to the pool, whose least-loaded stream is on another core.
-        if failed.broken and failed in self._sessions.values():
+        if failed.broken and call.hash_key is not None:
             self._stream_for(call.hash_key).start(call)
         else:
             self._stream_for(None, avoid=failed, request=call.request).start(call)
@@ -745,7 +763,7 @@ class CoreClient:
             except ValueError:
                 dns = None
             if dns is not None:
-                addresses = await self._resolve(*dns)
+                addresses = await _resolve(*dns, "adapter management")
         if not addresses or len(addresses) == 1:
             return [(self.address, self.stub)]
         targets = []
@@ -759,21 +777,6 @@ class CoreClient:
                 stub = self._management_stubs[address] = spb_grpc.GenerateServiceStub(channel)
             targets.append((address, stub))
         return targets
-
-    async def _resolve(self, host: str, port: int) -> list[str]:
-        """The `host:port` of every address `host` resolves to ([] when the lookup fails)."""
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as e:
-            log.warning("looking up %s for adapter management failed: %s", host, e)
-            return []
-        addresses = []
-        for family, _, _, _, sockaddr in infos:
-            ip = str(sockaddr[0])
-            address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
-            if address not in addresses:
-                addresses.append(address)
-        return addresses
 
     async def _each_core(
         self, method: str, request: Any, deadline_s: float, targets: list[tuple[str, Any]] | None = None

@@ -50,8 +50,9 @@ async def _stall(core, seconds: float) -> None:
 
 @pytest_asyncio.fixture(scope="module")
 async def fast_core(start_mock_core):
-    """A mock core with short steps and a long context (a long generation finishes quickly)."""
-    return await start_mock_core(mock_step_ms=0.5, mock_context_length=8192)
+    """A mock core whose steps run back to back, with a long context (a long generation finishes
+    quickly)."""
+    return await start_mock_core(mock_step_ms=0, mock_context_length=8192)
 
 
 @pytest_asyncio.fixture(scope="module")
