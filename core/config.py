@@ -243,7 +243,7 @@ def build_parser(environ: Mapping[str, str]) -> EnvArgumentParser:
         "--max-prefill-tokens",
         type=int,
         default=d.max_prefill_tokens,
-        help="prompt tokens prefilled together in one step",
+        help="prompt tokens computed together in one prefill step (a cached prefix does not count)",
     )
     p.add_argument(
         "--default-max-new-tokens",

@@ -152,8 +152,9 @@ class HfEngine(EngineLifecycle):
         max_batch_size: sequences in the running batch.
         max_queue_size: waiting requests; one more raises Overloaded (RESOURCE_EXHAUSTED).
         max_total_tokens: budget of sum(prompt + max_new_tokens) over running sequences.
-        max_prefill_tokens: prompt tokens admitted into one prefill step (one longer prompt is
-            still admitted alone).
+        max_prefill_tokens: prompt tokens computed in one prefill step, a prompt's cached
+            prefix not counted (vLLM's token budget counts the same; one longer prompt is still
+            admitted alone).
         max_n: sequences per request.
         dtype: "auto" (float32 on CPU, the checkpoint's dtype elsewhere) or a torch dtype name.
         device: torch device.
@@ -564,7 +565,7 @@ class HfEngine(EngineLifecycle):
                 bank.forget(weights, busy)
             self._forgotten = [w for w in self._forgotten if bank.slot_of(w) is not None]
         while (r := self._pending.peek()) is not None:
-            plen = len(r.req.prompt_ids)
+            plen = len(r.req.prompt_ids) - self._cached_tokens(r)
             if rows + r.req.num_sequences > self._max_batch or self._reserved + r.reserved_tokens > self._max_total:
                 break
             if admitted and prefill + plen > self._max_prefill:
@@ -789,6 +790,12 @@ class HfEngine(EngineLifecycle):
         if self._prefix is None or r.req.prompt_logprobs is not None:
             return []
         return self._prefix.lookup(r.req.prompt_ids, root=_root(r))
+
+    def _cached_tokens(self, r: _Req) -> int:
+        """The prompt tokens of `r` that `_cached_prefix` would find now (0 where it finds none)."""
+        if self._prefix is None or r.req.prompt_logprobs is not None:
+            return 0
+        return self._prefix.cached_tokens(r.req.prompt_ids, root=_root(r))
 
     def _store_prefixes(self, reqs: list[_Req], lens: list[int], end: int) -> None:
         """Copy the joining prompts' full blocks that the prefix cache lacks out of their slots

@@ -108,6 +108,13 @@ class PrefixStore(Generic[T]):
         self.hits += len(found) * self.block_size
         return [block.payload for block in found]
 
+    def cached_tokens(self, tokens: Sequence[int], root: int = 0) -> int:
+        """The tokens `lookup(tokens, root)` would find now (a multiple of block_size), without
+        counting a query or moving the chain: what a request's prefill may skip, for an
+        admission budget."""
+        limit = (len(tokens) - 1) // self.block_size if tokens else 0
+        return len(self._chain(tokens, limit, root)) * self.block_size
+
     def insert(self, tokens: Sequence[int], copy_out: Callable[[int, int], Sequence[T]], root: int = 0) -> int:
         """Store the full blocks of `tokens` that are not stored yet (at most `capacity` blocks
         from the start); returns how many were added.

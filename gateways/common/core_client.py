@@ -31,7 +31,8 @@ A request that ends with UNAVAILABLE or RESOURCE_EXHAUSTED before its first mess
 by a draining or full core, or on a stream that broke before it started) is sent again, up to
 `--core-retries` times, on another stream (another core); one that had started ends with the
 stream's status, which each schema renders in-band. With a single core nothing is resent: there
-is no other core, and a broken stream fails every request on it.
+is no other core, and a broken stream fails every request on it. A stream whose status grpc lost
+(LOST_STATUS) has its requests that had not started resent once, with one core or several.
 
 Lives on the aiohttp app (`CORE_CLIENT_KEY`) for the app's lifetime (`core_client_ctx`).
 """

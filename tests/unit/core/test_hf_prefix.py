@@ -107,6 +107,17 @@ def test_counters_are_in_tokens():
     assert store.stats() == PrefixCacheStats(queries=25, hits=12, blocks=2, capacity=10)
 
 
+def test_cached_tokens_counts_what_lookup_would_find_and_changes_nothing():
+    store: PrefixStore[str] = PrefixStore(block_size=4, capacity=3)
+    a, b = list(range(10)), list(range(50, 60))
+    store.insert(a, payloads(a)[0])  # blocks a0, a1
+    store.insert(b, payloads(b)[0])  # b0 evicts a0's tail: a1 (the least recently used)
+    before = (store.stats(), list(store._blocks))
+    assert [store.cached_tokens(p) for p in (a, a[:8], b, [7, *b[1:]], [])] == [4, 4, 8, 0, 0]
+    assert (store.stats(), list(store._blocks)) == before  # no query counted, no block moved
+    assert [store.cached_tokens(p) for p in (a, b)] == [4 * len(store.lookup(p)) for p in (a, b)]
+
+
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="block_size"):
         PrefixStore(block_size=0)

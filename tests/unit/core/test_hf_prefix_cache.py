@@ -201,6 +201,27 @@ async def test_two_requests_with_the_same_new_prefix_in_one_step(engine, uncache
     assert_same(third, reference)
 
 
+async def test_a_cached_prefix_does_not_count_against_the_prefill_budget(tiny_model_dir, tokenizer, chats, trace):
+    """Two requests for a cached prompt fit one prefill step whose budget holds one whole prompt
+    and both uncached tails (`--max-prefill-tokens`, as vLLM's token budget counts)."""
+    prompt = chats[0]
+    budget = len(prompt) + 2 * (len(prompt) - hit(prompt)) - 1  # not two whole prompts
+    config = core_config(tiny_model_dir, max_batch_size=8, max_prefill_tokens=budget, hf_step_trace=str(trace))
+    e = await started(hf.build(config, tokenizer))
+    try:
+        await run(e, greedy("first", prompt, 4))
+        with e._cv:  # the worker sees both at one step boundary
+            streams = [e.generate(greedy(f"twin{i}", prompt, 4)) for i in range(2)]
+        for stream in streams:
+            async for _ in stream:
+                pass
+    finally:
+        await e.shutdown()
+    prefills = [line.split() for line in trace.read_text().splitlines() if line.startswith("prefill")]
+    # (rows, tokens computed): the first prompt whole, then both tails in one forward.
+    assert [(int(p[1]), int(p[2])) for p in prefills] == [(1, len(prompt)), (2, 2 * (len(prompt) - hit(prompt)))]
+
+
 async def test_prompt_logprobs_skip_the_lookup_but_fill_the_cache(engine, uncached, chats):
     reference = await run(uncached, greedy("ref", chats[1], prompt_logprobs=2))
     first = await run(engine, greedy("first", chats[1], prompt_logprobs=2))
