@@ -10,7 +10,8 @@ by hand, as it is. A section missing from the summary leaves its rows out. `make
     python scripts/bench/report.py [--summary bench-results/summary.json] [--doc docs/performance.md]
 
 The summary's shape is run_all.py's (sections "core", "static", "gateways", "baseline",
-"websocket", "guided", "overhead", "prefix", "core_peak_rss_mb", ...) and overhead.py's for "overhead".
+"websocket", "guided", "overhead", "prefix", "lora", "lora_fleet", "fairness", "core_peak_rss_mb",
+...) and overhead.py's for "overhead".
 Only the standard library is used, so the unit tests import this module without the bench
 dependencies.
 """
@@ -287,6 +288,68 @@ def prefix_rows(s: Summary) -> list[Row]:
     return rows
 
 
+def lora_rows(s: Summary) -> list[Row]:
+    """Requests over LoRA adapters against the base model alone, and the share of a fleet's
+    adapter requests that reach a core holding their adapter (scripts/bench/lora_fleet.py)."""
+    rows: list[Row] = []
+    lo = s.get("lora")
+    if lo and "tokens_per_s_ratio" in lo:
+        rows.append(
+            (
+                "requests over 4 LoRA adapters vs the base model alone, 16 streams over gRPC",
+                f"tokens/s {num(lo['tokens_per_s_ratio'], 2)}x; TTFT p50 {signed(lo['added_ttft_p50_ms'], 1)} ms; "
+                f"ITL p50 {signed(lo['added_itl_p50_ms'], 2)} ms",
+            )
+        )
+    fleet = s.get("lora_fleet")
+    if fleet:
+        setup = fleet["setup"]
+        share = {k: num(100 * v["resident_share"], 1) for k, v in fleet.items() if k != "setup"}
+        rows.append(
+            (
+                f"adapter requests that reach a core holding their adapter, {setup['adapters']} adapters over "
+                f"{setup['cores']} cores of {setup['max_loras']} slots: adapter affinity / round robin",
+                f"uniform {share['uniform_affinity']} / {share['uniform_round_robin']} %, "
+                f"skewed {share['skewed_affinity']} / {share['skewed_round_robin']} %",
+            )
+        )
+    return rows
+
+
+def fairness_rows(s: Summary) -> list[Row]:
+    """A noisy tenant's effect on a quiet one, priorities under overload, and tracing's cost
+    (scripts/bench/fairness.py's shape; the core's own TTFT clock)."""
+    f = s.get("fairness")
+    if not f or "goals" not in f:
+        return []
+    g = f["goals"]
+    off = g.get("no_preemption", {})
+    rows: list[Row] = [
+        (
+            "quiet tenant's TTFT p99 beside a noisy one at 10x its rate vs alone (core clock), "
+            "with / without preemption; Jain's index by weight",
+            f"{num(g['noisy_b_core_p99_ratio'], 2)}x / {num(off['noisy_b_core_p99_ratio'], 2)}x; "
+            f"{num(g['weighted_jain'], 3)}",
+        ),
+        (
+            "high-priority requests' TTFT p99 under 2x overload vs an idle core (core clock), "
+            "with / without preemption",
+            f"{num(g['priority_core_p99_ratio'], 2)}x / {num(off['priority_core_p99_ratio'], 2)}x",
+        ),
+    ]
+    tracing = f.get("tracing", {})
+    if "on_vs_off" in tracing:
+        cfg, ratio = tracing["config"], tracing["on_vs_off"]
+        rows.append(
+            (
+                f"tracing on ({num(100 * cfg['sample_ratio'])} % of requests sampled) vs off, {cfg['streams']} "
+                "streams through the OpenAI gateway",
+                f"CPU per token {num(ratio['cpu_us_per_token'], 3)}x; tokens/s {num(ratio['tokens_per_s'], 3)}x",
+            )
+        )
+    return rows
+
+
 SECTIONS: tuple[Callable[[Summary], list[Row]], ...] = (
     core_rows,
     static_rows,
@@ -296,6 +359,8 @@ SECTIONS: tuple[Callable[[Summary], list[Row]], ...] = (
     guided_rows,
     overhead_rows,
     prefix_rows,
+    lora_rows,
+    fairness_rows,
 )
 
 
