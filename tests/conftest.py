@@ -97,7 +97,9 @@ def collector_off() -> Iterator[Callable[..., Awaitable[list[str]]]]:
 
 
 def core_config(model_dir: Path, **overrides: Any) -> CoreConfig:
-    """A CoreConfig for tests: loopback, port 0, small limits, short drain."""
+    """A CoreConfig for tests: loopback, port 0, small limits, short drain. A test that starts
+    an HF core of its own passes `engine_process=False` where it checks nothing of the engine
+    process: the engine on a thread starts in about a second, the process in 5 to 10."""
     values: dict[str, Any] = dict(
         model=str(model_dir),
         host="127.0.0.1",

@@ -347,7 +347,9 @@ async def test_cancelled_streams_leave_nothing_behind(core, stub):
 
 
 async def test_queue_full_is_resource_exhausted_before_any_message(tiny_model_dir):
-    server = await start_core(core_config(tiny_model_dir, max_batch_size=1, max_queue_size=1, max_total_tokens=800))
+    server = await start_core(
+        core_config(tiny_model_dir, max_batch_size=1, max_queue_size=1, max_total_tokens=800, engine_process=False)
+    )
     try:
         channel = grpc.aio.insecure_channel(server.address)
         stub = spb_grpc.GenerateServiceStub(channel)

@@ -29,7 +29,7 @@ PROMPT = "The cat sat on"
 @pytest_asyncio.fixture(scope="module")
 async def cores(tiny_model_dir):
     """Three cores on the tiny model."""
-    servers = [await start_core(core_config(tiny_model_dir, threads=1)) for _ in range(3)]
+    servers = [await start_core(core_config(tiny_model_dir, threads=1, engine_process=False)) for _ in range(3)]
     yield servers
     for server in servers:
         await server.stop(0)
@@ -78,7 +78,7 @@ async def test_sessions_find_their_core_over_generate_calls(start_mock_core, sta
 
 
 async def test_a_session_whose_core_is_gone_starts_fresh(tiny_model_dir, start_gateway):
-    servers = [await start_core(core_config(tiny_model_dir, threads=1)) for _ in range(2)]
+    servers = [await start_core(core_config(tiny_model_dir, threads=1, engine_process=False)) for _ in range(2)]
     try:
         url = await start_gateway("ws", env_file="", core=",".join(c.address for c in servers))
         async with connect(ws_url(url)) as ws:

@@ -282,7 +282,7 @@ async def test_ping(http, lmi):
 
 
 async def test_full_queue_is_503(http, start_gateway, tiny_model_dir):
-    small = await start_core(core_config(tiny_model_dir, max_batch_size=1, max_queue_size=1))
+    small = await start_core(core_config(tiny_model_dir, max_batch_size=1, max_queue_size=1, engine_process=False))
     try:
         base = await start_gateway("lmi", core=small.address)
         body = {"inputs": Q, "parameters": {"max_new_tokens": 300, "ignore_eos_token": True}}
@@ -298,7 +298,7 @@ async def test_full_queue_is_503(http, start_gateway, tiny_model_dir):
 
 async def test_error_mid_stream_is_the_last_line(http, start_gateway, tiny_model_dir):
     case = load_case("error_in_stream")
-    doomed = await start_core(core_config(tiny_model_dir))
+    doomed = await start_core(core_config(tiny_model_dir, engine_process=False))
     try:
         base = await start_gateway("lmi", core=doomed.address)
         async with http.post(base + case["request"]["path"], json=case["request"]["body"]) as resp:
@@ -313,7 +313,7 @@ async def test_error_mid_stream_is_the_last_line(http, start_gateway, tiny_model
 
 
 async def test_dynamic_error_mid_stream_is_the_last_line(http, start_gateway, tiny_model_dir):
-    doomed = await start_core(core_config(tiny_model_dir))
+    doomed = await start_core(core_config(tiny_model_dir, engine_process=False))
     body = {"inputs": [Q, "Hello"], "parameters": {"max_new_tokens": 1000, "ignore_eos_token": True}, "stream": True}
     try:
         base = await start_gateway("lmi", core=doomed.address, batching="dynamic")

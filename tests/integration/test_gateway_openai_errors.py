@@ -278,7 +278,7 @@ async def test_deadline(start_gateway):
 
 
 async def test_full_queue_is_429_and_503_for_lmi(start_gateway, tiny_model_dir):
-    busy = await start_core(core_config(tiny_model_dir, max_queue_size=0))
+    busy = await start_core(core_config(tiny_model_dir, max_queue_size=0, engine_process=False))
     try:
         url = await start_gateway("openai", core=busy.address)
         async with sdk(url) as client:
@@ -302,7 +302,7 @@ async def test_failure_after_the_stream_started_is_in_band(start_gateway, tiny_m
     """The core goes away mid-stream: status 200 is already sent, so each framing ends with its
     in-band error (SSE: `data: {"error": ...}` then `data: [DONE]`; jsonlines: an error line;
     the SDK raises APIError while iterating)."""
-    doomed = await start_core(core_config(tiny_model_dir))
+    doomed = await start_core(core_config(tiny_model_dir, engine_process=False))
     body = {"model": MODEL, "messages": HI, "max_tokens": 1000, "ignore_eos": True, "logit_bias": BAN, "stream": True}
     try:
         url = await start_gateway("openai", core=doomed.address)

@@ -384,7 +384,7 @@ async def test_health_and_errors_without_a_core(http, start_gateway):
 
 
 async def test_ready_turns_400_when_the_core_stops_serving(http, start_gateway, tiny_model_dir):
-    server = await start_core(core_config(tiny_model_dir))
+    server = await start_core(core_config(tiny_model_dir, engine_process=False))
     try:
         url = await start_gateway("triton", core=server.address)
         async with http.get(f"{url}/v2/models/tiny/ready") as resp:
@@ -402,7 +402,7 @@ async def test_ready_turns_400_when_the_core_stops_serving(http, start_gateway, 
 
 
 async def test_error_after_the_stream_started_is_an_sse_error_event(http, start_gateway, tiny_model_dir):
-    server = await start_core(core_config(tiny_model_dir))
+    server = await start_core(core_config(tiny_model_dir, engine_process=False))
     try:
         url = await start_gateway("triton", core=server.address)
         body = {"id": "e1", "text_input": PROMPT, "max_tokens": 1000}

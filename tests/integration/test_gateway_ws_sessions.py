@@ -98,7 +98,7 @@ async def test_token_bound_evicts_the_least_recently_used_session(tiny_model_dir
         sizes[rid] = len(ids) + new
     # Room for b and c (and b's growth by `new`), not for all three: storing c evicts a.
     bound = sum(sizes.values()) - 1
-    core = await start_core(core_config(tiny_model_dir, session_max_tokens=bound))
+    core = await start_core(core_config(tiny_model_dir, session_max_tokens=bound, engine_process=False))
     try:
         url = await start_gateway("ws", env_file="", core=core.address)
         async with connect(ws_url(url)) as ws:
