@@ -565,9 +565,9 @@ class HfEngine(EngineLifecycle):
                 bank.forget(weights, busy)
             self._forgotten = [w for w in self._forgotten if bank.slot_of(w) is not None]
         while (r := self._pending.peek()) is not None:
-            plen = len(r.req.prompt_ids) - self._cached_tokens(r)
             if rows + r.req.num_sequences > self._max_batch or self._reserved + r.reserved_tokens > self._max_total:
                 break
+            plen = len(r.req.prompt_ids) - self._cached_tokens(r)  # after the check a full batch fails every step
             if admitted and prefill + plen > self._max_prefill:
                 break
             if r.lora is not None and bank is not None:

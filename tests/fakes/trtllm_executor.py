@@ -579,7 +579,9 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     m.KvCacheConfig = KvCacheConfig
 
     # ------------------------------------------------------------------ LoRA
-    class LoraConfig:
+    class LoraConfig(
+        _read_only_config("LoraConfig", _signature([("task_id", _EMPTY), ("weights", None), ("config", None)]))
+    ):
         """`LoraConfig(task_id, weights=None, config=None)` (every era); read-only properties.
         The bindings take the tensors as they are; the checks happen when the executor fetches
         the request (see `_Peft`)."""
@@ -587,16 +589,7 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
         def __init__(self, task_id, weights=None, config=None):
             if not isinstance(task_id, int) or isinstance(task_id, bool) or task_id < 0:
                 raise TypeError("LoraConfig.__init__(): incompatible function arguments (task_id)")
-            object.__setattr__(self, "_v", {"task_id": task_id, "weights": weights, "config": config})
-
-        def __getattr__(self, name):
-            v = object.__getattribute__(self, "_v")
-            if name in v:
-                return v[name]
-            raise AttributeError(name)
-
-        def __setattr__(self, name, value):
-            raise AttributeError(f"can't set attribute {name!r}")
+            super().__init__(task_id, weights, config)
 
     m.LoraConfig = LoraConfig
     peft_fields = [
@@ -617,16 +610,15 @@ def make_module(era: str = "1.0", *, rank: int = 0, first_request_id: int | None
     # `PeftCacheConfig(num_host_module_layer=0, num_device_module_layer=0, ...)`
     m.PeftCacheConfig = _read_only_config("PeftCacheConfig", peft_sig)
 
-    if True:
-        sched_sig = _signature(
-            [
-                ("capacity_scheduler_policy", policy.GUARANTEED_NO_EVICT),
-                ("context_chunking_policy", None),
-                ("dynamic_batch_config", None),
-            ]
-        )
+    sched_sig = _signature(
+        [
+            ("capacity_scheduler_policy", policy.GUARANTEED_NO_EVICT),
+            ("context_chunking_policy", None),
+            ("dynamic_batch_config", None),
+        ]
+    )
 
-    # read-only properties; 0.11 calls the policy `policy`
+    # read-only properties
     SchedulerConfig = m.SchedulerConfig = _read_only_config("SchedulerConfig", sched_sig)
 
     ec_fields = [

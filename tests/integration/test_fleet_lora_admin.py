@@ -184,3 +184,12 @@ async def test_the_grpc_client_lists_the_union_of_the_cores(start_mock_core, ada
         assert "was not unloaded from every core" not in locked.value.message
     finally:
         await client.close()
+
+
+async def test_a_dns_name_that_does_not_resolve_leaves_management_on_the_balanced_channel(caplog):
+    client = CoreClient("dns:///no-such-core.invalid:1")
+    with caplog.at_level("WARNING"):
+        targets = await client._management_targets()
+    assert targets == [(client.address, client.stub)]
+    assert "looking up no-such-core.invalid for adapter management failed" in caplog.text
+    await client.close()
