@@ -238,7 +238,7 @@ class Tokenizer:
         ids: list[int] = []
         parts: list[str] = []
         at = 0
-        for m in masker.sentinel.finditer(text):
+        for m in masker.sentinels().finditer(text):
             if m.start() > at:
                 parts.append(text[at : m.start()])
                 ids += self.encode(parts[-1], add_special_tokens=False)
@@ -332,10 +332,18 @@ class _Masker:
 
     def __init__(self, special_text: re.Pattern[str]):
         self._special_text = special_text
-        nonce = secrets.token_hex(8)
-        self._format = "\ue000" + nonce + ":{}\ue001"
-        self.sentinel = re.compile("\ue000" + nonce + ":([0-9]+)\ue001")
+        self._nonce = secrets.token_hex(8)
+        self._format = "\ue000" + self._nonce + ":{}\ue001"
         self.originals: list[str] = []
+
+    def sentinels(self) -> re.Pattern[str]:
+        """The pattern of this render's sentinels, group 1 the index into `originals`.
+
+        Compiled only for a render that masked something: a pattern made for every render
+        would cost a regex compile per chat request and push other patterns out of `re`'s
+        cache.
+        """
+        return re.compile("\ue000" + self._nonce + ":([0-9]+)\ue001")
 
     def mask(self, text: str) -> str:
         """`text` with each special-token text replaced by a sentinel."""

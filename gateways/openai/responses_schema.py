@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import grpc
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError
 
-from gateways.common.chat.schema import MAX_TEMPERATURE, Wire, to_gateway_error
+from gateways.common.chat.schema import MAX_TEMPERATURE, FunctionDefinition, Wire, to_gateway_error
 from gateways.common.guided import NAME_PATTERN
 from gateways.common.schema import Int32, field_path, screen_fields
 from gateways.common.status import GatewayError
@@ -192,14 +192,11 @@ InputItem = Annotated[
 ITEMS = TypeAdapter(list[InputItem])
 
 
-class FunctionTool(Wire):
-    """`{"type": "function", "name", "description", "parameters", "strict"}` (`FunctionToolParam`)."""
+class FunctionTool(FunctionDefinition):
+    """`{"type": "function", "name", "description", "parameters", "strict"}` (`FunctionToolParam`):
+    chat completions' function definition, flattened beside its type."""
 
     type: Literal["function"]
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
 class ToolChoiceFunction(Wire):
