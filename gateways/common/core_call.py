@@ -11,12 +11,16 @@ A request's news is a list of deltas in order, each one of two shapes:
 The transport (gateways.common.multiplexed, or one Generate call per request) feeds a CoreCall;
 its owner either waits (`wait()`, then `take()`) or registers a listener (`listen(fn)`), called
 synchronously whenever news arrive.
+
+A Generate stream is complete only when its last message is the final one, the one carrying
+`usage` (generate_service.proto). The CoreCall checks that once, for every gateway: a call that
+ends with an OK status but without its final message ends with `incomplete_stream()` (INTERNAL).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 import grpc
 from opentelemetry import trace
@@ -34,6 +38,15 @@ Step = tuple[str, int, float | None]
 Delta = spb.GenerateResponse | Step
 
 
+def incomplete_stream() -> GatewayError:
+    """The error for a Generate call that ended without its final message (INTERNAL)."""
+    return GatewayError(
+        grpc.StatusCode.INTERNAL,
+        "The model server ended the response before it finished.",
+        reason="INCOMPLETE_STREAM",
+    )
+
+
 class CoreCall:
     """One Generate request: its deltas as they arrive, then its end.
 
@@ -45,7 +58,8 @@ class CoreCall:
             sent without one).
         steps: the request takes plain decode steps as `Step`s (MultiplexStart.steps).
         ended: the request ended (after its deltas), failed or was cancelled.
-        error: why it ended, when not OK.
+        error: why it ended, when not OK (`incomplete_stream()` for an OK end without the final
+            message).
         started: a delta of it arrived (it can no longer be resent).
         attempts: times it was sent (a refused request is resent to another core).
         hash_key: what keeps it on its session's core, if anything.
@@ -55,6 +69,7 @@ class CoreCall:
 
     __slots__ = (
         "_cancel",
+        "_complete",
         "_deltas",
         "_listener",
         "_queue_timer",
@@ -82,6 +97,7 @@ class CoreCall:
         self.error: GatewayError | None = None
         self.span: trace.Span | None = None
         self._deltas: list[Delta] = []
+        self._complete = False  # the final message came
         self._cancel: Callable[[], None] = _nothing
         self._listener: Callable[[], None] | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -129,9 +145,9 @@ class CoreCall:
         if not self.ended:
             self._deltas.append(step)
 
-    def _add(self, messages: Iterable[spb.GenerateResponse]) -> None:
+    def _add(self, messages: Sequence[spb.GenerateResponse]) -> None:
         """Whole messages (an event's repeated field as it is: no copy per message)."""
-        if self.ended:
+        if self.ended or not messages:
             return
         if not self.started:
             for first in messages:
@@ -142,10 +158,14 @@ class CoreCall:
             self._queue_timer.cancel()
             self._queue_timer = None
         self._deltas.extend(messages)
+        self._complete = messages[-1].HasField("usage")
 
     def _end(self, error: GatewayError | None) -> None:
-        """The request's end (after the deltas added before); `_notify()` follows."""
+        """The request's end (after the deltas added before); `_notify()` follows. An OK end
+        without the final message is `incomplete_stream()`."""
         if not self.ended:
+            if error is None and not self._complete:
+                error = incomplete_stream()
             self._finish(error)
             if error is not None and self.span is not None:
                 call_failed(self.span, error)
@@ -163,7 +183,7 @@ class CoreCall:
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    def _news(self, messages: Iterable[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
+    def _news(self, messages: Sequence[spb.GenerateResponse], ended: bool, error: GatewayError | None) -> None:
         """`_add(messages)`, the end when `ended`, and `_notify()`."""
         if self.ended:
             return

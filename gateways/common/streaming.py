@@ -9,8 +9,8 @@ right after validation and admission, so the first delta arrives at once (docs/a
 Errors).
 
 A Generate stream is complete only when its last message is the final one, the one carrying
-`usage` (generate_service.proto). `CoreStream` checks that once, for every gateway: a call that
-ends with an OK status but without its final message raises INTERNAL.
+`usage` (generate_service.proto); the CoreCall itself ends one that is not with INTERNAL
+(gateways.common.core_call.incomplete_stream), for every gateway.
 
 Rendering stays pure and per schema (each translate module): one renderer per schema takes each
 delta, a whole message or a plain decode step (gateways.common.core_call); `relay` writes its
@@ -58,15 +58,6 @@ class Stream(Protocol[T_co]):
 
     def cancel(self) -> None:
         """Cancel the Generate calls behind the stream (no-op for ended ones)."""
-
-
-def incomplete_stream() -> GatewayError:
-    """The error for a Generate call that ended without its final message (INTERNAL)."""
-    return GatewayError(
-        grpc.StatusCode.INTERNAL,
-        "The model server ended the response before it finished.",
-        reason="INCOMPLETE_STREAM",
-    )
 
 
 def sequence_error(finish_reason: int) -> GatewayError | None:
@@ -119,16 +110,14 @@ class CoreStream:
             stream.cancel()
 
     or, without a wake-up per delta, `stream.listen(fn)`: `fn()` runs as news arrive (see
-    `relay`), and `take()` / `outcome()` tell what they are.
+    `relay`), and `call.take()` / `call.ended` / `call.error` tell what they are.
 
-    Iteration raises (and `outcome()` returns) a GatewayError for a request that fails (the
-    core's status, decoded) or that ends without its final message (`incomplete_stream`,
-    INTERNAL).
+    Iteration raises a GatewayError for a request that fails (the core's status, decoded, or
+    `incomplete_stream` for one that ended without its final message).
     """
 
     def __init__(self, call: CoreCall):
         self.call = call
-        self._last: Delta | None = None
 
     @classmethod
     async def open(cls, call: CoreCall) -> CoreStream:
@@ -146,42 +135,20 @@ class CoreStream:
             raise call.error
         return cls(call)
 
-    def take(self) -> list[Delta]:
-        """The deltas that arrived since the last take, in order."""
-        deltas = self.call.take()
-        if deltas:
-            self._last = deltas[-1]
-        return deltas
-
-    @property
-    def ended(self) -> bool:
-        """The request ended (take() the deltas first, then read `outcome()`)."""
-        return self.call.ended
-
-    def outcome(self) -> GatewayError | None:
-        """How an ended request ended: None when complete, else its error."""
-        if self.call.error is not None:
-            return self.call.error
-        # Only the final message carries usage, and it is the last delta.
-        last = self._last
-        if not isinstance(last, spb.GenerateResponse) or not last.HasField("usage"):
-            return incomplete_stream()
-        return None
-
     def listen(self, listener: Callable[[], None]) -> None:
         """Call `listener()` synchronously as news arrive (now, if some wait already)."""
         self.call.listen(listener)
 
     async def __aiter__(self) -> AsyncIterator[Delta]:
+        call = self.call
         while True:
-            for delta in self.take():
+            for delta in call.take():
                 yield delta
-            if self.call.ended and not self.call.pending():
+            if call.ended and not call.pending():
                 break
-            await self.call.wait()
-        error = self.outcome()
-        if error is not None:
-            raise error
+            await call.wait()
+        if call.error is not None:
+            raise call.error
 
     def cancel(self) -> None:
         """Cancel the request (no-op when it already ended); the core then aborts it."""
@@ -443,6 +410,7 @@ async def _relay_pushed(
     end: Callable[[], bytes] | None,
 ) -> bool:
     """Relay a CoreStream from its listener; True when it ended complete (not in-band)."""
+    call = stream.call
     done = complete = False
     gone: ConnectionResetError | None = None
     wake: asyncio.Future[None] | None = None
@@ -453,22 +421,21 @@ async def _relay_pushed(
             return
         parts: list[bytes] = []
         try:
-            for delta in stream.take():
+            for delta in call.take():
                 if data := render(delta):
                     parts.append(data)
-            if stream.ended:
-                error = stream.outcome()
-                if error is not None:
-                    raise error
+            if call.ended:
+                if call.error is not None:
+                    raise call.error
                 if end is not None:
                     parts.append(end())
                 done = complete = True
         except GatewayError as e:
-            log.warning("request %s failed mid-stream: %s %s", stream.call.request.request_id, e.code.name, e.message)
+            log.warning("request %s failed mid-stream: %s %s", call.request.request_id, e.code.name, e.message)
             parts.append(render_error(e))
             done = True
         except Exception:  # a rendering bug: end this response in-band, never the reader
-            log.exception("request %s: rendering failed", stream.call.request.request_id)
+            log.exception("request %s: rendering failed", call.request.request_id)
             parts.append(render_error(GatewayError(grpc.StatusCode.INTERNAL, "Internal error in the gateway.")))
             done = True
         if parts:

@@ -8,7 +8,7 @@ refuses a value (`client_names`).
 Response side: `StreamRenderer` turns Generate messages into jsonlines/SSE records as they
 arrive (seed "Response Schema", streaming), `collect_messages` + `render_response` build the
 non-streaming body, and the `dynamic_*` helpers render the dynamic-batch schema. They take the
-messages of a complete stream (gateways.common.streaming.CoreStream checks that the final
+messages of a complete stream (gateways.common.core_call.CoreCall checks that the final
 message came). A sequence the core cancelled or failed is an error here: LMI's finish reasons
 (`FINISH_REASONS`, also used for chat completions on `/invocations`) have no word for it.
 

@@ -12,7 +12,7 @@ whose text delta is non-empty gives one PROGRESS event (when stream_response); a
 delta is empty (the core holds back an incomplete UTF-8 character or a special token it leaves
 out) gives none, so the PROGRESS texts always concatenate to the generated text. COMPLETE is
 built from the final message (the one carrying `usage`) by `to_complete`, which the route calls
-once the call has ended cleanly (gateways.common.streaming.CoreStream checks that the final
+once the call has ended cleanly (gateways.common.core_call.CoreCall checks that the final
 message came). A sequence the core cancelled or failed is an ERROR (the protocol has no finish
 reason for it).
 
@@ -28,8 +28,9 @@ from typing import Any
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.core_call import incomplete_stream
 from gateways.common.fields import FieldTable, by_rule, same_names
-from gateways.common.streaming import incomplete_stream, sequence_error
+from gateways.common.streaming import sequence_error
 from gateways.ws.schema import GenerationConfig, PromptItem, WsRequest
 
 ACCEPTED = "ACCEPTED"

@@ -9,7 +9,7 @@ text picks the script) answers:
 
 Each gateway must render these in its own schema (docs/architecture.md, "Errors"): before the
 first byte as an error status, after it in-band. The incomplete-stream rule itself lives once,
-in gateways.common.streaming.CoreStream.
+in gateways.common.core_call.CoreCall.
 """
 
 from __future__ import annotations

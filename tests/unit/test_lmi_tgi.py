@@ -9,8 +9,8 @@ import pytest
 from trellis.generate.v1 import generate_pb2 as pb
 from trellis.generate.v1 import generate_service_pb2 as spb
 
+from gateways.common.core_call import incomplete_stream
 from gateways.common.status import GatewayError
-from gateways.common.streaming import incomplete_stream
 from gateways.lmi import tgi_errors
 from gateways.lmi.errors import PayloadError
 from gateways.lmi.schema import GenerationParameters

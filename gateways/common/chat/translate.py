@@ -6,7 +6,7 @@ the schema's field table `FIELDS` (the core renders `messages` with the model's 
 template). Response: `to_chunks` turns one GenerateResponse into `chat.completion.chunk` objects
 (streaming), `to_completion` turns a whole stream into one `chat.completion` object,
 `usage_chunk` is the `include_usage` chunk. They take the messages of a complete stream:
-gateways.common.streaming.CoreStream checks that the final message (the one with usage) came.
+gateways.common.core_call.CoreCall checks that the final message (the one with usage) came.
 Errors: `client_names` gives, through the same table, OpenAI's parameter name for each field
 path the core may name.
 
@@ -34,9 +34,10 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from gateways.common import reasoning as thinking
 from gateways.common.chat import tools, vllm
 from gateways.common.chat.schema import ChatCompletionRequest, ImagePart, Message, NamedToolChoice, TextPart
+from gateways.common.core_call import incomplete_stream
 from gateways.common.fields import Field, FieldTable, by_rule, same_names, true_or_unset
 from gateways.common.guided import response_format_guide
-from gateways.common.streaming import finish_word, incomplete_stream
+from gateways.common.streaming import finish_word
 
 CHUNK_OBJECT = "chat.completion.chunk"
 COMPLETION_OBJECT = "chat.completion"

@@ -11,10 +11,11 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from trellis.generate.v1 import generate_pb2 as pb
 
+from gateways.common.core_call import incomplete_stream
 from gateways.common.framing import dump_bytes, dumps, jsonline, loads, sse_event
 from gateways.common.schema import Int32, field_path, json_type
 from gateways.common.status import GatewayError
-from gateways.common.streaming import FanIn, finish_word, incomplete_stream, sequence_error, stream_response
+from gateways.common.streaming import FanIn, finish_word, sequence_error, stream_response
 
 
 @pytest.mark.parametrize(

@@ -214,6 +214,20 @@ async def test_an_error_status_ends_a_request_after_its_news(core):
     assert (one.call.error.code, one.call.error.message) == (grpc.StatusCode.INTERNAL, "engine failed")
 
 
+async def test_an_ok_status_without_the_final_message_ends_the_request_incomplete(core):
+    """The final message (the one with usage) must be a request's last: an OK status after a
+    message without usage is INTERNAL, INCOMPLETE_STREAM, for every gateway alike."""
+    one = Listened("a")
+    started(core, one)
+    msg = steps((1, "x", 1, NAN))
+    msg.events.add(id=1, responses=[response("core-a", "y")]).status.SetInParent()  # code 0: OK
+    await core.send(msg)
+    assert one.got == [[("x", 1, None), response("core-a", "y")]]
+    assert one.call.ended
+    assert one.call.error is not None
+    assert (one.call.error.code, one.call.error.reason) == (grpc.StatusCode.INTERNAL, "INCOMPLETE_STREAM")
+
+
 @pytest.mark.parametrize("grouped", [False, True])
 async def test_a_failing_listener_cancels_its_request_only(core, grouped):
     """The failing request is cancelled (and the core told to abort it); the others get their
