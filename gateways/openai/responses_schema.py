@@ -326,7 +326,8 @@ def _unsupported(param: str, message: str) -> GatewayError:
 def _check_kinds(body: dict[str, Any]) -> None:
     """Refuse, by name, the tool, tool choice and input item kinds OpenAI defines and this
     server does not serve (before pydantic, whose union errors would list every member)."""
-    for i, tool in enumerate(body.get("tools") or []):
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
         if isinstance(tool, dict) and tool.get("type") != "function":
             raise _unsupported(
                 f"tools[{i}].type",

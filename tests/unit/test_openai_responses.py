@@ -54,6 +54,9 @@ def test_previous_response_id_alone_needs_no_input():
     [
         ({"nope": 1}, "nope", "UNKNOWN_PARAMETER"),
         ({"tools": [TOOL, {"type": "file_search"}]}, "tools[1].type", "UNSUPPORTED_PARAMETER"),
+        ({"tools": 1.5}, "tools", None),
+        ({"tools": "function"}, "tools", None),
+        ({"tool_choice": 1.5}, "tool_choice", None),
         ({"conversation": "conv_1"}, "conversation", "UNSUPPORTED_PARAMETER"),
         ({"text": {"verbosity": "low"}}, "text.verbosity", None),
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema", None),
