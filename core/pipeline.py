@@ -467,7 +467,7 @@ class Job:
             steps and req.num_sequences == 1 and not req.top_logprobs and not prep.stops and prep.deadline is None
         )
         self._metrics = pipeline.metrics
-        self._is_special = pipeline.tokenizer.is_special
+        self._special_ids = pipeline.tokenizer.special_ids
         self.done = False
         self.last_token_time = 0.0  # of the last step that gave tokens; 0.0: none yet
         self._itl = pipeline.metrics.itl
@@ -633,7 +633,7 @@ class Job:
         return (
             step.finish_reason is None
             and len(ids) == 1
-            and not self._is_special(ids[0])
+            and ids[0] not in self._special_ids
             and (not self.want_logprobs or (step.logprobs is not None and step.logprobs[0] is not None))
         )
 
