@@ -83,12 +83,17 @@ class CoreServer:
 
 
 def server_options(config: CoreConfig) -> list[tuple[str, int]]:
-    """The gRPC server's channel arguments: message size limits, and the connection age after
+    """The gRPC server's channel arguments: message size limits; the connection age after
     which clients get GOAWAY (grpc.max_connection_age_ms, with grpc.max_connection_age_grace_ms
-    for the streams still open), so clients re-resolve and balance over replicas added since."""
+    for the streams still open), so clients re-resolve and balance over replicas added since;
+    and no SO_REUSEPORT (grpc.so_reuseport 0). With it, which grpc enables by default, a second
+    server binds a port another one holds without an error and the kernel splits the
+    connections between the two, and a port chosen by the system (port 0) can be one another
+    server holds (grpc/grpc#10755); without it, such a start fails with "cannot listen"."""
     options = [
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 0),
     ]
     if config.max_connection_age_seconds > 0:
         options += [

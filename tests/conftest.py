@@ -96,6 +96,12 @@ def collector_off() -> Iterator[Callable[..., Awaitable[list[str]]]]:
         gc.enable()
 
 
+#: Channel arguments of a test's own stand-in gRPC server: without SO_REUSEPORT (grpc's default
+#: turns it on), as the core's own server (core.server.server_options), so a port chosen by the
+#: system is never one another server of the session holds (grpc/grpc#10755).
+NO_REUSEPORT = [("grpc.so_reuseport", 0)]
+
+
 def core_config(model_dir: Path, **overrides: Any) -> CoreConfig:
     """A CoreConfig for tests: loopback, port 0, small limits, short drain. A test that starts
     an HF core of its own passes `engine_process=False` where it checks nothing of the engine

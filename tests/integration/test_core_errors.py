@@ -144,3 +144,18 @@ async def test_an_address_in_use_fails_start_and_stops_the_engine(tiny_model_dir
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{config.port}"):
             await start_core(config, engine=engine, tokenizer=tokenizer)
     assert not engine.alive and engine._stopping
+
+
+async def test_a_port_another_core_holds_fails_start(tiny_model_dir, tokenizer):
+    """grpc's default SO_REUSEPORT would let the second core bind and share the first's
+    connections (grpc/grpc#10755); the core turns it off, so the second start fails."""
+    first = ScriptedEngine(tokenizer.vocab_size, tokens_then_length([300]))
+    server = await start_core(core_config(tiny_model_dir), engine=first, tokenizer=tokenizer)
+    try:
+        second = ScriptedEngine(tokenizer.vocab_size, tokens_then_length([300]))
+        config = core_config(tiny_model_dir, port=server.port)
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{server.port}"):
+            await start_core(config, engine=second, tokenizer=tokenizer)
+        assert not second.alive
+    finally:
+        await server.stop(0)

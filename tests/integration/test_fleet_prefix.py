@@ -17,6 +17,7 @@ import pytest_asyncio
 from grpc_health.v1 import health_pb2_grpc
 
 from core.wire import add_generate_service
+from tests.conftest import NO_REUSEPORT
 from tests.integration.test_fleet import count_requests
 
 
@@ -77,7 +78,7 @@ async def generate_only() -> AsyncIterator:
     servers: list[grpc.aio.Server] = []
 
     async def factory(core) -> str:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=NO_REUSEPORT)
         servicer = _WithoutMultiplex(core.servicer)
         add_generate_service(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(core.health, server)

@@ -26,6 +26,7 @@ from trellis.generate.v1 import generate_service_pb2 as spb
 from trellis.generate.v1 import generate_service_pb2_grpc as spb_grpc
 from websockets.asyncio.client import connect
 
+from tests.conftest import NO_REUSEPORT
 from tests.integration.gateway_helpers import CANCELLED, INCOMPLETE, lmi_error, lmi_stream_error, openai_error, records
 
 MODEL = "scripted"
@@ -59,7 +60,7 @@ class _ScriptedCore(spb_grpc.GenerateServiceServicer):
 
 @pytest_asyncio.fixture(scope="module")
 async def scripted_core():
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=NO_REUSEPORT)
     spb_grpc.add_GenerateServiceServicer_to_server(_ScriptedCore(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

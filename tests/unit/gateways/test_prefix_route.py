@@ -26,6 +26,7 @@ from gateways.common.prefix_route import (
     requested_adapter,
 )
 from gateways.common.targets import address_target, dns_name, listed_addresses, parse_core_target
+from tests.conftest import NO_REUSEPORT
 
 CORES = ["10.0.0.1:50051", "10.0.0.2:50051", "10.0.0.3:50051"]
 
@@ -323,7 +324,7 @@ async def test_a_dns_name_s_addresses_become_the_ring(caplog):
 async def test_sessions_keep_their_ring_hash_stream_and_other_requests_go_by_prefix():
     # Listening gRPC servers: with closed ports the channels' states move to TRANSIENT_FAILURE
     # at a moment of their own, and an unusable core is routed around.
-    servers = [grpc.aio.server() for _ in range(3)]
+    servers = [grpc.aio.server(options=NO_REUSEPORT) for _ in range(3)]
     ports = [server.add_insecure_port("127.0.0.1:0") for server in servers]
     for server in servers:
         await server.start()
