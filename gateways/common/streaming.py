@@ -457,5 +457,10 @@ async def _relay_pushed(
         wake = asyncio.get_running_loop().create_future()
         await wake
     if gone is not None:
-        raise gone
+        # The error's traceback holds on_news's frame, and so this cell: left set, the cell and
+        # the error would keep the request's objects in a cycle for the collector.
+        try:
+            raise gone
+        finally:
+            gone = None
     return complete
